@@ -1,0 +1,368 @@
+"""Collective transport for stage actors, over ``ray.util.collective``.
+
+Backends:
+- ``rrfp_gloo`` (CPU, tests): our own registered backend holding one
+  ``ProcessGroupGloo`` per group. Ray's built-in GLOO backend uses torch's default
+  process group, so an actor could join only one group with it.
+- ``nccl`` (GPUs): ray.util.collective's NCCL group. cupy is imported only on that path.
+
+Setup is two-phase so a driver can wire many groups without deadlock: ``host_group``
+on rank 0 returns an address, then every rank calls ``join_group`` (the gloo
+rendezvous blocks until all ranks of the group have joined).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import ray
+import ray.util.collective as col
+import torch
+import torch.distributed as dist
+from ray.util.collective import types
+from ray.util.collective.collective_group.base_collective_group import BaseGroup
+
+GLOO_BACKEND = "rrfp_gloo"
+NCCL_BACKEND = "nccl"
+GLOO_ALIASES = ("gloo", GLOO_BACKEND)
+
+_NCCL_POLL_S = 50e-6
+_TORCH_REDUCE_OPS = {
+    types.ReduceOp.SUM: dist.ReduceOp.SUM,
+    types.ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+    types.ReduceOp.MIN: dist.ReduceOp.MIN,
+    types.ReduceOp.MAX: dist.ReduceOp.MAX,
+}
+
+
+class _SetupTable:
+    """What this process holds between the steps of a group's setup.
+
+    ``host_group`` and ``join_group`` are separate actor calls, and ray.util.collective
+    builds a backend from ``(world_size, rank, group_name)`` only, so the hosted store
+    and the connected process group wait here, keyed by group name.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.hosted: dict[str, dist.TCPStore] = {}
+        self.connected: dict[str, tuple[dist.ProcessGroupGloo, dist.TCPStore]] = {}
+
+    def host(self, *, name: str, store: dist.TCPStore) -> None:
+        with self.lock:
+            if name in self.hosted:
+                raise ValueError(f"name={name!r}: this process already hosts that group")
+            self.hosted[name] = store
+
+    def take_hosted(self, *, name: str) -> dist.TCPStore:
+        with self.lock:
+            if name not in self.hosted:
+                raise ValueError(
+                    f"name={name!r}: rank 0 must call host_group in this process before join_group"
+                )
+            return self.hosted.pop(name)
+
+    def drop_hosted(self, *, name: str) -> None:
+        with self.lock:
+            self.hosted.pop(name, None)
+
+    def put_connected(
+        self, *, name: str, group: dist.ProcessGroupGloo, store: dist.TCPStore
+    ) -> None:
+        with self.lock:
+            self.connected[name] = (group, store)
+
+    def take_connected(self, *, name: str) -> tuple[dist.ProcessGroupGloo, dist.TCPStore]:
+        with self.lock:
+            if name not in self.connected:
+                raise RuntimeError(
+                    f"group {name!r}: create {GLOO_BACKEND} groups with join_group, "
+                    "not with ray.util.collective directly"
+                )
+            return self.connected.pop(name)
+
+
+_SETUP = _SetupTable()
+
+
+class GlooGroup(BaseGroup):
+    """A ray.util.collective group backed by its own ``ProcessGroupGloo``.
+
+    Every op waits at most the group's timeout (``join_group``'s ``timeout_s``).
+    """
+
+    def __init__(self, world_size: int, rank: int, group_name: str):
+        super().__init__(world_size, rank, group_name)
+        # The store stays referenced for the group's lifetime: on rank 0 it is the server.
+        self.process_group, self._store = _SETUP.take_connected(name=group_name)
+
+    @classmethod
+    def backend(cls) -> str:
+        return GLOO_BACKEND.upper()
+
+    @classmethod
+    def check_backend_availability(cls) -> bool:
+        return dist.is_gloo_available()
+
+    def allreduce(self, tensor, allreduce_options=types.AllReduceOptions()) -> None:
+        op = _TORCH_REDUCE_OPS[allreduce_options.reduceOp]
+        self.process_group.allreduce(tensor, op).wait()
+
+    def allgather(self, tensor_list, tensor, allgather_options=types.AllGatherOptions()) -> None:
+        self.process_group.allgather(tensor_list, tensor).wait()
+
+    def barrier(self, barrier_options=types.BarrierOptions()) -> None:
+        self.process_group.barrier().wait()
+
+    def send(self, tensor, send_options: types.SendOptions) -> None:
+        self.process_group.send(tensor, send_options.dst_rank, 0).wait()
+
+    def recv(self, tensor, recv_options: types.RecvOptions) -> None:
+        self.process_group.recv(tensor, recv_options.src_rank, 0).wait()
+
+    def reduce(self, tensor, reduce_options=types.ReduceOptions()) -> None:
+        raise NotImplementedError(f"{GLOO_BACKEND} has no reduce; use allreduce")
+
+    def broadcast(self, tensor, broadcast_options=types.BroadcastOptions()) -> None:
+        raise NotImplementedError(f"{GLOO_BACKEND} has no broadcast; use send/recv")
+
+    def reducescatter(
+        self, tensor, tensor_list, reducescatter_options=types.ReduceScatterOptions()
+    ) -> None:
+        raise NotImplementedError(f"{GLOO_BACKEND} has no reducescatter; use allreduce")
+
+
+def register_backends() -> None:
+    """Register the gloo backend in this process (driver and every actor); idempotent."""
+    with _SETUP.lock:
+        if not col.is_backend_available(GLOO_BACKEND):
+            col.register_collective_backend(GLOO_BACKEND, GlooGroup)
+
+
+def resolve_backend(*, backend: str) -> str:
+    """Map a configured backend name to one ``join_group`` accepts.
+
+    ``auto`` is NCCL when this process sees CUDA and cupy imports, else gloo; resolve it
+    once, where the stage actors will run, and hand every rank the same answer.
+    """
+    if backend in GLOO_ALIASES:
+        return GLOO_BACKEND
+    if backend == NCCL_BACKEND:
+        return NCCL_BACKEND
+    if backend != "auto":
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    if not torch.cuda.is_available():
+        return GLOO_BACKEND
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return GLOO_BACKEND
+    return NCCL_BACKEND
+
+
+def host_group(*, name: str) -> str:
+    """On rank 0: open the group's rendezvous store and return its ``host:port``."""
+    host = ray.util.get_node_ip_address()
+    # wait_for_workers=False: the store must exist before its address is published.
+    store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False)
+    _SETUP.host(name=name, store=store)
+    return f"{host}:{store.port}"
+
+
+def join_group(
+    *, name: str, address: str, rank: int, world_size: int, backend: str, timeout_s: float
+) -> None:
+    """On every rank (0 included): join group ``name``; blocks until all ranks join (gloo).
+
+    ``address`` is rank 0's ``host_group`` answer; NCCL ignores it (Ray's NCCL group
+    meets through a named actor on first use).
+    """
+    if backend not in (GLOO_BACKEND, NCCL_BACKEND):
+        raise ValueError(
+            f"backend must be {GLOO_BACKEND!r} or {NCCL_BACKEND!r} "
+            f"(see resolve_backend), got {backend!r}"
+        )
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if backend == NCCL_BACKEND:
+        if not col.nccl_available():
+            raise RuntimeError(f"group {name!r}: backend 'nccl' needs cupy and a GPU here")
+        col.init_collective_group(world_size, rank, backend=NCCL_BACKEND, group_name=name)
+        return
+    register_backends()
+    timeout = timedelta(seconds=timeout_s)
+    if rank == 0:
+        store = _SETUP.take_hosted(name=name)
+    else:
+        host, port = address.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), None, is_master=False, timeout=timeout)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [
+        dist.ProcessGroupGloo.create_device(hostname=ray.util.get_node_ip_address())
+    ]
+    options._timeout = timeout
+    # Connected outside ray.util.collective's process-wide lock, which the rendezvous
+    # would otherwise hold while it waits for the other ranks.
+    group = dist.ProcessGroupGloo(store, rank, world_size, options)
+    _SETUP.put_connected(name=name, group=group, store=store)
+    col.init_collective_group(world_size, rank, backend=GLOO_BACKEND, group_name=name)
+
+
+def destroy_group(*, name: str) -> None:
+    """Leave group ``name`` in this process (a no-op for a group never joined here).
+
+    It does not unblock a send/recv waiting on the group in another thread.
+    """
+    _SETUP.drop_hosted(name=name)
+    if col.is_group_initialized(name):
+        col.destroy_collective_group(name)
+
+
+class Channel:
+    """One direction of a 2-rank group: this rank sends to, or receives from, ``peer``.
+
+    Use one thread per channel. A CUDA tensor given to ``send`` must be complete
+    (its producing stream synchronised); ``recv`` returns with the data in place.
+    After a timeout or a peer failure the group is broken: rebuild it.
+    """
+
+    def __init__(self, *, group: str, peer: int, timeout_s: float, name: str):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self._handle = col.get_group_handle(group)
+        if peer == self._handle.rank or not 0 <= peer < self._handle.world_size:
+            raise ValueError(
+                f"peer must be another rank of group {group!r} "
+                f"(size {self._handle.world_size}, this rank {self._handle.rank}), got {peer}"
+            )
+        self._group = group
+        self._peer = peer
+        self._timeout_s = timeout_s
+        self.name = name
+
+    def send(self, tensor: torch.Tensor) -> None:
+        self._transfer(op="send", tensor=tensor)
+
+    def recv(self, tensor: torch.Tensor) -> None:
+        """Fill ``tensor`` in place with the peer's next message."""
+        self._transfer(op="recv", tensor=tensor)
+
+    def _transfer(self, *, op: str, tensor: torch.Tensor) -> None:
+        where = f"channel {self.name!r} (group {self._group!r}, peer rank {self._peer})"
+        if isinstance(self._handle, GlooGroup):
+            _gloo_transfer(
+                group=self._handle.process_group,
+                op=op,
+                tensor=tensor,
+                peer=self._peer,
+                timeout_s=self._timeout_s,
+                where=where,
+            )
+        else:
+            _nccl_transfer(
+                handle=self._handle,
+                op=op,
+                tensor=tensor,
+                peer=self._peer,
+                timeout_s=self._timeout_s,
+                where=where,
+            )
+
+
+def all_reduce_sum(*, group: str, tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` over all ranks of ``group``, in place."""
+    handle = col.get_group_handle(group)
+    options = types.AllReduceOptions()
+    options.reduceOp = types.ReduceOp.SUM
+    handle.allreduce([tensor], options)
+    _settle_collective(handle=handle, tensor=tensor)
+
+
+def all_gather_scalar(*, group: str, value: int, world_size: int) -> list[int]:
+    """Every rank's ``value``, in rank order."""
+    handle = col.get_group_handle(group)
+    if world_size != handle.world_size:
+        raise ValueError(
+            f"world_size must be the size of group {group!r} ({handle.world_size}), got {world_size}"
+        )
+    device = (
+        torch.device("cpu")
+        if isinstance(handle, GlooGroup)
+        else torch.device("cuda", torch.cuda.current_device())
+    )
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world_size)]
+    handle.allgather([gathered], [mine], types.AllGatherOptions())
+    _settle_collective(handle=handle, tensor=mine)
+    return [int(t.item()) for t in gathered]
+
+
+def _gloo_transfer(
+    *,
+    group: dist.ProcessGroupGloo,
+    op: str,
+    tensor: torch.Tensor,
+    peer: int,
+    timeout_s: float,
+    where: str,
+) -> None:
+    work = group.send([tensor], peer, 0) if op == "send" else group.recv([tensor], peer, 0)
+    try:
+        work.wait(timedelta(seconds=timeout_s))
+    except RuntimeError as error:
+        if "Timed out" in str(error):
+            raise TimeoutError(f"{where}: {op} did not complete within {timeout_s}s") from error
+        raise ConnectionError(f"{where}: {op} failed: {error}") from error
+
+
+def _nccl_transfer(
+    *, handle, op: str, tensor: torch.Tensor, peer: int, timeout_s: float, where: str
+) -> None:
+    from ray.util.collective.collective_group import nccl_collective_group
+
+    if op == "send":
+        options = types.SendOptions()
+        options.dst_rank = peer
+        handle.send([tensor], options)
+    else:
+        options = types.RecvOptions()
+        options.src_rank = peer
+        handle.recv([tensor], options)
+    # Ray's NCCL group only enqueues; its stream for this pair is keyed as below
+    # (the peer's GPU index is the option's default, 0). Ray 2.60 internals.
+    key = nccl_collective_group._get_comm_key_send_recv(
+        handle.rank, tensor.device.index, peer, 0
+    )
+    _await_stream(
+        stream=handle._dev_streams_map[key][0],
+        device=tensor.device.index,
+        timeout_s=timeout_s,
+        what=f"{where}: {op} did not complete within {timeout_s}s",
+    )
+
+
+def _await_stream(*, stream, device: int, timeout_s: float, what: str) -> None:
+    import cupy
+
+    with cupy.cuda.Device(device):
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+    deadline = time.monotonic() + timeout_s
+    while not event.done:
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(_NCCL_POLL_S)
+
+
+def _settle_collective(*, handle, tensor: torch.Tensor) -> None:
+    """Wait until the collective's result is readable (gloo ops already waited)."""
+    if isinstance(handle, GlooGroup):
+        return
+    # Ray keys a collective's stream by the devices' indices (Ray 2.60 internals).
+    handle._dev_streams_map[str(tensor.device.index)][0].synchronize()

@@ -1,0 +1,125 @@
+"""The driver actor: owns placement, the stage actors and their groups; runs iterations,
+hands out the policy, gathers telemetry, and shuts the pipeline down."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors import collective
+from actors.stage_actor import StageActor
+from rrfp_ray.arbiter import Cap
+from rrfp_ray.config import PipelineConfig
+from rrfp_ray.deps import Layout
+from rrfp_ray.policy import Policy
+from rrfp_ray.telemetry import IterationReport, merge_stage_reports
+from rrfp_ray.worker import PipelineError, Workload
+
+
+@ray.remote(num_cpus=0)
+class PipelineDriver:
+    def __init__(self, *, pipeline: PipelineConfig, workload: Workload, use_gpu: bool = False) -> None:
+        collective.register_backends()
+        self.pipeline = pipeline
+        self.timeout_s = pipeline.timeout_s
+        self.layout = pipeline.layout
+        self.backend = collective.resolve_backend(backend=pipeline.backend)
+        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        started = time.perf_counter()
+        self._pg = placement_group([bundle] * pipeline.stages, strategy="PACK")
+        self._await(self._pg.ready(), what=f"a placement group of {pipeline.stages} x {bundle}")
+        self.stages = [
+            StageActor.options(
+                num_cpus=1,
+                num_gpus=1 if use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=s
+                ),
+            ).remote(stage=s, timeout_s=self.timeout_s)
+            for s in range(pipeline.stages)
+        ]
+        self._gather([a.ping.remote() for a in self.stages], what="stage actors to start")
+        self._wire()
+        self._gather(
+            [a.set_workload.remote(workload=workload, layout=self.layout) for a in self.stages], what="set_workload"
+        )
+        self.startup_s = time.perf_counter() - started
+
+    def _wire(self) -> None:
+        prefix = uuid.uuid4().hex[:8]
+        groups = {link: f"{prefix}-{link.kind.value}{link.src}-{link.dst}" for link in self.layout.links()}
+        addresses = self._gather(
+            [self.stages[link.src].host_group.remote(name=name) for link, name in groups.items()],
+            what="group stores",
+            labels=[f"stage {link.src}" for link in groups],
+        )
+        joins, labels = [], []
+        for (link, name), address in zip(groups.items(), addresses):
+            for rank, stage in enumerate((link.src, link.dst)):
+                joins.append(
+                    self.stages[stage].join_group.remote(
+                        name=name, address=address, rank=rank, world_size=2, backend=self.backend
+                    )
+                )
+                labels.append(f"stage {stage} ({link})")
+        self._gather(joins, what="collective groups to form", labels=labels)
+        self._gather([a.connect.remote(groups=groups) for a in self.stages], what="channels to open")
+
+    def run_iteration(self, *, iteration: int, policy: Policy, cap: Cap | None = None) -> IterationReport:
+        layout = Layout(
+            stages=self.layout.stages, chunks=self.layout.chunks, microbatches=self.layout.microbatches, split=policy.split
+        )
+        refs = [
+            a.run_iteration.remote(
+                iteration=iteration,
+                layout=layout,
+                policy=policy,
+                cap=cap or self.pipeline.parsed_cap,
+                buffer_limit=self.pipeline.buffer_limit,
+            )
+            for a in self.stages
+        ]
+        results = self._gather(refs, what=f"iteration {iteration}")
+        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results)
+
+    def startup_seconds(self) -> float:
+        return self.startup_s
+
+    def shutdown(self) -> None:
+        """Stop the threads gracefully, then kill the actors and free the placement group."""
+        closes = [a.close.remote() for a in self.stages]
+        ray.wait(closes, num_returns=len(closes), timeout=self.timeout_s)
+        for actor in self.stages:
+            ray.kill(actor)
+        remove_placement_group(self._pg)
+
+    def _await(self, ref: ray.ObjectRef, *, what: str) -> object:
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except GetTimeoutError:
+            raise PipelineError(f"timed out after {self.timeout_s:g} s waiting for {what}") from None
+
+    def _gather(self, refs: list[ray.ObjectRef], *, what: str, labels: list[str] | None = None) -> list:
+        """ray.get with a deadline; a dead or hung stage is named in the error."""
+        labels = labels or [f"stage {i}" for i in range(len(refs))]
+        owners = dict(zip(refs, labels))
+        deadline = time.monotonic() + self.timeout_s + 5.0
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                break
+            try:
+                ray.get(done[0])
+            except RayActorError as error:
+                raise PipelineError(f"{owners[done[0]]} died during {what}: {error}") from None
+            except Exception as error:
+                raise PipelineError(f"{owners[done[0]]} failed during {what}: {error}") from None
+        if pending:
+            raise PipelineError(f"{what}: no answer within {self.timeout_s:g} s from {', '.join(owners[r] for r in pending)}")
+        return ray.get(refs)

@@ -1,0 +1,74 @@
+"""A pipeline stage as a Ray actor: a thin shell around `StageWorker`."""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from actors import collective
+from rrfp_ray.arbiter import Cap
+from rrfp_ray.deps import Layout, Link
+from rrfp_ray.policy import Policy
+from rrfp_ray.telemetry import OpEvent, StageStats
+from rrfp_ray.worker import Executor, StageWorker, Workload
+
+
+@ray.remote
+class StageActor:
+    def __init__(self, *, stage: int, timeout_s: float) -> None:
+        torch.set_num_threads(1)
+        collective.register_backends()
+        self.stage = stage
+        self.timeout_s = timeout_s
+        self._worker: StageWorker | None = None
+        self._workload: Workload | None = None
+        self._executor: Executor | None = None
+
+    def host_group(self, *, name: str) -> str:
+        return collective.host_group(name=name)
+
+    def join_group(self, *, name: str, address: str, rank: int, world_size: int, backend: str) -> None:
+        collective.join_group(
+            name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
+        )
+
+    def connect(self, *, groups: dict[Link, str]) -> None:
+        """Open a channel on every link this stage sends or receives on; start the threads."""
+
+        def channel(link: Link) -> collective.Channel:
+            peer = 1 if link.src == self.stage else 0
+            return collective.Channel(group=groups[link], peer=peer, timeout_s=self.timeout_s, name=str(link))
+
+        self._worker = StageWorker(
+            stage=self.stage,
+            inbound={link: channel(link) for link in groups if link.dst == self.stage},
+            outbound={link: channel(link) for link in groups if link.src == self.stage},
+            timeout_s=self.timeout_s,
+        )
+
+    def set_workload(self, *, workload: Workload, layout: Layout) -> None:
+        self._workload = workload
+        self._executor = workload.executor(stage=self.stage, layout=layout)
+
+    def run_iteration(
+        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int
+    ) -> tuple[list[OpEvent], StageStats]:
+        if self._worker is None or self._workload is None or self._executor is None:
+            raise RuntimeError(f"stage {self.stage}: run_iteration before connect() and set_workload()")
+        return self._worker.run_iteration(
+            iteration=iteration,
+            layout=layout,
+            policy=policy,
+            cap=cap,
+            executor=self._executor,
+            buffer_limit=buffer_limit,
+            latency=self._workload.latency,
+        )
+
+    def ping(self) -> int:
+        return self.stage
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None

@@ -1,0 +1,161 @@
+"""The per-stage arbiter: ready set, in-flight caps, receive-buffer bound, next_action().
+
+One object per stage per iteration-run, shared by the simulator and the runtime (which
+calls it under its own lock from the compute and receive threads).
+
+In flight: a microbatch enters a stage with its chunk-0 F and leaves with its chunk-0 B
+(the F->B count) or, under the B/W split, its chunk-0 W (the F->W count). Caps gate only
+those admissions; see `rrfp_ray.policy`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from rrfp_ray.actions import Action, Kind
+from rrfp_ray.deps import Layout, Message
+from rrfp_ray.policy import Policy
+from rrfp_ray.schedules import peak_inflight, peak_inflight_fb
+
+_CAP = re.compile(r"^(?:(\d+(?:\.\d+)?)x|(\d+)|inf)$")
+
+
+@dataclass(frozen=True)
+class Cap:
+    """An in-flight cap: a multiple of the hint schedule's own peak (`2x`), a count (`6`) or `inf`."""
+
+    multiple: float | None = None
+    count: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Cap:
+        match = _CAP.match(text.strip().lower())
+        if match is None:
+            raise ValueError(f"cap must look like '1x', '2x', '1.5x', an integer >= 1 or 'inf', got {text!r}")
+        multiple, count = match.groups()
+        if multiple is not None:
+            if float(multiple) <= 0:
+                raise ValueError(f"cap multiple must be > 0, got {text!r}")
+            return cls(multiple=float(multiple))
+        if count is not None:
+            if int(count) < 1:
+                raise ValueError(f"cap must be >= 1 microbatch, got {text!r}")
+            return cls(count=int(count))
+        return cls()
+
+    def limit(self, *, peak: int) -> float:
+        if self.count is not None:
+            return self.count
+        if self.multiple is not None:
+            return max(1, math.ceil(self.multiple * peak))
+        return math.inf
+
+    def __str__(self) -> str:
+        if self.count is not None:
+            return str(self.count)
+        return "inf" if self.multiple is None else f"{self.multiple:g}x"
+
+
+class Arbiter:
+    def __init__(self, *, layout: Layout, stage: int, policy: Policy, cap: Cap, buffer_limit: int | None = None) -> None:
+        self.layout = layout
+        self.stage = stage
+        self.policy = policy
+        hint = policy.order[stage]
+        self.cap_fb = cap.limit(peak=peak_inflight_fb(policy.order, stage=stage))
+        self.cap_fw = cap.limit(peak=peak_inflight(policy.order, stage=stage)) if layout.split else math.inf
+        self.buffer_limit = math.inf if buffer_limit is None else buffer_limit
+        self._hint_pos = {action: i for i, action in enumerate(hint)}
+        self._total = len(layout.actions(stage=stage))
+        self._picker = policy.picker(stage=stage)
+        self._done: set[Action] = set()
+        self._started: set[Action] = set()
+        self._arrived: set[Message] = set()
+        self._unstarted_hint = 0
+        self.inflight_fb = 0
+        self.inflight_fw = 0
+        self.buffered = 0
+        self.peak_inflight = 0
+        self.peak_buffered = 0
+        for action in layout.actions(stage=stage):
+            if layout.local_need(action) is None and layout.message_need(action) is None:
+                self._picker.add(action)
+
+    @property
+    def finished(self) -> bool:
+        return len(self._done) == self._total
+
+    def has_room(self) -> bool:
+        """Whether the receive side may hand over one more message."""
+        return self.buffered < self.buffer_limit
+
+    def hint_position(self, action: Action) -> int:
+        return self._hint_pos.get(action, -1)
+
+    def on_arrival(self, message: Message) -> None:
+        if message in self._arrived:
+            raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
+        self._arrived.add(message)
+        self.buffered += 1
+        self.peak_buffered = max(self.peak_buffered, self.buffered)
+        consumer = self.layout.consumer(message)
+        need = self.layout.local_need(consumer)
+        if need is None or need in self._done:
+            self._picker.add(consumer)
+
+    def next_action(self) -> tuple[Action, bool] | None:
+        """Choose and start the next action; returns it and whether it overtook an earlier hint action."""
+        admit = self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
+        action = self._picker.pick(admit=admit)
+        if action is None:
+            return None
+        self._started.add(action)
+        if self.layout.message_need(action) is not None:
+            self.buffered -= 1
+        if action.kind is Kind.F and action.chunk == 0:
+            self.inflight_fb += 1
+            self.inflight_fw += 1
+            self.peak_inflight = max(self.peak_inflight, self.inflight_fw)
+        hint = self.policy.order[self.stage]
+        overtook = self._hint_pos.get(action, -1) > self._unstarted_hint
+        while self._unstarted_hint < len(hint) and self._started_or_merged(hint[self._unstarted_hint]):
+            self._unstarted_hint += 1
+        return action, overtook
+
+    def _started_or_merged(self, action: Action) -> bool:
+        # A hint with W ops run by a policy without the split: W is part of its B.
+        if action.kind is Kind.W and not self.layout.split:
+            return Action(stage=action.stage, kind=Kind.B, microbatch=action.microbatch, chunk=action.chunk) in self._started
+        return action in self._started
+
+    def on_done(self, action: Action) -> Message | None:
+        """Mark an action done; returns the message it sends, if any."""
+        self._done.add(action)
+        if action.chunk == 0 and action.kind is not Kind.F:
+            if action.kind is Kind.B:
+                self.inflight_fb -= 1
+            if action.kind is (Kind.W if self.layout.split else Kind.B):
+                self.inflight_fw -= 1
+        for follower in self.layout.local_followers(action):
+            message = self.layout.message_need(follower)
+            if message is None or message in self._arrived:
+                self._picker.add(follower)
+        return self.layout.sends(action)
+
+    def waiting_for(self) -> str:
+        """What the stage waits for, for timeout errors: the next unstarted hint actions and their needs."""
+        hint = self.policy.order[self.stage]
+        pending = [a for a in hint[self._unstarted_hint :] if a not in self._started][:3]
+        parts = []
+        for action in pending:
+            local, message = self.layout.local_need(action), self.layout.message_need(action)
+            if local is not None and local not in self._done:
+                parts.append(f"{action} (needs {local} done here)")
+            elif message is not None and message not in self._arrived:
+                parts.append(f"{action} (needs {self.layout.link(message)} for microbatch {message.microbatch})")
+            else:
+                parts.append(f"{action} (ready; held by the policy or the in-flight cap)")
+        done = f"{len(self._done)}/{self._total} actions done"
+        return f"stage {self.stage}: {done}; next in hint: {', '.join(parts) or 'none'}"

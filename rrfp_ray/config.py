@@ -1,0 +1,85 @@
+"""The typed config tree. Every bad value is a pydantic ValidationError (a ValueError)
+naming its field, raised before any actor starts."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rrfp_ray.actions import parse_action
+from rrfp_ray.arbiter import Cap
+from rrfp_ray.deps import Layout
+from rrfp_ray.policy import Policy, make_policy
+from rrfp_ray.variability import SCENARIOS, Trace, generate
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class PipelineConfig(BaseModel):
+    model_config = _STRICT
+
+    stages: int = Field(4, ge=1, description="P: pipeline stages (one actor each)")
+    chunks: int = Field(1, ge=1, description="v: model chunks per stage (v > 1: interleaved)")
+    microbatches: int = Field(8, ge=1, description="M: microbatches per iteration")
+    policy: str = Field("bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw")
+    cap: str = Field("2x", description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'")
+    buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
+    timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collective backend for the links")
+    hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage, for policies hint/ready-hint")
+
+    @field_validator("cap")
+    @classmethod
+    def _cap(cls, value: str) -> str:
+        Cap.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _policy_fits(self) -> PipelineConfig:
+        if self.stages == 1 and self.chunks > 1:
+            raise ValueError("chunks > 1 needs stages >= 2 (a stage cannot send to itself)")
+        try:
+            self.resolved_policy(self.policy)
+        except ValueError as error:
+            raise ValueError(f"policy {self.policy!r}: {error}") from None
+        return self
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, split=self.resolved_policy(self.policy).split)
+
+    @property
+    def parsed_cap(self) -> Cap:
+        return Cap.parse(self.cap)
+
+    def resolved_policy(self, name: str) -> Policy:
+        hint = None
+        if self.hint is not None:
+            hint = {int(stage): [parse_action(text) for text in actions] for stage, actions in self.hint.items()}
+        return make_policy(name=name, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, hint=hint)
+
+
+class VariabilityConfig(BaseModel):
+    model_config = _STRICT
+
+    scenario: str = Field("none", description=f"'+'-joined names from {', '.join(SCENARIOS)}")
+    seed: int = Field(0, ge=0)
+    t_f: float = Field(20.0, gt=0, description="forward time per virtual stage in ms (synthetic workload)")
+    params: dict[str, float] = Field(default_factory=dict, description="scenario parameters, e.g. {'sigma': 0.3}")
+    trace_file: str | None = Field(None, description="load this trace JSON instead of generating one")
+
+    def trace(self, *, pipeline: PipelineConfig) -> Trace:
+        if self.trace_file is not None:
+            trace = Trace.load(self.trace_file)
+            trace.check(stages=pipeline.stages, microbatches=pipeline.microbatches, chunks=pipeline.chunks)
+            return trace
+        return generate(
+            scenario=self.scenario,
+            stages=pipeline.stages,
+            microbatches=pipeline.microbatches,
+            chunks=pipeline.chunks,
+            seed=self.seed,
+            t_f=self.t_f,
+            **self.params,
+        )

@@ -1,0 +1,72 @@
+"""All stages of a pipeline in one process, one thread per stage, over in-memory channels.
+
+Same workers, arbiters and telemetry as on Ray; for tests and debugging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from rrfp_ray.arbiter import Cap
+from rrfp_ray.deps import Layout, Message
+from rrfp_ray.policy import Policy
+from rrfp_ray.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports
+from rrfp_ray.transport import local_channels
+from rrfp_ray.worker import Executor, StageWorker
+
+
+class LocalPipeline:
+    def __init__(self, *, layout: Layout, timeout_s: float = 60.0) -> None:
+        channels = local_channels(layout=layout, timeout_s=timeout_s)
+        self.layout = layout
+        self.workers = [
+            StageWorker(
+                stage=s,
+                inbound={link: ch for link, ch in channels.items() if link.dst == s},
+                outbound={link: ch for link, ch in channels.items() if link.src == s},
+                timeout_s=timeout_s,
+            )
+            for s in range(layout.stages)
+        ]
+        self._pool = ThreadPoolExecutor(max_workers=layout.stages, thread_name_prefix="stage")
+
+    def run_iteration(
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap,
+        executors: Sequence[Executor],
+        buffer_limit: int | None = None,
+        latency: Callable[[Message], float] | None = None,
+    ) -> IterationReport:
+        layout = Layout(
+            stages=self.layout.stages, chunks=self.layout.chunks, microbatches=self.layout.microbatches, split=policy.split
+        )
+        futures = [
+            self._pool.submit(
+                worker.run_iteration,
+                iteration=iteration,
+                layout=layout,
+                policy=policy,
+                cap=cap,
+                executor=executor,
+                buffer_limit=buffer_limit,
+                latency=latency,
+            )
+            for worker, executor in zip(self.workers, executors)
+        ]
+        results: list[tuple[list[OpEvent], StageStats]] = [f.result() for f in futures]
+        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> LocalPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

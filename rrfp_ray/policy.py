@@ -1,0 +1,159 @@
+"""Policies: which eligible action a stage runs next.
+
+A policy is plain data (`Policy`), built once from its CLI name and sent to every stage;
+each stage's arbiter turns it into a `Picker` that holds that stage's ready actions.
+
+- fixed (`gpipe`, `1f1b`, `interleaved`, `zb-h1`, `hint`): only the next action of the list.
+- `ready-<schedule>` / `ready-hint`: the first *ready* action in list order.
+- `bf`: alternate one ready B then one ready F; F prefers the lowest chunk, B the highest,
+  then the lowest microbatch. `bfw` adds the B/W split: W only when no F or B is eligible.
+
+The memory cap gates only *admissions* (chunk-0 F, where a microbatch enters the stage).
+Forwards of later chunks and all backwards are never gated: they are what frees memory, so
+an admitted microbatch can always reach its loss and come back, and no cap >= 1 can
+deadlock. `bf` with v > 1 ranks an admission after every runnable later-chunk forward of
+an already admitted microbatch ("finish what you started"); see `BFPicker`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from rrfp_ray.actions import Action, Kind
+from rrfp_ray.schedules import SCHEDULES, build, splits
+
+RULES = ("bf", "bfw")
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    order: dict[int, list[Action]] = field(repr=False)  # the hint list per stage (the reference list for rules)
+    fixed: bool
+    rule: str | None  # "bf" / "bfw", or None for list policies
+    split: bool
+
+    def picker(self, *, stage: int) -> Picker:
+        if self.rule is not None:
+            return BFPicker(with_w=self.rule == "bfw")
+        if self.fixed:
+            return FixedPicker(order=self.order[stage])
+        return ListPicker(order=self.order[stage])
+
+
+def policy_names() -> list[str]:
+    return [*SCHEDULES, *(f"ready-{name}" for name in SCHEDULES), *RULES, "hint", "ready-hint"]
+
+
+def make_policy(
+    *, name: str, stages: int, chunks: int, microbatches: int, hint: dict[int, list[Action]] | None = None
+) -> Policy:
+    """Resolve a CLI policy name; `hint` is the user's list for `hint` / `ready-hint`."""
+    base = name.removeprefix("ready-")
+    if base == "hint":
+        if hint is None:
+            raise ValueError(f"policy {name!r} needs a hint order (--hint FILE)")
+        return Policy(name=name, order=hint, fixed=base == name, rule=None, split=_has_w(hint))
+    if name in RULES:
+        reference = ("zb-h1" if name == "bfw" else "1f1b") if chunks == 1 else "interleaved"
+        order = build(name=reference, stages=stages, chunks=chunks, microbatches=microbatches)
+        return Policy(name=name, order=order, fixed=False, rule=name, split=name == "bfw")
+    if base not in SCHEDULES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+    order = build(name=base, stages=stages, chunks=chunks, microbatches=microbatches)
+    return Policy(name=name, order=order, fixed=base == name, rule=None, split=splits(base))
+
+
+def _has_w(order: dict[int, list[Action]]) -> bool:
+    return any(a.kind is Kind.W for actions in order.values() for a in actions)
+
+
+def _admits(action: Action) -> bool:
+    return action.kind is Kind.F and action.chunk == 0
+
+
+class FixedPicker:
+    """Only the next action of the list may run; caps do not apply (the list is its own cap)."""
+
+    def __init__(self, *, order: list[Action]) -> None:
+        self._order = order
+        self._next = 0
+        self._ready: set[Action] = set()
+
+    def add(self, action: Action) -> None:
+        self._ready.add(action)
+
+    def pick(self, *, admit: bool) -> Action | None:
+        if self._next < len(self._order) and self._order[self._next] in self._ready:
+            action = self._order[self._next]
+            self._ready.remove(action)
+            self._next += 1
+            return action
+        return None
+
+
+class ListPicker:
+    """The first ready action in list order, admissions only while the cap allows."""
+
+    def __init__(self, *, order: list[Action]) -> None:
+        self._pos = {action: i for i, action in enumerate(order)}
+        self._admit: list[tuple[int, Action]] = []
+        self._other: list[tuple[int, Action]] = []
+
+    def add(self, action: Action) -> None:
+        heapq.heappush(self._admit if _admits(action) else self._other, (self._pos[action], action))
+
+    def pick(self, *, admit: bool) -> Action | None:
+        heaps = [h for h in (self._other, self._admit if admit else None) if h]
+        if not heaps:
+            return None
+        return heapq.heappop(min(heaps, key=lambda h: h[0][0]))[1]
+
+
+class BFPicker:
+    """Backward-forward alternation over ready actions (the paper's BF hint), W last (BFW).
+
+    Forward preference: later-chunk forwards by (chunk, microbatch), then admissions by
+    microbatch. Taken literally, "lowest chunk first" would rank every admission (chunk 0)
+    first; with v > 1 a stage then admits up to its cap before it moves any admitted
+    microbatch on, so backwards come late and the pipeline drains.
+    """
+
+    def __init__(self, *, with_w: bool) -> None:
+        self._with_w = with_w
+        self._backward_turn = True
+        self._b: list[tuple[int, int, Action]] = []
+        self._f_later: list[tuple[int, int, Action]] = []
+        self._f_admit: list[tuple[int, int, Action]] = []
+        self._w: list[tuple[int, int, Action]] = []
+
+    def add(self, action: Action) -> None:
+        if action.kind is Kind.B:
+            heapq.heappush(self._b, (-action.chunk, action.microbatch, action))
+        elif action.kind is Kind.W:
+            heapq.heappush(self._w, (action.microbatch, -action.chunk, action))
+        else:
+            heap = self._f_admit if _admits(action) else self._f_later
+            heapq.heappush(heap, (action.chunk, action.microbatch, action))
+
+    def _forward(self, *, admit: bool) -> Action | None:
+        if self._f_later:
+            return heapq.heappop(self._f_later)[2]
+        if admit and self._f_admit:
+            return heapq.heappop(self._f_admit)[2]
+        return None
+
+    def pick(self, *, admit: bool) -> Action | None:
+        backward = heapq.heappop(self._b)[2] if self._backward_turn and self._b else None
+        action = backward or self._forward(admit=admit)
+        if action is None and self._b:
+            action = heapq.heappop(self._b)[2]
+        if action is None and self._with_w and self._w:
+            return heapq.heappop(self._w)[2]
+        if action is not None:
+            self._backward_turn = action.kind is Kind.F
+        return action
+
+
+Picker = FixedPicker | ListPicker | BFPicker

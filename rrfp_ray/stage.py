@@ -1,0 +1,428 @@
+"""One pipeline stage's share of a model: its chunks, their saved state, its optimizer.
+
+A ``StageRunner`` runs forward, backward, and the split backward (input pass, then a
+deferred weight pass) for any (chunk, microbatch), in whatever order its caller's
+arbiter picks. It knows nothing about transports or threads.
+
+How the split works. The input pass walks the autograd graph from the chunk's output
+back to its input. Call a node *on the input path* when the input's gradient flows
+through it. Where such a node also feeds a parameter (a matmul feeds its weight, a
+LayerNorm its affine parameters), the input pass records the gradient arriving at that
+node and asks autograd for the input gradient alone, so the node computes only its
+input-side outputs. The weight pass later restarts autograd at exactly those nodes,
+with the recorded gradients, asking for the parameters alone. Each node's work is done
+once, split between the two passes. The graph (and so the activations) is held until
+the weight pass ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge, saved_tensors_hooks
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+Grads = tuple[Tensor | None, ...]
+
+
+def partition(*, n_layers: int, parts: int) -> list[range]:
+    """Contiguous ranges covering ``range(n_layers)``, sizes differing by at most one.
+
+    The larger parts come first: the last part also computes the loss.
+    """
+    if parts < 1 or parts > n_layers:
+        raise ValueError(f"cannot split {n_layers} layers into {parts} parts (stages x chunks)")
+    size, extra = divmod(n_layers, parts)
+    starts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [range(start, end) for start, end in zip(starts, starts[1:])]
+
+
+def stage_chunks(*, layers: Sequence[nn.Module], stages: int, chunks: int, stage: int) -> dict[int, nn.Sequential]:
+    """The modules ``stage`` holds: its chunk c runs virtual stage ``c * stages + stage``."""
+    if not 0 <= stage < stages:
+        raise ValueError(f"stage {stage} is not in [0, {stages})")
+    parts = partition(n_layers=len(layers), parts=stages * chunks)
+    return {c: nn.Sequential(*(layers[i] for i in parts[c * stages + stage])) for c in range(chunks)}
+
+
+def build_stage(
+    *,
+    layers: Sequence[nn.Module],
+    stages: int,
+    chunks: int,
+    stage: int,
+    loss_fn: LossFn,
+    loss_scale: float,
+    optimizer_factory: OptimizerFactory,
+) -> StageRunner:
+    """A runner for ``stage`` of a ``stages`` x ``chunks`` pipeline over ``layers``."""
+    return StageRunner(
+        chunks=stage_chunks(layers=layers, stages=stages, chunks=chunks, stage=stage),
+        first_chunk=0 if stage == 0 else None,
+        last_chunk=chunks - 1 if stage == stages - 1 else None,
+        loss_fn=loss_fn,
+        loss_scale=loss_scale,
+        optimizer_factory=optimizer_factory,
+    )
+
+
+@dataclass
+class _Saved:
+    inputs: Tensor
+    root: Tensor  # the chunk's output, or the scaled loss on the last virtual stage
+    nbytes: int
+
+
+@dataclass
+class _WeightPass:
+    """One autograd call that accumulates some parameters' gradients."""
+
+    roots: list[GradientEdge]
+    grads: list[Tensor]
+    params: list[nn.Parameter]
+    pinned: dict[Node, Grads]  # where one root's gradient also reaches another root
+
+    def run(self) -> None:
+        handles = [node.register_prehook(_constant(grads)) for node, grads in self.pinned.items()]
+        try:
+            dws = torch.autograd.grad(self.roots, self.params, self.grads, retain_graph=True, allow_unused=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        for param, dw in zip(self.params, dws):
+            if dw is not None:
+                param.grad = dw if param.grad is None else param.grad + dw
+
+
+@dataclass
+class _Deferred:
+    passes: list[_WeightPass]
+    nbytes: int
+
+
+class StageRunner:
+    """Forward and backward work of one pipeline stage; keyed by (chunk, microbatch).
+
+    ``first_chunk``/``last_chunk``: the chunk holding virtual stage 0 / the last virtual
+    stage, or None when this stage holds neither. ``loss_scale`` multiplies each
+    microbatch's loss (1/M makes the summed gradients those of the mean loss).
+    """
+
+    def __init__(
+        self,
+        *,
+        chunks: dict[int, nn.Module],
+        first_chunk: int | None,
+        last_chunk: int | None,
+        loss_fn: LossFn,
+        loss_scale: float,
+        optimizer_factory: OptimizerFactory,
+    ) -> None:
+        if not chunks:
+            raise ValueError("chunks must hold at least one chunk")
+        for name, value in (("first_chunk", first_chunk), ("last_chunk", last_chunk)):
+            if value is not None and value not in chunks:
+                raise ValueError(f"{name} {value} is not one of the chunks {sorted(chunks)}")
+        if not loss_scale > 0:
+            raise ValueError(f"loss_scale must be > 0, got {loss_scale}")
+        self._chunks = dict(chunks)
+        self._first = first_chunk
+        self._last = last_chunk
+        self._loss_fn = loss_fn
+        self._loss_scale = loss_scale
+        self._chunk_params = {c: [p for p in m.parameters() if p.requires_grad] for c, m in self._chunks.items()}
+        self._optimizer = optimizer_factory(self.parameters())
+        self._saved: dict[tuple[int, int], _Saved] = {}
+        self._deferred: dict[tuple[int, int], _Deferred] = {}
+        self._losses: dict[int, Tensor] = {}
+        self._peak = 0
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for c in sorted(self._chunk_params) for p in self._chunk_params[c]]
+
+    def forward(self, *, chunk: int, microbatch: int, inputs: Tensor, targets: Tensor | None = None) -> Tensor | None:
+        """Run the chunk; return the activation to send, or None on the last virtual stage."""
+        module = self._module(chunk)
+        key = (chunk, microbatch)
+        if key in self._saved or key in self._deferred:
+            raise RuntimeError(f"forward of chunk {chunk} microbatch {microbatch} ran again before its backward")
+        last = chunk == self._last
+        if last and targets is None:
+            raise ValueError(f"targets are required on the last virtual stage (chunk {chunk})")
+        if not last and targets is not None:
+            raise ValueError(f"targets only apply to the last virtual stage, not chunk {chunk}")
+        x = inputs if chunk == self._first else inputs.detach().requires_grad_(True)
+        saved: list[Tensor] = []
+        with torch.enable_grad(), saved_tensors_hooks(_collect(saved), _unchanged):
+            out = module(x)
+            root = out if targets is None else self._scaled_loss(out=out, targets=targets, microbatch=microbatch)
+        self._saved[key] = _Saved(inputs=x, root=root, nbytes=self._activation_bytes([*saved, root]))
+        self._peak = max(self._peak, self.held_bytes())
+        return None if last else out.detach()
+
+    def backward(self, *, chunk: int, microbatch: int, grad: Tensor | None) -> Tensor | None:
+        """Input and weight gradients at once; return the input gradient (None on virtual stage 0)."""
+        saved = self._pop_saved(chunk=chunk, microbatch=microbatch)
+        torch.autograd.backward([saved.root], [self._root_grad(chunk=chunk, root=saved.root, grad=grad)])
+        return None if chunk == self._first else saved.inputs.grad
+
+    def backward_input(self, *, chunk: int, microbatch: int, grad: Tensor | None) -> Tensor | None:
+        """Input gradient only; the weight gradients wait for ``backward_weight``.
+
+        On virtual stage 0 there is no input gradient, so all the work waits.
+        """
+        saved = self._pop_saved(chunk=chunk, microbatch=microbatch)
+        root_grad = self._root_grad(chunk=chunk, root=saved.root, grad=grad)
+        if chunk == self._first:
+            dx = None
+            passes = [_WeightPass([get_gradient_edge(saved.root)], [root_grad], self._chunk_params[chunk], {})]
+        else:
+            dx, passes = _split_backward(
+                root=saved.root, grad=root_grad, leaf=saved.inputs, params=self._chunk_params[chunk]
+            )
+        held = saved.nbytes + self._activation_bytes(g for work in passes for g in work.grads)
+        self._deferred[(chunk, microbatch)] = _Deferred(passes=passes, nbytes=held)
+        self._peak = max(self._peak, self.held_bytes())
+        return dx
+
+    def backward_weight(self, *, chunk: int, microbatch: int) -> None:
+        """Accumulate the weight gradients ``backward_input`` left, then free the microbatch."""
+        deferred = self._deferred.pop((chunk, microbatch), None)
+        if deferred is None:
+            raise RuntimeError(
+                f"no weight pass pending for chunk {chunk} microbatch {microbatch}: backward_input has not run"
+            )
+        for work in deferred.passes:
+            work.run()
+
+    def losses(self) -> list[float]:
+        """This iteration's unscaled losses, by microbatch (last virtual stage only)."""
+        return [float(self._losses[m]) for m in sorted(self._losses)]
+
+    def held_bytes(self) -> int:
+        """Bytes of activations (and, after an input pass, gradients) held for backward work."""
+        return sum(s.nbytes for s in self._saved.values()) + sum(d.nbytes for d in self._deferred.values())
+
+    @property
+    def peak_held_bytes(self) -> int:
+        """The most ``held_bytes`` reached since the last ``reset_iteration``."""
+        return self._peak
+
+    def reset_iteration(self) -> None:
+        """Start an iteration afresh: drop losses, any unfinished work, gradients and the peak."""
+        self._saved.clear()
+        self._deferred.clear()
+        self._losses.clear()
+        self._optimizer.zero_grad(set_to_none=True)
+        self._peak = 0
+
+    def grad_sq_norm(self) -> float:
+        """Sum of squared gradient entries over this runner's parameters."""
+        squares = [grad.detach().double().square().sum() for grad in self._grads()]
+        return float(torch.stack(squares).sum()) if squares else 0.0
+
+    def step(self, *, clip_coef: float, lr: float) -> None:
+        """Scale gradients by ``clip_coef``, take an optimizer step at ``lr``, clear gradients."""
+        if self._saved or self._deferred:
+            unfinished = sorted([*self._saved, *self._deferred])
+            raise RuntimeError(f"optimizer step with backward work unfinished for (chunk, microbatch) {unfinished}")
+        if not (math.isfinite(clip_coef) and clip_coef >= 0):
+            raise ValueError(f"clip_coef must be finite and >= 0, got {clip_coef}")
+        if not (math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"lr must be finite and >= 0, got {lr}")
+        if clip_coef != 1.0:
+            with torch.no_grad():
+                for grad in self._grads():
+                    grad.mul_(clip_coef)
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "chunks": {c: m.state_dict() for c, m in self._chunks.items()},
+            "optimizer": self._optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if sorted(state["chunks"]) != sorted(self._chunks):
+            raise ValueError(f"state holds chunks {sorted(state['chunks'])}, this runner {sorted(self._chunks)}")
+        for c, module in self._chunks.items():
+            module.load_state_dict(state["chunks"][c])
+        self._optimizer.load_state_dict(state["optimizer"])
+
+    def _module(self, chunk: int) -> nn.Module:
+        if chunk not in self._chunks:
+            raise ValueError(f"chunk {chunk} is not on this stage (chunks {sorted(self._chunks)})")
+        return self._chunks[chunk]
+
+    def _grads(self) -> list[Tensor]:
+        return [p.grad for p in self.parameters() if p.grad is not None]
+
+    def _scaled_loss(self, *, out: Tensor, targets: Tensor, microbatch: int) -> Tensor:
+        loss = self._loss_fn(out, targets)
+        if loss.dim() != 0:
+            raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+        self._losses[microbatch] = loss.detach()
+        return loss * self._loss_scale
+
+    def _pop_saved(self, *, chunk: int, microbatch: int) -> _Saved:
+        self._module(chunk)
+        saved = self._saved.pop((chunk, microbatch), None)
+        if saved is None:
+            raise RuntimeError(
+                f"no saved forward for chunk {chunk} microbatch {microbatch}: "
+                "backward before forward, or backward ran twice"
+            )
+        return saved
+
+    def _root_grad(self, *, chunk: int, root: Tensor, grad: Tensor | None) -> Tensor:
+        if chunk == self._last:
+            if grad is not None:
+                raise ValueError(f"grad must be None on the last virtual stage (chunk {chunk}): it starts at the loss")
+            return torch.ones_like(root)
+        if grad is None or grad.shape != root.shape:
+            got = None if grad is None else tuple(grad.shape)
+            raise ValueError(f"grad for chunk {chunk} must have the output's shape {tuple(root.shape)}, got {got}")
+        return grad
+
+    def _activation_bytes(self, tensors: Iterable[Tensor]) -> int:
+        params = {p.untyped_storage().data_ptr() for p in self.parameters()}
+        sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(size for ptr, size in sizes.items() if ptr not in params)
+
+
+def _split_backward(
+    *, root: Tensor, grad: Tensor, leaf: Tensor, params: list[nn.Parameter]
+) -> tuple[Tensor, list[_WeightPass]]:
+    """The input gradient now, and the weight passes that finish the job later."""
+    graph = _children(root.grad_fn)
+    on_input_path = _ancestors(graph, get_gradient_edge(leaf).node)
+    param_ids = {id(p): p for p in params}
+    groups: list[tuple[list[Node], set[int]]] = []
+    for node in graph:
+        if node not in on_input_path:
+            continue
+        weight_side = [child for child in graph[node] if child not in on_input_path]
+        owned = {pid for child in weight_side for pid in _params_below(graph, child, param_ids)}
+        if not owned:
+            continue
+        joined = [g for g in groups if g[1] & owned]
+        groups = [g for g in groups if not g[1] & owned]
+        groups.append(([n for g in joined for n in g[0]] + [node], owned.union(*(g[1] for g in joined))))
+
+    arrived: dict[Node, Grads] = {}
+    handles = [node.register_prehook(_record(arrived, node)) for nodes, _ in groups for node in nodes]
+    try:
+        (dx,) = torch.autograd.grad([root], [leaf], [grad], retain_graph=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    passes = []
+    for nodes, owned in groups:
+        reached = [n for n in nodes if n in arrived]
+        edges = [(GradientEdge(n, i), g) for n in reached for i, g in enumerate(arrived[n]) if g is not None]
+        pinned = {n: arrived[n] for n in reached} if len(reached) > 1 else {}
+        chosen = [p for p in params if id(p) in owned]
+        passes.append(_WeightPass([e for e, _ in edges], [g for _, g in edges], chosen, pinned))
+    return dx, passes
+
+
+def _children(root: Node) -> dict[Node, list[Node]]:
+    """Every node reachable from ``root``, in discovery order, with its children."""
+    graph: dict[Node, list[Node]] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node not in graph:
+            graph[node] = [child for child, _ in node.next_functions if child is not None]
+            stack.extend(graph[node])
+    return graph
+
+
+def _ancestors(graph: dict[Node, list[Node]], target: Node) -> set[Node]:
+    """``target`` and every node of ``graph`` it is reachable from."""
+    parents: dict[Node, list[Node]] = {}
+    for node, children in graph.items():
+        for child in children:
+            parents.setdefault(child, []).append(node)
+    found = {target}
+    stack = [target]
+    while stack:
+        for parent in parents.get(stack.pop(), []):
+            if parent not in found:
+                found.add(parent)
+                stack.append(parent)
+    return found
+
+
+def _params_below(graph: dict[Node, list[Node]], start: Node, param_ids: dict[int, nn.Parameter]) -> set[int]:
+    found: set[int] = set()
+    seen = {start}
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        variable = getattr(node, "variable", None)
+        if variable is not None and id(variable) in param_ids:
+            found.add(id(variable))
+        for child in graph.get(node, []):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return found
+
+
+def _record(store: dict[Node, Grads], node: Node) -> Callable[[Grads], None]:
+    def hook(grads: Grads) -> None:
+        store[node] = grads
+
+    return hook
+
+
+def _constant(grads: Grads) -> Callable[[Grads], Grads]:
+    return lambda _: grads
+
+
+def _collect(store: list[Tensor]) -> Callable[[Tensor], Tensor]:
+    def pack(tensor: Tensor) -> Tensor:
+        store.append(tensor)
+        return tensor
+
+    return pack
+
+
+def _unchanged(tensor: Tensor) -> Tensor:
+    return tensor
+
+
+def lr_at(*, step: int, warmup: int, total: int, lr: float, min_lr: float) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, cosine decay to ``min_lr`` at ``total``."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if not 0 <= warmup <= total:
+        raise ValueError(f"warmup must be in [0, total={total}], got {warmup}")
+    if not 0 <= min_lr <= lr:
+        raise ValueError(f"min_lr must be in [0, lr={lr}], got {min_lr}")
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if step >= total:
+        return min_lr
+    progress = (step - warmup) / (total - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def clip_coef(*, total_sq_norm: float, max_norm: float) -> float:
+    """The factor that brings the global gradient norm down to ``max_norm`` (1 when already below)."""
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    if not (math.isfinite(total_sq_norm) and total_sq_norm >= 0):
+        raise ValueError(f"total_sq_norm must be finite and >= 0, got {total_sq_norm}")
+    return min(1.0, max_norm / (math.sqrt(total_sq_norm) + 1e-6))

@@ -1,0 +1,44 @@
+"""Trace replay: each action sleeps its trace duration (standing in for GPU kernel time)
+and sends a real tensor of a configurable size."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rrfp_ray.actions import Action
+from rrfp_ray.deps import Layout, Message
+from rrfp_ray.variability import Trace
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload:
+    """What a stage needs to replay a trace; plain data, sent to every stage actor."""
+
+    trace: Trace
+    payload_elems: int = 4096
+
+    def executor(self, *, stage: int, layout: Layout) -> SleepExecutor:
+        return SleepExecutor(trace=self.trace, layout=layout, payload_elems=self.payload_elems)
+
+    def latency(self, message: Message) -> float:
+        return self.trace.latency(message)
+
+
+class SleepExecutor:
+    def __init__(self, *, trace: Trace, layout: Layout, payload_elems: int) -> None:
+        if payload_elems < 1:
+            raise ValueError(f"payload_elems must be >= 1, got {payload_elems}")
+        self._trace = trace
+        self._layout = layout
+        self._payload = torch.zeros(payload_elems)
+
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+        deadline = time.perf_counter() + self._trace.duration(action, split=split) / 1e3
+        while (left := deadline - time.perf_counter()) > 0:
+            time.sleep(left)
+        if self._layout.sends(action) is None:
+            return None
+        return self._payload

@@ -1,0 +1,117 @@
+"""One telemetry format for the simulator and the runtime.
+
+Times are milliseconds from the iteration's start. A stage's wall time splits into
+compute (running ops), tp (TP agreement) and blocked (nothing eligible).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    stage: int
+    action: str  # compact form, e.g. "2F0"
+    start_ms: float
+    end_ms: float
+    ready_ms: float  # when its last need was met
+    hint_pos: int  # its position in the stage's hint list (-1: not in it)
+    overtook: bool  # started while an earlier hint action had not
+
+
+@dataclass
+class StageStats:
+    stage: int
+    wall_ms: float
+    compute_ms: float
+    blocked_ms: float
+    tp_ms: float = 0.0
+    send_busy_ms: float = 0.0
+    recv_busy_ms: float = 0.0
+    overtakes: int = 0
+    peak_inflight: int = 0
+    peak_buffered: int = 0
+    peak_bytes: int = 0
+    tp_disagreements: int = 0
+    started_at: float = 0.0  # unix seconds; aligns stages of one iteration
+
+
+@dataclass
+class IterationReport:
+    iteration: int
+    policy: str
+    makespan_ms: float
+    stages: list[StageStats]
+    events: list[OpEvent] = field(default_factory=list)
+    loss: float | None = None
+
+    @property
+    def bubble(self) -> float:
+        compute = sum(s.compute_ms for s in self.stages)
+        return 1.0 - compute / (len(self.stages) * self.makespan_ms) if self.makespan_ms > 0 else 0.0
+
+    @property
+    def blocked_fraction(self) -> float:
+        wall = sum(s.wall_ms for s in self.stages)
+        return sum(s.blocked_ms for s in self.stages) / wall if wall > 0 else 0.0
+
+    @property
+    def peak_inflight(self) -> int:
+        return max(s.peak_inflight for s in self.stages)
+
+    def to_json(self, *, with_events: bool = False) -> dict:
+        data = asdict(self)
+        if not with_events:
+            del data["events"]
+        data.update(bubble=self.bubble, blocked_fraction=self.blocked_fraction)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> IterationReport:
+        return cls(
+            iteration=data["iteration"],
+            policy=data["policy"],
+            makespan_ms=data["makespan_ms"],
+            stages=[StageStats(**s) for s in data["stages"]],
+            events=[OpEvent(**e) for e in data.get("events", [])],
+            loss=data.get("loss"),
+        )
+
+
+def stage_stats(*, stage: int, events: list[OpEvent], wall_ms: float, tp_ms: float = 0.0) -> StageStats:
+    compute = sum(e.end_ms - e.start_ms for e in events)
+    return StageStats(
+        stage=stage,
+        wall_ms=wall_ms,
+        compute_ms=compute,
+        blocked_ms=max(0.0, wall_ms - compute - tp_ms),
+        tp_ms=tp_ms,
+        overtakes=sum(e.overtook for e in events),
+    )
+
+
+def merge_stage_reports(
+    *, iteration: int, policy: str, results: list[tuple[list[OpEvent], StageStats]], loss: float | None = None
+) -> IterationReport:
+    """One iteration's report from every stage's events and stats, on a common clock."""
+    origin = min(stats.started_at for _, stats in results)
+    events, stages = [], []
+    for stage_events, stats in results:
+        shift = (stats.started_at - origin) * 1e3
+        events += [replace(e, start_ms=e.start_ms + shift, end_ms=e.end_ms + shift, ready_ms=e.ready_ms + shift) for e in stage_events]
+        stages.append(stats)
+    makespan = max((s.started_at - origin) * 1e3 + s.wall_ms for s in stages)
+    return IterationReport(iteration=iteration, policy=policy, makespan_ms=makespan, stages=stages, events=events, loss=loss)
+
+
+def median_makespan(reports: list[IterationReport]) -> float:
+    return statistics.median(r.makespan_ms for r in reports)
+
+
+def append_jsonl(*, path: Path, report: IterationReport) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(report.to_json(with_events=True)) + "\n")

@@ -1,0 +1,282 @@
+"""The runtime side of one stage: a compute thread, one receive thread per inbound link,
+one send thread.
+
+The compute thread (the caller of `run_iteration`) arbitrates, executes, and hands each
+output to the send thread. Receive threads route each message into the arbiter's ready
+set and wake it. Every wait is bounded by `timeout_s` and fails naming what it awaited.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from rrfp_ray.actions import Action
+from rrfp_ray.arbiter import Arbiter, Cap
+from rrfp_ray.deps import Layout, Link, Message
+from rrfp_ray.policy import Policy
+from rrfp_ray.telemetry import OpEvent, StageStats, stage_stats
+from rrfp_ray.transport import Channel, Header, recv_message, send_message
+
+
+class Executor(Protocol):
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+        """Run one action on its input (activation or gradient); return what it sends, if anything.
+
+        Without `split`, B also computes the weight gradients."""
+        ...
+
+
+class Workload(Protocol):
+    """Plain data sent to every stage; each stage builds its own executor from it."""
+
+    def executor(self, *, stage: int, layout: Layout) -> Executor: ...
+
+    def latency(self, message: Message) -> float:
+        """Injected communication latency in ms before a message is handed over (0 for real work)."""
+        ...
+
+
+class PipelineError(RuntimeError):
+    pass
+
+
+@dataclass
+class _Outgoing:
+    link: Link
+    header: Header
+    payload: torch.Tensor | None
+
+
+class StageWorker:
+    def __init__(
+        self, *, stage: int, inbound: dict[Link, Channel], outbound: dict[Link, Channel], timeout_s: float
+    ) -> None:
+        self.stage = stage
+        self.timeout_s = timeout_s
+        self._inbound = inbound
+        self._outbound = outbound
+        self._cond = threading.Condition()
+        self._arbiter: Arbiter | None = None
+        self._layout: Layout | None = None
+        self._iteration = -1
+        self._start = 0.0
+        self._inbox: dict[Message, torch.Tensor] = {}
+        self._ready_at: dict[Action, float] = {}
+        self._error: BaseException | None = None
+        self._send_busy = 0.0
+        self._recv_busy = 0.0
+        self._outbox: list[tuple[float, int, _Outgoing | None]] = []
+        self._seq = itertools.count()
+        self._stopping = False
+        self._sending = False
+        self._threads = [
+            threading.Thread(target=self._receive_loop, args=(link, channel), name=f"recv {link}", daemon=True)
+            for link, channel in inbound.items()
+        ]
+        self._threads.append(threading.Thread(target=self._send_loop, name=f"send {stage}", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def run_iteration(
+        self,
+        *,
+        iteration: int,
+        layout: Layout,
+        policy: Policy,
+        cap: Cap,
+        executor: Executor,
+        buffer_limit: int | None = None,
+        latency: Callable[[Message], float] | None = None,
+        tp_agree: Callable[[Action], bool] | None = None,
+    ) -> tuple[list[OpEvent], StageStats]:
+        """Run every action of this stage for one iteration; returns its events and stats."""
+        arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
+        with self._cond:
+            self._raise_if_failed()
+            self._arbiter, self._layout, self._iteration = arbiter, layout, iteration
+            self._start = time.perf_counter()
+            started_at = time.time()
+            self._send_busy = self._recv_busy = 0.0
+            self._ready_at = {}
+            self._cond.notify_all()
+        events: list[OpEvent] = []
+        tp_ms = 0.0
+        try:
+            while True:
+                with self._cond:
+                    if arbiter.finished:
+                        break
+                    action, overtook = self._wait_for_action(arbiter)
+                    payload = self._take_input(layout, action)
+                start = self._now()
+                if tp_agree is not None:
+                    agreed = tp_agree(action)
+                    tp_ms += self._now() - start
+                    if not agreed:
+                        raise PipelineError(f"stage {self.stage}: TP ranks disagree on {action}")
+                    start = self._now()
+                output = executor.run(action=action, iteration=iteration, payload=payload, split=layout.split)
+                end = self._now()
+                events.append(
+                    OpEvent(
+                        stage=self.stage,
+                        action=str(action),
+                        start_ms=start,
+                        end_ms=end,
+                        ready_ms=self._ready_at.get(action, 0.0),
+                        hint_pos=arbiter.hint_position(action),
+                        overtook=overtook,
+                    )
+                )
+                with self._cond:
+                    message = arbiter.on_done(action)
+                    for follower in layout.local_followers(action):
+                        self._ready_at[follower] = max(self._ready_at.get(follower, 0.0), end)
+                    if message is not None:
+                        self._post(layout, iteration, message, output, latency)
+            self._wait_outbox_empty()
+        finally:
+            with self._cond:
+                self._arbiter = None
+        stats = stage_stats(stage=self.stage, events=events, wall_ms=self._now(), tp_ms=tp_ms)
+        stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
+        stats.started_at = started_at
+        stats.send_busy_ms, stats.recv_busy_ms = self._send_busy * 1e3, self._recv_busy * 1e3
+        return events, stats
+
+    def close(self) -> None:
+        """Send STOP on every outbound link and end the threads."""
+        with self._cond:
+            for link in self._outbound:
+                heapq.heappush(self._outbox, (0.0, next(self._seq), _Outgoing(link=link, header=Header(message=None), payload=None)))
+            heapq.heappush(self._outbox, (0.0, next(self._seq), None))
+            self._stopping = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=self.timeout_s)
+
+    def _now(self) -> float:
+        return (time.perf_counter() - self._start) * 1e3
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise PipelineError(f"stage {self.stage}: {self._error}") from self._error
+
+    def _wait_for_action(self, arbiter: Arbiter) -> tuple[Action, bool]:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self._raise_if_failed()
+            chosen = arbiter.next_action()
+            if chosen is not None:
+                self._cond.notify_all()  # a consumed message frees receive-buffer room
+                return chosen
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PipelineError(
+                    f"iteration {self._iteration}: nothing eligible for {self.timeout_s:g} s; {arbiter.waiting_for()}"
+                )
+            self._cond.wait(timeout=left)
+
+    def _take_input(self, layout: Layout, action: Action) -> torch.Tensor | None:
+        message = layout.message_need(action)
+        return None if message is None else self._inbox.pop(message)
+
+    def _post(
+        self,
+        layout: Layout,
+        iteration: int,
+        message: Message,
+        output: torch.Tensor | None,
+        latency: Callable[[Message], float] | None,
+    ) -> None:
+        if output is None:
+            raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
+        release = time.monotonic() + (latency(message) / 1e3 if latency else 0.0)
+        header = Header.for_payload(message=message, iteration=iteration, payload=output)
+        item = _Outgoing(link=layout.link(message), header=header, payload=output)
+        heapq.heappush(self._outbox, (release, next(self._seq), item))
+        self._cond.notify_all()
+
+    def _wait_outbox_empty(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while self._outbox or self._sending:
+                self._raise_if_failed()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PipelineError(f"stage {self.stage}: outgoing messages not sent within {self.timeout_s:g} s")
+                self._cond.wait(timeout=left)
+            self._raise_if_failed()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._outbox or self._outbox[0][0] > time.monotonic():
+                    wait = None if not self._outbox else self._outbox[0][0] - time.monotonic()
+                    self._cond.wait(timeout=wait)
+                item = heapq.heappop(self._outbox)[2]
+                if item is None:
+                    return
+                self._sending = True
+            try:
+                began = time.perf_counter()
+                send_message(channel=self._outbound[item.link], header=item.header, payload=item.payload)
+                busy = time.perf_counter() - began
+            except BaseException as error:  # reported to the compute thread
+                busy = 0.0
+                self._fail(error)
+            with self._cond:
+                self._sending = False
+                self._send_busy += busy
+                self._cond.notify_all()
+
+    def _receive_loop(self, link: Link, channel: Channel) -> None:
+        while True:
+            with self._cond:
+                while self._arbiter is not None and not self._arbiter.has_room() and not self._stopping:
+                    self._cond.wait(timeout=self.timeout_s)
+            try:
+                header, payload = recv_message(channel=channel)
+            except TimeoutError:
+                if self._stopping:
+                    return
+                continue  # idle, or a slow peer: the compute thread's own timeout names what it awaits
+            except BaseException as error:
+                self._fail(error)
+                return
+            if header.is_stop:
+                return
+            began = time.perf_counter()
+            with self._cond:
+                deadline = time.monotonic() + self.timeout_s
+                while self._arbiter is None or header.iteration != self._iteration:
+                    left = deadline - time.monotonic()
+                    if self._stopping or left <= 0:
+                        self._error = PipelineError(
+                            f"{link}: message {header.message} of iteration {header.iteration} came while this "
+                            f"stage ran iteration {self._iteration}, which did not change for {self.timeout_s:g} s"
+                        )
+                        self._cond.notify_all()
+                        return
+                    self._cond.wait(timeout=left)
+                self._inbox[header.message] = payload
+                self._arbiter.on_arrival(header.message)
+                consumer = self._layout.consumer(header.message)
+                self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
+                self._recv_busy += time.perf_counter() - began
+                self._cond.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
