@@ -177,7 +177,9 @@ def join_group(
     """On every rank (0 included): join group ``name``; blocks until all ranks join (gloo).
 
     ``address`` is rank 0's ``host_group`` answer; NCCL ignores it (Ray's NCCL group
-    meets through a named actor on first use).
+    meets through a named actor on first use). An actor runs its calls one at a time,
+    so a driver issues the joins of all groups at once, in one group order for every
+    actor, then waits for them all.
     """
     if backend not in (GLOO_BACKEND, NCCL_BACKEND):
         raise ValueError(
@@ -196,20 +198,28 @@ def join_group(
         col.init_collective_group(world_size, rank, backend=NCCL_BACKEND, group_name=name)
         return
     register_backends()
+    if col.is_group_initialized(name):
+        raise ValueError(f"name={name!r}: this process already joined that group")
     timeout = timedelta(seconds=timeout_s)
-    if rank == 0:
-        store = _SETUP.take_hosted(name=name)
-    else:
-        host, port = address.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), None, is_master=False, timeout=timeout)
     options = dist.ProcessGroupGloo._Options()
+    # The node's Ray address, not the hostname gloo would guess (may be loopback).
     options._devices = [
         dist.ProcessGroupGloo.create_device(hostname=ray.util.get_node_ip_address())
     ]
     options._timeout = timeout
-    # Connected outside ray.util.collective's process-wide lock, which the rendezvous
-    # would otherwise hold while it waits for the other ranks.
-    group = dist.ProcessGroupGloo(store, rank, world_size, options)
+    try:
+        if rank == 0:
+            store = _SETUP.take_hosted(name=name)
+        else:
+            host, port = address.rsplit(":", 1)
+            store = dist.TCPStore(host, int(port), None, is_master=False, timeout=timeout)
+        # Connected outside ray.util.collective's process-wide lock, which this
+        # rendezvous would otherwise hold while it waits for the other ranks.
+        group = dist.ProcessGroupGloo(store, rank, world_size, options)
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"group {name!r}: rank {rank} of {world_size} could not join at {address}: {error}"
+        ) from error
     _SETUP.put_connected(name=name, group=group, store=store)
     col.init_collective_group(world_size, rank, backend=GLOO_BACKEND, group_name=name)
 
@@ -289,7 +299,8 @@ def all_gather_scalar(*, group: str, value: int, world_size: int) -> list[int]:
     handle = col.get_group_handle(group)
     if world_size != handle.world_size:
         raise ValueError(
-            f"world_size must be the size of group {group!r} ({handle.world_size}), got {world_size}"
+            f"world_size must be the size of group {group!r} "
+            f"({handle.world_size}), got {world_size}"
         )
     device = (
         torch.device("cpu")
@@ -316,6 +327,8 @@ def _gloo_transfer(
     try:
         work.wait(timedelta(seconds=timeout_s))
     except RuntimeError as error:
+        # gloo: "Timed out waiting <ms>ms for <op> operation to complete"; a timeout
+        # also closes the pair, so the peer's pending op fails as well.
         if "Timed out" in str(error):
             raise TimeoutError(f"{where}: {op} did not complete within {timeout_s}s") from error
         raise ConnectionError(f"{where}: {op} failed: {error}") from error

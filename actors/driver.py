@@ -40,7 +40,7 @@ class PipelineDriver:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=s
                 ),
-            ).remote(stage=s, timeout_s=self.timeout_s)
+            ).remote(stage=s, timeout_s=self.timeout_s, link_timeout_s=pipeline.link_timeout_s)
             for s in range(pipeline.stages)
         ]
         self._gather([a.ping.remote() for a in self.stages], what="stage actors to start")

@@ -15,11 +15,12 @@ from rrfp_ray.worker import Executor, StageWorker, Workload
 
 @ray.remote
 class StageActor:
-    def __init__(self, *, stage: int, timeout_s: float) -> None:
+    def __init__(self, *, stage: int, timeout_s: float, link_timeout_s: float) -> None:
         torch.set_num_threads(1)
         collective.register_backends()
         self.stage = stage
         self.timeout_s = timeout_s
+        self.link_timeout_s = link_timeout_s
         self._worker: StageWorker | None = None
         self._workload: Workload | None = None
         self._executor: Executor | None = None
@@ -37,7 +38,7 @@ class StageActor:
 
         def channel(link: Link) -> collective.Channel:
             peer = 1 if link.src == self.stage else 0
-            return collective.Channel(group=groups[link], peer=peer, timeout_s=self.timeout_s, name=str(link))
+            return collective.Channel(group=groups[link], peer=peer, timeout_s=self.link_timeout_s, name=str(link))
 
         self._worker = StageWorker(
             stage=self.stage,

@@ -60,6 +60,8 @@ class Cap:
 
 class Arbiter:
     def __init__(self, *, layout: Layout, stage: int, policy: Policy, cap: Cap, buffer_limit: int | None = None) -> None:
+        if buffer_limit is not None and buffer_limit < 1:
+            raise ValueError(f"buffer_limit must be >= 1 message (or None: unbounded), got {buffer_limit}")
         self.layout = layout
         self.stage = stage
         self.policy = policy
@@ -67,42 +69,73 @@ class Arbiter:
         self.cap_fb = cap.limit(peak=peak_inflight_fb(policy.order, stage=stage))
         self.cap_fw = cap.limit(peak=peak_inflight(policy.order, stage=stage)) if layout.split else math.inf
         self.buffer_limit = math.inf if buffer_limit is None else buffer_limit
-        self._hint_pos = {action: i for i, action in enumerate(hint)}
-        self._total = len(layout.actions(stage=stage))
+        actions = layout.actions(stage=stage)
+        self._total = len(actions)
         self._picker = policy.picker(stage=stage)
-        self._done: set[Action] = set()
-        self._started: set[Action] = set()
-        self._arrived: set[Message] = set()
+        # Per-action state in flat lists indexed by `_slot`; the last entry is never set and
+        # stands for hint actions outside the layout.
+        size = 3 * layout.chunks * layout.microbatches + 1
+        self._done = [False] * size
+        self._started = [False] * size
+        self._arrived = [False] * size  # the delivery an action waits for has arrived
+        self._hint_pos = [-1] * size
+        self._hint_slots = [self._hint_slot(action) for action in hint]
+        for i, action in enumerate(hint):
+            if self._in_layout(action):
+                self._hint_pos[self._slot(action)] = i
+        self._done_count = 0
         self._unstarted_hint = 0
         self.inflight_fb = 0
         self.inflight_fw = 0
         self.buffered = 0
         self.peak_inflight = 0
         self.peak_buffered = 0
-        for action in layout.actions(stage=stage):
+        for action in actions:
             if layout.local_need(action) is None and layout.message_need(action) is None:
                 self._picker.add(action)
 
+    def _slot(self, action: Action) -> int:
+        kind = 0 if action.kind is Kind.F else 1 if action.kind is Kind.B else 2
+        return (kind * self.layout.chunks + action.chunk) * self.layout.microbatches + action.microbatch
+
+    def _in_layout(self, action: Action) -> bool:
+        return (
+            action.stage == self.stage
+            and 0 <= action.chunk < self.layout.chunks
+            and 0 <= action.microbatch < self.layout.microbatches
+        )
+
+    def _hint_slot(self, action: Action) -> int:
+        """The slot whose start counts as this hint action's start."""
+        if not self._in_layout(action):
+            return len(self._started) - 1
+        if action.kind is Kind.W and not self.layout.split:  # a policy without the split runs W inside its B
+            return self._slot(Action(stage=action.stage, kind=Kind.B, microbatch=action.microbatch, chunk=action.chunk))
+        return self._slot(action)
+
     @property
     def finished(self) -> bool:
-        return len(self._done) == self._total
+        return self._done_count == self._total
 
     def has_room(self) -> bool:
         """Whether the receive side may hand over one more message."""
         return self.buffered < self.buffer_limit
 
     def hint_position(self, action: Action) -> int:
-        return self._hint_pos.get(action, -1)
+        return self._hint_pos[self._slot(action)] if self._in_layout(action) else -1
 
     def on_arrival(self, message: Message) -> None:
-        if message in self._arrived:
+        consumer = self.layout.consumer(message)
+        if consumer.stage != self.stage:
+            raise ValueError(f"stage {self.stage}: delivery {message} belongs to stage {consumer.stage}")
+        slot = self._slot(consumer)
+        if self._arrived[slot]:
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        self._arrived.add(message)
+        self._arrived[slot] = True
         self.buffered += 1
         self.peak_buffered = max(self.peak_buffered, self.buffered)
-        consumer = self.layout.consumer(message)
         need = self.layout.local_need(consumer)
-        if need is None or need in self._done:
+        if need is None or self._done[self._slot(need)]:
             self._picker.add(consumer)
 
     def next_action(self) -> tuple[Action, bool] | None:
@@ -111,51 +144,56 @@ class Arbiter:
         action = self._picker.pick(admit=admit)
         if action is None:
             return None
-        self._started.add(action)
-        if self.layout.message_need(action) is not None:
+        slot = self._slot(action)
+        self._started[slot] = True
+        if self._arrived[slot]:  # it consumes its buffered delivery
             self.buffered -= 1
         if action.kind is Kind.F and action.chunk == 0:
             self.inflight_fb += 1
             self.inflight_fw += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight_fw)
-        hint = self.policy.order[self.stage]
-        overtook = self._hint_pos.get(action, -1) > self._unstarted_hint
-        while self._unstarted_hint < len(hint) and self._started_or_merged(hint[self._unstarted_hint]):
+        overtook = self._hint_pos[slot] > self._unstarted_hint
+        hint_slots, started = self._hint_slots, self._started
+        while self._unstarted_hint < len(hint_slots) and started[hint_slots[self._unstarted_hint]]:
             self._unstarted_hint += 1
         return action, overtook
 
-    def _started_or_merged(self, action: Action) -> bool:
-        # A hint with W ops run by a policy without the split: W is part of its B.
-        if action.kind is Kind.W and not self.layout.split:
-            return Action(stage=action.stage, kind=Kind.B, microbatch=action.microbatch, chunk=action.chunk) in self._started
-        return action in self._started
-
     def on_done(self, action: Action) -> Message | None:
         """Mark an action done; returns the message it sends, if any."""
-        self._done.add(action)
+        slot = self._slot(action)
+        if not self._started[slot] or self._done[slot]:
+            raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
+        self._done[slot] = True
+        self._done_count += 1
         if action.chunk == 0 and action.kind is not Kind.F:
             if action.kind is Kind.B:
                 self.inflight_fb -= 1
             if action.kind is (Kind.W if self.layout.split else Kind.B):
                 self.inflight_fw -= 1
         for follower in self.layout.local_followers(action):
-            message = self.layout.message_need(follower)
-            if message is None or message in self._arrived:
+            if self.layout.message_need(follower) is None or self._arrived[self._slot(follower)]:
                 self._picker.add(follower)
         return self.layout.sends(action)
 
     def waiting_for(self) -> str:
         """What the stage waits for, for timeout errors: the next unstarted hint actions and their needs."""
         hint = self.policy.order[self.stage]
-        pending = [a for a in hint[self._unstarted_hint :] if a not in self._started][:3]
+        pending = [
+            action
+            for action, slot in zip(hint[self._unstarted_hint :], self._hint_slots[self._unstarted_hint :])
+            if not self._started[slot]
+        ][:3]
         parts = []
         for action in pending:
+            if not self._in_layout(action):
+                parts.append(f"{action} (not an action of this stage's layout)")
+                continue
             local, message = self.layout.local_need(action), self.layout.message_need(action)
-            if local is not None and local not in self._done:
+            if local is not None and not self._done[self._slot(local)]:
                 parts.append(f"{action} (needs {local} done here)")
-            elif message is not None and message not in self._arrived:
+            elif message is not None and not self._arrived[self._slot(action)]:
                 parts.append(f"{action} (needs {self.layout.link(message)} for microbatch {message.microbatch})")
             else:
                 parts.append(f"{action} (ready; held by the policy or the in-flight cap)")
-        done = f"{len(self._done)}/{self._total} actions done"
+        done = f"{self._done_count}/{self._total} actions done"
         return f"stage {self.stage}: {done}; next in hint: {', '.join(parts) or 'none'}"

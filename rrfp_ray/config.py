@@ -26,6 +26,7 @@ class PipelineConfig(BaseModel):
     cap: str = Field("2x", description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'")
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
+    link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collective backend for the links")
     hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage, for policies hint/ready-hint")
 

@@ -6,19 +6,19 @@ Same workers, arbiters and telemetry as on Ray; for tests and debugging.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.deps import Layout, Message
 from rrfp_ray.policy import Policy
 from rrfp_ray.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports
 from rrfp_ray.transport import local_channels
-from rrfp_ray.worker import Executor, StageWorker
+from rrfp_ray.worker import Executor, PipelineError, StageWorker
 
 
 class LocalPipeline:
-    def __init__(self, *, layout: Layout, timeout_s: float = 60.0) -> None:
-        channels = local_channels(layout=layout, timeout_s=timeout_s)
+    def __init__(self, *, layout: Layout, timeout_s: float = 60.0, link_timeout_s: float = 600.0) -> None:
+        channels = local_channels(layout=layout, timeout_s=link_timeout_s)
         self.layout = layout
         self.workers = [
             StageWorker(
@@ -57,12 +57,15 @@ class LocalPipeline:
             )
             for worker, executor in zip(self.workers, executors)
         ]
+        wait(futures)
+        failures = [f"stage {s}: {f.exception()}" for s, f in enumerate(futures) if f.exception() is not None]
+        if failures:
+            raise PipelineError(f"iteration {iteration} failed:\n" + "\n".join(failures))
         results: list[tuple[list[OpEvent], StageStats]] = [f.result() for f in futures]
         return merge_stage_reports(iteration=iteration, policy=policy.name, results=results)
 
     def close(self) -> None:
-        for worker in self.workers:
-            worker.close()
+        list(self._pool.map(lambda worker: worker.close(), self.workers))
         self._pool.shutdown(wait=True)
 
     def __enter__(self) -> LocalPipeline:

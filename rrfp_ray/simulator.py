@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rrfp_ray.actions import Action, Kind
@@ -46,10 +47,11 @@ def simulate(
     arbiters = [
         Arbiter(layout=layout, stage=s, policy=policy, cap=cap, buffer_limit=buffer_limit) for s in range(layout.stages)
     ]
+    duration = _duration_of(trace=trace, split=layout.split)
     events: list[list[OpEvent]] = [[] for _ in arbiters]
     busy = [False] * layout.stages
     ready_at: dict[Action, float] = {}
-    waiting: dict[Link, deque[Message]] = {}
+    waiting: list[dict[Link, deque[Message]]] = [{} for _ in arbiters]  # per receiving stage
     clock: list[tuple[float, int, Action | Message]] = []
     seq = 0
 
@@ -59,17 +61,16 @@ def simulate(
         seq += 1
 
     def deliver(message: Message, now: float) -> None:
-        link = layout.link(message)
-        queue = waiting.setdefault(link, deque())
-        queue.append(message)
-        drain(link, now)
+        dst = layout.dst(message)
+        # A stage with room has nothing waiting: every pick drains its links right away.
+        if arbiters[dst].has_room():
+            arrive(message, arbiter=arbiters[dst], now=now)
+        else:
+            waiting[dst].setdefault(layout.link(message), deque()).append(message)
 
-    def drain(link: Link, now: float) -> None:
-        arbiter, queue = arbiters[link.dst], waiting[link]
-        while queue and arbiter.has_room():
-            message = queue.popleft()
-            arbiter.on_arrival(message)
-            ready_at[layout.consumer(message)] = now
+    def arrive(message: Message, *, arbiter: Arbiter, now: float) -> None:
+        arbiter.on_arrival(message)
+        ready_at[layout.consumer(message)] = now
 
     now = 0.0
     touched = set(range(layout.stages))
@@ -77,27 +78,28 @@ def simulate(
         for stage in sorted(touched):
             if busy[stage]:
                 continue
-            chosen = arbiters[stage].next_action()
+            arbiter = arbiters[stage]
+            chosen = arbiter.next_action()
             if chosen is None:
                 continue
             action, overtook = chosen
-            end = now + trace.duration(action, split=layout.split)
+            end = now + duration(action)
             events[stage].append(
                 OpEvent(
                     stage=stage,
                     action=str(action),
                     start_ms=now,
                     end_ms=end,
-                    ready_ms=ready_at.get(action, 0.0),
-                    hint_pos=arbiters[stage].hint_position(action),
+                    ready_ms=ready_at.pop(action, 0.0),
+                    hint_pos=arbiter.hint_position(action),
                     overtook=overtook,
                 )
             )
             busy[stage] = True
             push(end, action)
-            for link in waiting:
-                if link.dst == stage:
-                    drain(link, now)
+            for queue in waiting[stage].values():
+                while queue and arbiter.has_room():
+                    arrive(queue.popleft(), arbiter=arbiter, now=now)
         touched = set()
         if not clock:
             break
@@ -133,6 +135,20 @@ def simulate(
     )
 
 
+def _duration_of(*, trace: Trace, split: bool) -> Callable[[Action], float]:
+    """`trace.duration` without its per-call checks (the layout only makes valid actions)."""
+    stages = trace.stages
+    backward = trace.B if split else tuple(tuple(b + w for b, w in zip(*rows)) for rows in zip(trace.B, trace.W))
+
+    def duration(action: Action) -> float:
+        vs = action.chunk * stages + action.stage
+        kind = action.kind
+        rows = trace.F if kind is Kind.F else backward if kind is Kind.B else trace.W
+        return rows[vs][action.microbatch]
+
+    return duration
+
+
 def bounds(*, trace: Trace, split: bool) -> Bounds:
     """Lower bounds on any schedule's makespan for this trace.
 
@@ -144,26 +160,54 @@ def bounds(*, trace: Trace, split: bool) -> Bounds:
     """
     layout = Layout(stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches, split=split)
     V, M = layout.virtual_stages, layout.microbatches
+    duration = _duration_of(trace=trace, split=split)
+    backward = [[duration(layout.action(kind=Kind.B, virtual_stage=vs, microbatch=m)) for m in range(M)] for vs in range(V)]
+    # head[vs][m]: earliest start of F(vs, m); chain[vs][m]: what must run after B(vs, m) ends.
+    head, chain = [[0.0] * M], [[0.0] * M]
+    for u in range(V - 1):
+        head.append([h + (f + c) for h, f, c in zip(head[u], trace.F[u], trace.commF[u])])
+        chain.append([t + (c + b) for t, c, b in zip(chain[u], trace.commB[u], backward[u])])
+    tail = [[t + w for t, w in zip(row, trace.W[0])] for row in chain] if split else chain
 
-    def dur(kind: Kind, vs: int, m: int) -> float:
-        return trace.duration(layout.action(kind=kind, virtual_stage=vs, microbatch=m), split=split)
-
-    def lat(kind: Kind, vs: int, m: int) -> float:
-        return trace.latency(Message(kind=kind, virtual_stage=vs, microbatch=m))
-
-    def head(vs: int, m: int) -> float:  # earliest start of F(vs, m)
-        return sum(dur(Kind.F, u, m) + lat(Kind.F, u + 1, m) for u in range(vs))
-
-    def tail(vs: int, m: int) -> float:  # what must run after B(vs, m) ends
-        rest = sum(lat(Kind.B, u, m) + dur(Kind.B, u, m) for u in range(vs))
-        return rest + (dur(Kind.W, 0, m) if split else 0.0)
-
-    work = [
-        sum(trace.duration(a, split=split) for a in layout.actions(stage=s)) for s in range(layout.stages)
-    ]
-    critical = max(head(V - 1, m) + dur(Kind.F, V - 1, m) + dur(Kind.B, V - 1, m) + tail(V - 1, m) for m in range(M))
-    window = max(
-        min(head(s, m) for m in range(M)) + work[s] + (0.0 if split else min(tail(s, m) for m in range(M)))
-        for s in range(layout.stages)
-    )
+    work = [sum(duration(a) for a in layout.actions(stage=s)) for s in range(layout.stages)]
+    critical = max(head[V - 1][m] + trace.F[V - 1][m] + backward[V - 1][m] + tail[V - 1][m] for m in range(M))
+    window = max(min(head[s]) + work[s] + (0.0 if split else min(tail[s])) for s in range(layout.stages))
     return Bounds(max_stage_work_ms=max(work), critical_path_ms=critical, stage_window_ms=window)
+
+
+def bf_bound(trace: Trace) -> float:
+    """The paper's upper bound on BF's makespan C for one chunk per stage (v = 1), no comm latency.
+
+    C <= F + B + sum_{j=1}^{M-1} (F_max^j - F_last^j) + sum_{j=0}^{M-2} (B_max^j - B_last^j), read as:
+
+    - F: makespan of the pure forward pipeline, every stage running the M forwards alone, in
+      microbatch order, each as soon as its input is there (a flow shop over stages 0..P-1);
+    - B: the same for the backwards alone (B + W: BF does not split), over stages P-1..0;
+    - F_max^j, B_max^j: the longest forward / backward of microbatch j over the stages;
+      F_last^j, B_last^j: that of the last stage (P-1).
+
+    Both readings agree at constant durations, where the bound is 1F1B's (M+P-1)(t_f+t_b).
+    Measured (tests/test_simulator.py): it holds for BF with the cap at inf (the paper's model),
+    but not under the 1x cap (P=2, M=3: 11 > 10), and reading F as the first microbatch's
+    forward latency plus the last stage's other forwards (B likewise) is not an upper bound
+    even at cap inf.
+    """
+    if trace.chunks != 1:
+        raise ValueError(f"trace: bf_bound is for one chunk per stage, got chunks={trace.chunks}")
+    if any(x != 0.0 for rows in (trace.commF, trace.commB) for row in rows for x in row):
+        raise ValueError("trace: bf_bound assumes no communication latency; commF and commB must be 0")
+    P, M = trace.stages, trace.microbatches
+    backward = [[b + w for b, w in zip(rb, rw)] for rb, rw in zip(trace.B, trace.W)]
+    forward_penalty = sum(max(trace.F[s][j] for s in range(P)) - trace.F[P - 1][j] for j in range(1, M))
+    backward_penalty = sum(max(backward[s][j] for s in range(P)) - backward[P - 1][j] for j in range(M - 1))
+    return _flow_shop(trace.F) + _flow_shop(backward[::-1]) + forward_penalty + backward_penalty
+
+
+def _flow_shop(rows: Sequence[Sequence[float]]) -> float:
+    """Makespan of microbatches 0..M-1 through the stages in row order, each stage in microbatch order."""
+    done = [0.0] * len(rows[0])
+    for row in rows:
+        free = 0.0
+        for m, cost in enumerate(row):
+            free = done[m] = max(free, done[m]) + cost
+    return done[-1]

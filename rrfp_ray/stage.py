@@ -96,8 +96,12 @@ class _WeightPass:
             for handle in handles:
                 handle.remove()
         for param, dw in zip(self.params, dws):
-            if dw is not None:
-                param.grad = dw if param.grad is None else param.grad + dw
+            if dw is None:
+                continue
+            if param.grad is None:
+                param.grad = dw
+            else:
+                param.grad.add_(dw)
 
 
 @dataclass
@@ -181,7 +185,10 @@ class StageRunner:
         root_grad = self._root_grad(chunk=chunk, root=saved.root, grad=grad)
         if chunk == self._first:
             dx = None
-            passes = [_WeightPass([get_gradient_edge(saved.root)], [root_grad], self._chunk_params[chunk], {})]
+            whole = _WeightPass(
+                roots=[get_gradient_edge(saved.root)], grads=[root_grad], params=self._chunk_params[chunk], pinned={}
+            )
+            passes = [whole]
         else:
             dx, passes = _split_backward(
                 root=saved.root, grad=root_grad, leaf=saved.inputs, params=self._chunk_params[chunk]
@@ -305,7 +312,7 @@ def _split_backward(
     """The input gradient now, and the weight passes that finish the job later."""
     graph = _children(root.grad_fn)
     on_input_path = _ancestors(graph, get_gradient_edge(leaf).node)
-    param_ids = {id(p): p for p in params}
+    param_ids = {id(p) for p in params}
     groups: list[tuple[list[Node], set[int]]] = []
     for node in graph:
         if node not in on_input_path:
@@ -331,8 +338,10 @@ def _split_backward(
         reached = [n for n in nodes if n in arrived]
         edges = [(GradientEdge(n, i), g) for n in reached for i, g in enumerate(arrived[n]) if g is not None]
         pinned = {n: arrived[n] for n in reached} if len(reached) > 1 else {}
-        chosen = [p for p in params if id(p) in owned]
-        passes.append(_WeightPass([e for e, _ in edges], [g for _, g in edges], chosen, pinned))
+        if edges:
+            chosen = [p for p in params if id(p) in owned]
+            roots, grads = [e for e, _ in edges], [g for _, g in edges]
+            passes.append(_WeightPass(roots=roots, grads=grads, params=chosen, pinned=pinned))
     return dx, passes
 
 
@@ -364,7 +373,8 @@ def _ancestors(graph: dict[Node, list[Node]], target: Node) -> set[Node]:
     return found
 
 
-def _params_below(graph: dict[Node, list[Node]], start: Node, param_ids: dict[int, nn.Parameter]) -> set[int]:
+def _params_below(graph: dict[Node, list[Node]], start: Node, param_ids: set[int]) -> set[int]:
+    """ids of the parameters whose accumulators ``start`` reaches."""
     found: set[int] = set()
     seen = {start}
     stack = [start]

@@ -245,10 +245,10 @@ class StageWorker:
                     self._cond.wait(timeout=self.timeout_s)
             try:
                 header, payload = recv_message(channel=channel)
-            except TimeoutError:
-                if self._stopping:
-                    return
-                continue  # idle, or a slow peer: the compute thread's own timeout names what it awaits
+            except TimeoutError as error:
+                if not self._stopping:
+                    self._fail(error)  # a link silent past its own timeout is closed (gloo) and cannot recover
+                return
             except BaseException as error:
                 self._fail(error)
                 return

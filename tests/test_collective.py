@@ -60,6 +60,9 @@ class Peer:
             sent.result()
             return received.result()
 
+    def leave(self, name: str) -> None:
+        collective.destroy_group(name=name)
+
     def group_ops(self, name: str, rank: int, world_size: int) -> tuple[list[float], list[int]]:
         tensor = torch.full((5,), float(rank + 1))
         collective.all_reduce_sum(group=name, tensor=tensor)
@@ -194,14 +197,21 @@ def test_three_rank_all_reduce_and_all_gather(pair):
     a, b = pair
     c = Peer.remote()
     members = [a, b, c]
+
+    def check():
+        results = ray.get(
+            [m.group_ops.remote("abc", rank, 3) for rank, m in enumerate(members)],
+            timeout=HANG_GUARD_S,
+        )
+        for reduced, gathered in results:
+            assert reduced == [6.0] * 5
+            assert gathered == [0, 10, 20]
+
     wire([("abc", members)])
-    results = ray.get(
-        [m.group_ops.remote("abc", rank, 3) for rank, m in enumerate(members)],
-        timeout=HANG_GUARD_S,
-    )
-    for reduced, gathered in results:
-        assert reduced == [6.0] * 5
-        assert gathered == [0, 10, 20]
+    check()
+    ray.get([m.leave.remote("abc") for m in members])
+    wire([("abc", members)])  # the name is free again after destroy_group
+    check()
     ray.kill(c)
 
 
@@ -222,7 +232,9 @@ def test_peer_killed_mid_recv_is_an_error_not_a_timeout(pair):
     a, _ = pair
     doomed = Peer.remote()
     wire([("doomed", [doomed, a])])
-    pending = a.recv_error.remote(group="doomed", peer=0, timeout_s=TIMEOUT_S, name="gradients 2->1")
+    pending = a.recv_error.remote(
+        group="doomed", peer=0, timeout_s=TIMEOUT_S, name="gradients 2->1"
+    )
     time.sleep(0.5)
     ray.kill(doomed)
     kind, message, elapsed = ray.get(pending, timeout=HANG_GUARD_S)

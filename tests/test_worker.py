@@ -1,0 +1,109 @@
+"""The runtime's stage loop in one process, over in-memory channels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rrfp_ray.actions import Kind, parse_action
+from rrfp_ray.arbiter import Cap
+from rrfp_ray.deps import Layout
+from rrfp_ray.local import LocalPipeline
+from rrfp_ray.policy import make_policy
+from rrfp_ray.synthetic import SyntheticWorkload
+from rrfp_ray.transport import Header, LocalChannel, recv_message, send_message
+from rrfp_ray.variability import generate
+from rrfp_ray.worker import PipelineError
+
+P, M = 4, 8
+
+
+def _run(*, name: str, chunks: int = 1, scenario: str = "lognormal", iterations: int = 2, pipeline=None):
+    policy = make_policy(name=name, stages=P, chunks=chunks, microbatches=M)
+    layout = Layout(stages=P, chunks=chunks, microbatches=M, split=policy.split)
+    workload = SyntheticWorkload(trace=generate(scenario=scenario, stages=P, microbatches=M, chunks=chunks, seed=1, t_f=2.0), payload_elems=16)
+    executors = [workload.executor(stage=s, layout=layout) for s in range(P)]
+    own = pipeline is None
+    pipeline = pipeline or LocalPipeline(layout=layout, timeout_s=20)
+    try:
+        return policy, layout, [
+            pipeline.run_iteration(iteration=i, policy=policy, cap=Cap.parse("2x"), executors=executors, latency=workload.latency)
+            for i in range(iterations)
+        ]
+    finally:
+        if own:
+            pipeline.close()
+
+
+@pytest.mark.parametrize(("name", "chunks"), [("1f1b", 1), ("interleaved", 2), ("bf", 1), ("bf", 2), ("bfw", 1), ("zb-h1", 1)])
+def test_every_action_runs_exactly_once_per_iteration(name, chunks):
+    _, layout, reports = _run(name=name, chunks=chunks)
+    for report in reports:
+        expected = sorted(str(a) for s in range(P) for a in layout.actions(stage=s))
+        assert sorted(e.action for e in report.events) == expected
+
+
+@pytest.mark.parametrize(("name", "chunks"), [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("gpipe", 1)])
+def test_fixed_policy_runs_its_schedule_in_order(name, chunks):
+    policy, _, reports = _run(name=name, chunks=chunks)
+    for report in reports:
+        for stage in range(P):
+            ran = [e.action for e in sorted(report.events, key=lambda e: e.start_ms) if e.stage == stage]
+            assert ran == [str(a) for a in policy.order[stage]]
+
+
+@pytest.mark.parametrize("name", ["bf", "bfw", "ready-1f1b"])
+def test_dependencies_hold_in_the_runtime(name):
+    _, layout, reports = _run(name=name)
+    for report in reports:
+        ends = {e.action: e.end_ms for e in report.events}
+        for event in report.events:
+            action = parse_action(event.action)
+            local, message = layout.local_need(action), layout.message_need(action)
+            if local is not None:
+                assert event.start_ms >= ends[str(local)]
+            if message is not None:
+                sender = layout.action(kind=message.kind, virtual_stage=message.virtual_stage + (-1 if message.kind is Kind.F else 1), microbatch=message.microbatch)
+                assert event.start_ms >= ends[str(sender)]
+        for stage in range(P):
+            spans = sorted((e.start_ms, e.end_ms) for e in report.events if e.stage == stage)
+            assert all(a_end <= b_start + 1e-6 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def test_messages_carry_kind_microbatch_chunk_and_shape():
+    channel = LocalChannel(name="test", timeout_s=1)
+    layout = Layout(stages=2, chunks=2, microbatches=3)
+    message = layout.sends(parse_action("1F2"))
+    payload = torch.randn(2, 3, 5)
+    send_message(channel=channel, header=Header.for_payload(message=message, iteration=7, payload=payload), payload=payload)
+    header, got = recv_message(channel=channel)
+    assert (header.message, header.iteration, header.shape) == (message, 7, (2, 3, 5))
+    assert layout.consumer(header.message) == parse_action("0F2c1")
+    torch.testing.assert_close(got, payload)
+
+
+class _Dropping(LocalChannel):
+    """Loses every message after the first `keep` tensors."""
+
+    def __init__(self, *, keep: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.keep = keep
+
+    def send(self, tensor: torch.Tensor) -> None:
+        if self.keep > 0:
+            self.keep -= 1
+            super().send(tensor)
+
+
+def test_a_message_that_never_arrives_raises_naming_link_and_action():
+    policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
+    layout = Layout(stages=2, chunks=1, microbatches=2)
+    pipeline = LocalPipeline(layout=layout, timeout_s=1.0)
+    link = next(link for link in layout.links() if link.kind is Kind.F)
+    dropping = _Dropping(keep=2, name=str(link), timeout_s=1.0)  # header + payload of microbatch 0 only
+    pipeline.workers[0]._outbound[link] = dropping
+    pipeline.workers[1]._threads[0]._args = (link, dropping)
+    workload = SyntheticWorkload(trace=generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0))
+    executors = [workload.executor(stage=s, layout=layout) for s in range(2)]
+    with pytest.raises(PipelineError, match=r"1F1 \(needs activations 0->1 for microbatch 1\)"):
+        pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors)
