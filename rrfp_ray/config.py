@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rrfp_ray.actions import parse_action
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.deps import Layout
+from rrfp_ray.model import GPTConfig
 from rrfp_ray.policy import Policy, make_policy
 from rrfp_ray.variability import SCENARIOS, Trace, generate
 
@@ -84,3 +85,42 @@ class VariabilityConfig(BaseModel):
             t_f=self.t_f,
             **self.params,
         )
+
+
+class TrainConfig(BaseModel):
+    model_config = _STRICT
+
+    iterations: int = Field(30, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
+    seq_len: int = Field(64, ge=1, description="tokens per sample; at most model.block_size")
+    lr: float = Field(3e-3, gt=0)
+    min_lr: float = Field(3e-4, ge=0)
+    warmup: int = Field(5, ge=0, description="iterations of linear learning-rate warmup")
+    weight_decay: float = Field(0.1, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="global gradient-norm clip, over all stages")
+    seed: int = Field(0, ge=0, description="model init and data order")
+    data: str | None = Field(None, description="text file or directory; default: the Python stdlib's sources")
+    val_every: int = Field(10, ge=0, description="validation loss every N iterations (0: never)")
+    val_microbatches: int = Field(4, ge=1)
+
+
+class RunConfig(BaseModel):
+    model_config = _STRICT
+
+    model: GPTConfig = Field(default_factory=GPTConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    variability: VariabilityConfig = Field(default_factory=VariabilityConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _fits(self) -> RunConfig:
+        layers = self.model.n_layer + 2  # embedding, blocks, head
+        parts = self.pipeline.stages * self.pipeline.chunks
+        if parts > layers:
+            raise ValueError(
+                f"pipeline.stages x pipeline.chunks = {parts} is more than the model's {layers} layers "
+                f"(n_layer={self.model.n_layer} blocks + embedding + head)"
+            )
+        if self.train.seq_len > self.model.block_size:
+            raise ValueError(f"train.seq_len {self.train.seq_len} is over model.block_size {self.model.block_size}")
+        return self

@@ -11,6 +11,7 @@ import hashlib
 import os
 import sysconfig
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -111,3 +112,33 @@ def _read(files: list[Path], *, limit: int | None) -> bytes:
 
 def _tensor(text: bytes) -> Tensor:
     return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """A training `DataSource` over a corpus; each process loads the corpus once, lazily."""
+
+    path: str | None
+    micro_batch_size: int
+    seq_len: int
+    microbatches: int
+    seed: int
+    split: str = "train"
+
+    @cached_property
+    def corpus(self) -> Corpus:
+        return Corpus.from_path(self.path)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "corpus"}  # each process reads its own copy
+
+    def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
+        return self.corpus.batch(
+            split=self.split,
+            iteration=iteration,
+            index=index,
+            micro_batch_size=self.micro_batch_size,
+            seq_len=self.seq_len,
+            microbatches=self.microbatches,
+            seed=self.seed,
+        )

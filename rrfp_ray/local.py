@@ -5,6 +5,7 @@ Same workers, arbiters and telemetry as on Ray; for tests and debugging.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -20,6 +21,7 @@ class LocalPipeline:
     def __init__(self, *, layout: Layout, timeout_s: float = 60.0, link_timeout_s: float = 600.0) -> None:
         channels = local_channels(layout=layout, timeout_s=link_timeout_s)
         self.layout = layout
+        self.timeout_s = timeout_s
         self.workers = [
             StageWorker(
                 stage=s,
@@ -44,6 +46,7 @@ class LocalPipeline:
         layout = Layout(
             stages=self.layout.stages, chunks=self.layout.chunks, microbatches=self.layout.microbatches, split=policy.split
         )
+        all_reduce = ThreadAllReduce(parties=len(self.workers), timeout_s=self.timeout_s)
         futures = [
             self._pool.submit(
                 worker.run_iteration,
@@ -54,6 +57,7 @@ class LocalPipeline:
                 executor=executor,
                 buffer_limit=buffer_limit,
                 latency=latency,
+                all_reduce=all_reduce,
             )
             for worker, executor in zip(self.workers, executors)
         ]
@@ -73,3 +77,22 @@ class LocalPipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ThreadAllReduce:
+    """Sum of one float from each of `parties` threads, returned to all of them."""
+
+    def __init__(self, *, parties: int, timeout_s: float) -> None:
+        self._barrier = threading.Barrier(parties, timeout=timeout_s)
+        self._lock = threading.Lock()
+        self._total = 0.0
+
+    def __call__(self, value: float) -> float:
+        with self._lock:
+            self._total += value
+        self._barrier.wait()
+        total = self._total
+        if self._barrier.wait() == 0:
+            self._total = 0.0
+        self._barrier.wait()
+        return total

@@ -152,7 +152,7 @@ class StageRunner:
 
     def forward(self, *, chunk: int, microbatch: int, inputs: Tensor, targets: Tensor | None = None) -> Tensor | None:
         """Run the chunk; return the activation to send, or None on the last virtual stage."""
-        module = self._module(chunk)
+        module = self.module(chunk)
         key = (chunk, microbatch)
         if key in self._saved or key in self._deferred:
             raise RuntimeError(f"forward of chunk {chunk} microbatch {microbatch} ran again before its backward")
@@ -265,7 +265,7 @@ class StageRunner:
             module.load_state_dict(state["chunks"][c])
         self._optimizer.load_state_dict(state["optimizer"])
 
-    def _module(self, chunk: int) -> nn.Module:
+    def module(self, chunk: int) -> nn.Module:
         if chunk not in self._chunks:
             raise ValueError(f"chunk {chunk} is not on this stage (chunks {sorted(self._chunks)})")
         return self._chunks[chunk]
@@ -281,7 +281,7 @@ class StageRunner:
         return loss * self._loss_scale
 
     def _pop_saved(self, *, chunk: int, microbatch: int) -> _Saved:
-        self._module(chunk)
+        self.module(chunk)
         saved = self._saved.pop((chunk, microbatch), None)
         if saved is None:
             raise RuntimeError(

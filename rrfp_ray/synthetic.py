@@ -4,6 +4,7 @@ and sends a real tensor of a configurable size."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,12 @@ class SleepExecutor:
         self._trace = trace
         self._layout = layout
         self._payload = torch.zeros(payload_elems)
+
+    def begin(self, *, iteration: int) -> None:
+        pass
+
+    def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> None:
+        return None
 
     def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
         deadline = time.perf_counter() + self._trace.duration(action, split=split) / 1e3

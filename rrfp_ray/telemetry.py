@@ -38,6 +38,7 @@ class StageStats:
     peak_bytes: int = 0
     tp_disagreements: int = 0
     started_at: float = 0.0  # unix seconds; aligns stages of one iteration
+    loss: float | None = None  # the iteration's mean training loss, on the stage that computes it
 
 
 @dataclass
@@ -95,7 +96,7 @@ def stage_stats(*, stage: int, events: list[OpEvent], wall_ms: float, tp_ms: flo
 
 
 def merge_stage_reports(
-    *, iteration: int, policy: str, results: list[tuple[list[OpEvent], StageStats]], loss: float | None = None
+    *, iteration: int, policy: str, results: list[tuple[list[OpEvent], StageStats]]
 ) -> IterationReport:
     """One iteration's report from every stage's events and stats, on a common clock."""
     origin = min(stats.started_at for _, stats in results)
@@ -105,6 +106,7 @@ def merge_stage_reports(
         events += [replace(e, start_ms=e.start_ms + shift, end_ms=e.end_ms + shift, ready_ms=e.ready_ms + shift) for e in stage_events]
         stages.append(stats)
     makespan = max((s.started_at - origin) * 1e3 + s.wall_ms for s in stages)
+    loss = next((s.loss for s in stages if s.loss is not None), None)
     return IterationReport(iteration=iteration, policy=policy, makespan_ms=makespan, stages=stages, events=events, loss=loss)
 
 

@@ -23,10 +23,17 @@ from rrfp_ray.arbiter import Arbiter, Cap
 from rrfp_ray.deps import Layout, Link, Message
 from rrfp_ray.policy import Policy
 from rrfp_ray.telemetry import OpEvent, StageStats, stage_stats
+from rrfp_ray.training import StepResult
 from rrfp_ray.transport import Channel, Header, recv_message, send_message
 
 
 class Executor(Protocol):
+    def begin(self, *, iteration: int) -> None: ...
+
+    def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
+        """After every action of the iteration: e.g. clip by the global norm and step."""
+        ...
+
     def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
         """Run one action on its input (activation or gradient); return what it sends, if anything.
 
@@ -96,6 +103,7 @@ class StageWorker:
         buffer_limit: int | None = None,
         latency: Callable[[Message], float] | None = None,
         tp_agree: Callable[[Action], bool] | None = None,
+        all_reduce: Callable[[float], float] = float,
     ) -> tuple[list[OpEvent], StageStats]:
         """Run every action of this stage for one iteration; returns its events and stats."""
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
@@ -109,6 +117,7 @@ class StageWorker:
             self._cond.notify_all()
         events: list[OpEvent] = []
         tp_ms = 0.0
+        executor.begin(iteration=iteration)
         try:
             while True:
                 with self._cond:
@@ -146,7 +155,11 @@ class StageWorker:
         finally:
             with self._cond:
                 self._arbiter = None
-        stats = stage_stats(stage=self.stage, events=events, wall_ms=self._now(), tp_ms=tp_ms)
+        wall_ms = self._now()
+        step = executor.finish(iteration=iteration, all_reduce=all_reduce)
+        stats = stage_stats(stage=self.stage, events=events, wall_ms=wall_ms, tp_ms=tp_ms)
+        if step is not None:
+            stats.loss, stats.peak_bytes = step.loss, step.peak_bytes
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         stats.started_at = started_at
         stats.send_busy_ms, stats.recv_busy_ms = self._send_busy * 1e3, self._recv_busy * 1e3

@@ -1,0 +1,135 @@
+"""Real training through the pipeline: any model given as a list of modules.
+
+`ModelWorkload` is plain data sent to every stage; each stage builds the whole module
+list from the same seed, keeps its own chunks, and returns a `ModelExecutor` that the
+runtime drives action by action. Stage 0 reads its inputs and the last stage its
+targets from the data source by (iteration, microbatch): no data passes through the
+driver. After every action of an iteration, the stages agree on the global gradient
+norm (one all-reduce over all stages), clip, and step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from rrfp_ray.actions import Action, Kind
+from rrfp_ray.deps import Layout, Message
+from rrfp_ray.stage import LossFn, StageRunner, build_stage, clip_coef, lr_at
+from rrfp_ray.variability import Trace
+
+
+class DataSource(Protocol):
+    def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
+        """(inputs, targets) of microbatch `index` of `iteration`; the same in every process."""
+        ...
+
+
+@dataclass(frozen=True)
+class Optim:
+    """AdamW with linear warmup, cosine decay and global gradient-norm clipping."""
+
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 5
+    total: int = 100
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+
+    def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr, betas=(0.9, 0.95))
+
+    def lr_at(self, step: int) -> float:
+        return lr_at(step=step, warmup=self.warmup, total=self.total, lr=self.lr, min_lr=self.min_lr)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float | None  # mean training loss of the iteration (last stage only)
+    grad_norm: float
+    lr: float
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelWorkload:
+    layers: Callable[[], Sequence[nn.Module]]  # deterministic: every process builds the same weights
+    loss_fn: LossFn
+    data: DataSource
+    microbatches: int
+    optim: Optim = field(default_factory=Optim)
+    injected: Trace | None = None  # extra delays (ms) per action and message, to inject variability
+
+    def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
+        runner = build_stage(
+            layers=self.layers(),
+            stages=layout.stages,
+            chunks=layout.chunks,
+            stage=stage,
+            loss_fn=self.loss_fn,
+            loss_scale=1.0 / self.microbatches,
+            optimizer_factory=self.optim.optimizer,
+        )
+        return ModelExecutor(runner=runner, layout=layout, workload=self)
+
+    def latency(self, message: Message) -> float:
+        return 0.0 if self.injected is None else self.injected.latency(message)
+
+
+class ModelExecutor:
+    def __init__(self, *, runner: StageRunner, layout: Layout, workload: ModelWorkload) -> None:
+        self.runner = runner
+        self._layout = layout
+        self._workload = workload
+
+    def begin(self, *, iteration: int) -> None:
+        self.runner.reset_iteration()
+
+    def run(self, *, action: Action, iteration: int, payload: Tensor | None, split: bool) -> Tensor | None:
+        vs = self._layout.vs(action)
+        m, c = action.microbatch, action.chunk
+        if action.kind is Kind.F:
+            inputs, targets = payload, None
+            if vs == 0 or vs == self._layout.virtual_stages - 1:
+                x, y = self._workload.data.microbatch(iteration=iteration, index=m)
+                inputs = x if vs == 0 else inputs
+                targets = y if vs == self._layout.virtual_stages - 1 else None
+            out = self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets)
+        elif action.kind is Kind.B:
+            backward = self.runner.backward_input if split else self.runner.backward
+            out = backward(chunk=c, microbatch=m, grad=payload)
+        else:
+            out = self.runner.backward_weight(chunk=c, microbatch=m)
+        self._inject(action, split=split)
+        return out
+
+    def _inject(self, action: Action, *, split: bool) -> None:
+        if self._workload.injected is not None:
+            time.sleep(self._workload.injected.duration(action, split=split) / 1e3)
+
+    def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult:
+        """Clip by the global gradient norm (summed over all stages) and step."""
+        total = all_reduce(self.runner.grad_sq_norm())
+        lr = self._workload.optim.lr_at(iteration)
+        self.runner.step(clip_coef=clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm), lr=lr)
+        losses = self.runner.losses()
+        return StepResult(
+            loss=sum(losses) / len(losses) if losses else None,
+            grad_norm=total**0.5,
+            lr=lr,
+            peak_bytes=self.runner.peak_held_bytes,
+        )
+
+    @torch.no_grad()
+    def evaluate(self, *, chunk: int, inputs: Tensor, targets: Tensor | None) -> Tensor:
+        """Forward only, for validation: the activation, or the loss on the last virtual stage."""
+        out = self.runner.module(chunk)(inputs)
+        return out if targets is None else self._workload.loss_fn(out, targets)

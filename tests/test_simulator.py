@@ -1,0 +1,410 @@
+"""The simulator: closed forms at constant durations, invariants on random traces, BF's bound, buffers."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rrfp_ray.actions import Action, Kind, parse_action
+from rrfp_ray.arbiter import Arbiter, Cap
+from rrfp_ray.deps import Layout
+from rrfp_ray.policy import Policy, make_policy
+from rrfp_ray.simulator import DeadlockError, bf_bound, bounds, layout_for, simulate
+from rrfp_ray.telemetry import IterationReport, OpEvent
+from rrfp_ray.variability import SCENARIOS, Trace, generate
+
+T_F = 20.0  # generate's defaults then give B + W = 2 t_f, and B = W = t_f under the split
+T_B = 2 * T_F
+LIST_POLICIES_V1 = ("gpipe", "1f1b", "zb-h1", "ready-gpipe", "ready-1f1b", "ready-zb-h1")
+LIST_POLICIES_V = ("interleaved", "ready-interleaved")
+RULES = ("bf", "bfw")
+CAPS = ("1x", "2x", "inf", "1.5x", "1", "2", "3")
+MIXES = ("multimodal+comm", "straggler+imbalance", "lognormal+comm")
+
+
+def constant(*, stages: int, microbatches: int, chunks: int = 1) -> Trace:
+    return generate(scenario="none", stages=stages, microbatches=microbatches, chunks=chunks, seed=0, t_f=T_F)
+
+
+def run(name: str, *, stages: int, microbatches: int, chunks: int = 1, cap: str = "1x") -> IterationReport:
+    policy = make_policy(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
+    trace = constant(stages=stages, microbatches=microbatches, chunks=chunks)
+    return simulate(policy=policy, trace=trace, cap=Cap.parse(cap))
+
+
+def builds(name: str, *, stages: int, chunks: int, microbatches: int) -> bool:
+    try:
+        make_policy(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
+    except ValueError:
+        return False
+    return True
+
+
+# --- closed forms at constant durations --------------------------------------------------
+
+
+@pytest.mark.parametrize("stages", range(1, 7))
+def test_gpipe_and_1f1b_makespan_and_bubble(stages: int) -> None:
+    P = stages
+    for name, first in (("gpipe", 1), ("1f1b", P)):
+        for M in range(first, 3 * P + 1):
+            report = run(name, stages=P, microbatches=M)
+            assert report.makespan_ms == pytest.approx((M + P - 1) * (T_F + T_B)), (name, M)
+            assert report.bubble == pytest.approx((P - 1) / (M + P - 1)), (name, M)
+
+
+def interleaved_makespan(*, stages: int, chunks: int, microbatches: int) -> float:
+    """PyTorch's interleaved order at constant durations; every chunk's F costs t_f, its B t_b.
+
+    M >= P: the last stage cannot start before (P-1) t_f, has v M (t_f + t_b) of work, and its
+    last backward still crosses P-1 stages: (v M + P - 1)(t_f + t_b). That is the stage-window
+    lower bound, so the order is optimal there (checked below).
+    M < P: the M microbatches of chunk c have left a stage before the first comes back on chunk
+    c+1 (P > M steps later), so chunks never compete; the last virtual stage runs F, B per
+    microbatch from (V-1) t_f on, then the last B crosses V-1 virtual stages, V = v P:
+    (V + M - 1)(t_f + t_b).
+    Together: (v max(M, P) + min(M, P) - 1)(t_f + t_b), bubble 1 - v M / (v max(M, P) + min(M, P) - 1),
+    which for M >= P is (P - 1) / (v M + P - 1): 1F1B's (P - 1) / (M + P - 1) divided by about v.
+    """
+    P, v, M = stages, chunks, microbatches
+    return (v * max(M, P) + min(M, P) - 1) * (T_F + T_B)
+
+
+@pytest.mark.parametrize("stages", range(1, 7))
+@pytest.mark.parametrize("chunks", [2, 3])
+def test_interleaved_makespan_and_bubble(stages: int, chunks: int) -> None:
+    P, v = stages, chunks
+    tested = 0
+    for M in range(1, 3 * P + 1):
+        if not builds("interleaved", stages=P, chunks=v, microbatches=M):
+            continue
+        tested += 1
+        report = run("interleaved", stages=P, chunks=v, microbatches=M)
+        expected = interleaved_makespan(stages=P, chunks=v, microbatches=M)
+        assert report.makespan_ms == pytest.approx(expected), M
+        assert report.bubble == pytest.approx(1 - v * M * (T_F + T_B) / expected), M
+        if M >= P:
+            assert report.bubble == pytest.approx((P - 1) / (v * M + P - 1)), M
+            trace = constant(stages=P, microbatches=M, chunks=v)
+            assert report.makespan_ms == pytest.approx(bounds(trace=trace, split=False).best_ms), M
+    assert tested >= 3
+
+
+@pytest.mark.parametrize("stages", range(1, 7))
+def test_zb_h1_makespan(stages: int) -> None:
+    P = stages
+    for M in range(P, 3 * P + 1):
+        if not builds("zb-h1", stages=P, chunks=1, microbatches=M):
+            continue
+        report = run("zb-h1", stages=P, microbatches=M)
+        assert report.makespan_ms == pytest.approx(M * (T_F + T_B) + (P - 1) * T_F), M
+        assert report.bubble == pytest.approx((P - 1) / (3 * M + P - 1)), M
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (4, 4), (4, 16), (6, 13)])
+def test_peak_inflight_1f1b_holds_p_minus_s_and_gpipe_m(stages: int, microbatches: int) -> None:
+    one_f_one_b = run("1f1b", stages=stages, microbatches=microbatches)
+    gpipe = run("gpipe", stages=stages, microbatches=microbatches)
+    assert [s.peak_inflight for s in one_f_one_b.stages] == [stages - s for s in range(stages)]
+    assert [s.peak_inflight for s in gpipe.stages] == [microbatches] * stages
+    assert one_f_one_b.peak_inflight == stages and gpipe.peak_inflight == microbatches
+
+
+def test_ready_policies_respect_the_cap_in_peak_inflight() -> None:
+    for cap, expected in (("1x", 4), ("2x", 8), ("3", 3)):
+        assert run("bf", stages=4, microbatches=16, cap=cap).peak_inflight == expected
+
+
+# --- invariants, checked from the events ------------------------------------------------
+
+
+def check_run(
+    report: IterationReport, *, policy: Policy, trace: Trace, cap: Cap, buffer_limit: int | None = None
+) -> None:
+    """Everything a run must satisfy, derived from its events and the trace alone.
+
+    Readiness of an op = the end of its local need and the arrival (sender's end + latency) of
+    its delivery. With unbounded buffers this is also when the simulator made it ready, and:
+    fixed policies start each list op as soon as the stage is free and the op is ready; other
+    policies never idle while an op is eligible (ready, and if it is an admission, the stage
+    is under its caps), and start the op their rule ranks first among the eligible ones.
+    """
+    layout = layout_for(policy=policy, trace=trace)
+    ops: dict[Action, OpEvent] = {}
+    for event in report.events:
+        action = parse_action(event.action)
+        assert action not in ops, f"{action} ran twice"
+        assert action.stage == event.stage
+        assert event.end_ms - event.start_ms == pytest.approx(trace.duration(action, split=layout.split))
+        ops[action] = event
+    for stage in range(layout.stages):
+        assert {a for a in ops if a.stage == stage} == set(layout.actions(stage=stage)), f"stage {stage} incomplete"
+    ready = readiness(ops, layout=layout, trace=trace)
+    for action, event in ops.items():
+        assert event.start_ms >= ready[action], f"{action} started at {event.start_ms} before ready at {ready[action]}"
+        if buffer_limit is None:
+            assert event.ready_ms == ready[action], action
+    assert report.makespan_ms == max(e.end_ms for e in report.events)
+    assert report.makespan_ms >= bounds(trace=trace, split=layout.split).best_ms * (1 - 1e-12)
+    compute = sum(e.end_ms - e.start_ms for e in report.events)
+    assert report.bubble == pytest.approx(1 - compute / (layout.stages * report.makespan_ms))
+    for stage in range(layout.stages):
+        timeline = sorted((a for a in ops if a.stage == stage), key=lambda a: ops[a].start_ms)
+        for before, after in zip(timeline, timeline[1:]):
+            assert ops[after].start_ms >= ops[before].end_ms, f"{before} and {after} overlap"
+        if buffer_limit is not None:
+            assert report.stages[stage].peak_buffered <= buffer_limit
+            continue
+        arbiter = Arbiter(layout=layout, stage=stage, policy=policy, cap=cap)
+        if policy.fixed:
+            check_fixed(timeline, ops=ops, ready=ready, order=policy.order[stage])
+        else:
+            check_greedy(timeline, ops=ops, ready=ready, policy=policy, arbiter=arbiter)
+
+
+def readiness(ops: dict[Action, OpEvent], *, layout: Layout, trace: Trace) -> dict[Action, float]:
+    arrival = {}
+    for action, event in ops.items():
+        message = layout.sends(action)
+        if message is not None:
+            arrival[message] = event.end_ms + trace.latency(message)
+    ready = {}
+    for action in ops:
+        local, message = layout.local_need(action), layout.message_need(action)
+        times = [0.0]
+        if local is not None:
+            times.append(ops[local].end_ms)
+        if message is not None:
+            times.append(arrival[message])
+        ready[action] = max(times)
+    return ready
+
+
+def check_fixed(timeline: list[Action], *, ops: dict, ready: dict, order: list[Action]) -> None:
+    assert timeline == order, "a fixed policy must run exactly its list"
+    free = 0.0
+    for action in timeline:
+        assert ops[action].start_ms == max(free, ready[action]), f"{action} started late"
+        free = ops[action].end_ms
+
+
+def admits(action: Action) -> bool:
+    return action.kind is Kind.F and action.chunk == 0
+
+
+def check_greedy(timeline: list[Action], *, ops: dict, ready: dict, policy: Policy, arbiter: Arbiter) -> None:
+    split = arbiter.layout.split
+    for k, action in enumerate(timeline):
+        start = ops[action].start_ms
+        free = ops[timeline[k - 1]].end_ms if k else 0.0
+        done, pending = timeline[:k], timeline[k:]
+        held_fb = sum(admits(a) for a in done) - sum(a.kind is Kind.B and a.chunk == 0 for a in done)
+        release = Kind.W if split else Kind.B
+        held_fw = sum(admits(a) for a in done) - sum(a.kind is release and a.chunk == 0 for a in done)
+        room = held_fb < arbiter.cap_fb and held_fw < arbiter.cap_fw
+        allowed = [a for a in pending if room or not admits(a)]
+        idle_eligible = [a for a in allowed if ready[a] < start and start > free]
+        assert not idle_eligible, f"idle on [{free}, {start}) while {idle_eligible[0]} was eligible"
+        eligible = [a for a in allowed if ready[a] <= start]
+        assert action in eligible, f"{action} ran while not eligible (cap {arbiter.cap_fb}/{arbiter.cap_fw})"
+        expected = bf_choice(eligible, done=done) if policy.rule else list_choice(eligible, arbiter=arbiter)
+        assert action == expected, f"ran {action} at {start}, the policy ranks {expected} first"
+
+
+def list_choice(eligible: list[Action], *, arbiter: Arbiter) -> Action:
+    return min(eligible, key=arbiter.hint_position)
+
+
+def bf_choice(eligible: list[Action], *, done: list[Action]) -> Action:
+    """The paper's BF (see rrfp_ray.policy): B turn after an F (or at the start), W only when idle."""
+    backwards = sorted((a for a in eligible if a.kind is Kind.B), key=lambda a: (-a.chunk, a.microbatch))
+    later = sorted((a for a in eligible if a.kind is Kind.F and a.chunk > 0), key=lambda a: (a.chunk, a.microbatch))
+    admissions = sorted((a for a in eligible if admits(a)), key=lambda a: a.microbatch)
+    weights = sorted((a for a in eligible if a.kind is Kind.W), key=lambda a: (a.microbatch, -a.chunk))
+    last = [a.kind for a in done if a.kind is not Kind.W][-1:]
+    backward_turn = last in ([], [Kind.F])
+    order = [*backwards, *later, *admissions] if backward_turn else [*later, *admissions, *backwards]
+    return (order or weights)[0]
+
+
+@st.composite
+def traces(draw, *, stages: int, microbatches: int, chunks: int, comm: bool = True) -> Trace:
+    seed = draw(st.integers(0, 2**16))
+    if draw(st.booleans()):
+        scenarios = SCENARIOS + MIXES if comm else ("none", "lognormal", "straggler", "imbalance", "multimodal")
+        scenario = draw(st.sampled_from(scenarios))
+        return generate(scenario=scenario, stages=stages, microbatches=microbatches, chunks=chunks, seed=seed)
+    return integer_trace(stages=stages, microbatches=microbatches, chunks=chunks, seed=seed, comm=comm)
+
+
+def integer_trace(*, stages: int, microbatches: int, chunks: int, seed: int, comm: bool) -> Trace:
+    """Small integer durations: many ties, the cases where event order matters."""
+    rng = random.Random(seed)
+    V = stages * chunks
+
+    def rows(count: int, low: int, high: int) -> list[list[float]]:
+        return [[float(rng.randint(low, high)) for _ in range(microbatches)] for _ in range(count)]
+
+    return Trace(
+        stages=stages,
+        microbatches=microbatches,
+        chunks=chunks,
+        F=rows(V, 1, 3),
+        B=rows(V, 1, 4),
+        W=rows(V, 0, 2),
+        commF=rows(V - 1, 0, 2 if comm else 0),
+        commB=rows(V - 1, 0, 2 if comm else 0),
+    )
+
+
+@st.composite
+def cases(draw, *, names: tuple[str, ...] | None = None) -> tuple[Policy, Trace, Cap]:
+    stages = draw(st.integers(1, 8))
+    chunks = draw(st.integers(1, 3))
+    choices = names or ((LIST_POLICIES_V1 if chunks == 1 else LIST_POLICIES_V) + RULES)
+    name = draw(st.sampled_from([n for n in choices if builds(n, stages=stages, chunks=chunks, microbatches=2 * stages)]))
+    counts = [m for m in range(1, max(stages, 12) + 1) if builds(name, stages=stages, chunks=chunks, microbatches=m)]
+    microbatches = draw(st.sampled_from(counts))
+    policy = make_policy(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
+    trace = draw(traces(stages=stages, microbatches=microbatches, chunks=chunks))
+    return policy, trace, Cap.parse(draw(st.sampled_from(CAPS)))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_every_run_completes_and_keeps_every_invariant(case: tuple[Policy, Trace, Cap]) -> None:
+    policy, trace, cap = case
+    report = simulate(policy=policy, trace=trace, cap=cap)
+    check_run(report, policy=policy, trace=trace, cap=cap)
+
+
+def test_the_checker_catches_an_idle_stage() -> None:
+    """check_run is strict: the same events under a policy that should not have idled fail it."""
+    trace = generate(scenario="lognormal", stages=4, microbatches=8, chunks=1, seed=3)
+    fixed = make_policy(name="1f1b", stages=4, chunks=1, microbatches=8)
+    report = simulate(policy=fixed, trace=trace, cap=Cap.parse("2x"))
+    check_run(report, policy=fixed, trace=trace, cap=Cap.parse("2x"))
+    ready = make_policy(name="ready-1f1b", stages=4, chunks=1, microbatches=8)
+    with pytest.raises(AssertionError, match="idle|ranks"):
+        check_run(report, policy=ready, trace=trace, cap=Cap.parse("2x"))
+
+
+# --- the paper's bound on BF (v = 1) ----------------------------------------------------
+
+
+def flat_trace(*, F: list[list[float]], B: list[list[float]]) -> Trace:
+    """One chunk, no W, no communication."""
+    P, M = len(F), len(F[0])
+    zeros = [[0.0] * M for _ in range(P)]
+    return Trace(stages=P, microbatches=M, chunks=1, F=F, B=B, W=zeros, commF=zeros[: P - 1], commB=zeros[: P - 1])
+
+
+def bf_makespan(trace: Trace, *, cap: str) -> float:
+    policy = make_policy(name="bf", stages=trace.stages, chunks=1, microbatches=trace.microbatches)
+    return simulate(policy=policy, trace=trace, cap=Cap.parse(cap)).makespan_ms
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_bf_bound_holds_without_a_cap(data: st.DataObject) -> None:
+    stages = data.draw(st.integers(1, 8))
+    microbatches = data.draw(st.integers(stages, 3 * stages))
+    trace = data.draw(traces(stages=stages, microbatches=microbatches, chunks=1, comm=False))
+    assert bf_makespan(trace, cap="inf") <= bf_bound(trace) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 4), (4, 4), (4, 16), (8, 20)])
+def test_bf_bound_is_1f1b_at_constant_durations(stages: int, microbatches: int) -> None:
+    trace = constant(stages=stages, microbatches=microbatches)
+    assert bf_bound(trace) == pytest.approx((microbatches + stages - 1) * (T_F + T_B))
+    assert bf_makespan(trace, cap="inf") == pytest.approx(bf_bound(trace))
+
+
+def test_bf_bound_fails_under_the_1x_cap() -> None:
+    """Counterexample: stage 0 (cap 2) must wait for B0 before F2, and stage 1 idles meanwhile."""
+    trace = flat_trace(F=[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], B=[[2.0, 1.0, 1.0], [2.0, 1.0, 2.0]])
+    assert bf_bound(trace) == 10.0
+    assert bf_makespan(trace, cap="inf") == 10.0
+    assert bf_makespan(trace, cap="1x") == 11.0
+
+
+def test_bf_bound_other_reading_is_not_a_bound() -> None:
+    """F read as microbatch 0's forward latency plus the last stage's other forwards (B alike)
+    undercounts a microbatch that is slow on every stage."""
+    F, B = [[1.0, 3.0], [1.0, 3.0]], [[1.0, 1.0], [1.0, 1.0]]
+    P, M, last = 2, 2, 1
+    forward = sum(F[s][0] for s in range(P)) + sum(F[last][j] for j in range(1, M))
+    backward = sum(B[last][j] for j in range(M - 1)) + sum(B[s][M - 1] for s in range(P))
+    penalties = sum(max(F[s][j] for s in range(P)) - F[last][j] for j in range(1, M)) + sum(
+        max(B[s][j] for s in range(P)) - B[last][j] for j in range(M - 1)
+    )
+    trace = flat_trace(F=F, B=B)
+    assert forward + backward + penalties == 8.0
+    assert bf_makespan(trace, cap="inf") == 9.0 <= bf_bound(trace) == 10.0
+
+
+def test_bf_bound_rejects_chunks_and_comm() -> None:
+    with pytest.raises(ValueError, match="chunks"):
+        bf_bound(constant(stages=2, microbatches=4, chunks=2))
+    with pytest.raises(ValueError, match="comm"):
+        bf_bound(generate(scenario="comm", stages=2, microbatches=4, chunks=1, seed=0))
+
+
+# --- bounded receive buffers --------------------------------------------------------------
+
+
+def min_buffer(*, policy: Policy, trace: Trace, cap: Cap) -> int:
+    """The rule in rrfp_ray/arbiter.py: 1 + the largest cap drop into a stage whose chunk 0 waits for gradients."""
+    layout = layout_for(policy=policy, trace=trace)
+    caps = [Arbiter(layout=layout, stage=s, policy=policy, cap=cap).cap_fb for s in range(layout.stages)]
+    drops = [
+        caps[s - 1] - caps[s] for s in range(1, layout.stages) if s < layout.virtual_stages - 1 and caps[s] < math.inf
+    ]
+    return 1 + int(max([0, *drops]))
+
+
+READY_NAMES = ("ready-gpipe", "ready-1f1b", "ready-zb-h1", "ready-interleaved", *RULES)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(names=READY_NAMES), extra=st.integers(0, 2))
+def test_ready_policies_complete_with_the_minimum_buffer(case: tuple[Policy, Trace, Cap], extra: int) -> None:
+    policy, trace, cap = case
+    limit = min_buffer(policy=policy, trace=trace, cap=cap) + extra
+    report = simulate(policy=policy, trace=trace, cap=cap, buffer_limit=limit)
+    check_run(report, policy=policy, trace=trace, cap=cap, buffer_limit=limit)
+
+
+@pytest.mark.parametrize(
+    "name,chunks,cap,scenario,seed,needed",
+    [
+        ("bf", 1, "1x", "none", 0, 2),
+        ("bf", 1, "2x", "lognormal", 0, 3),
+        ("bfw", 1, "2x", "none", 0, 2),
+        ("ready-1f1b", 1, "1x", "none", 0, 2),
+        ("bf", 2, "1x", "none", 0, 3),
+        ("bf", 2, "2x", "comm", 0, 5),
+        ("bf", 3, "2x", "none", 0, 1),
+        ("bf", 1, "4", "lognormal", 0, 1),
+    ],
+)
+def test_minimum_buffer_is_tight(name: str, chunks: int, cap: str, scenario: str, seed: int, needed: int) -> None:
+    """One message less than the rule deadlocks (P=4, M=16); the rule itself never does."""
+    P, M = 4, 16
+    policy = make_policy(name=name, stages=P, chunks=chunks, microbatches=M)
+    trace = generate(scenario=scenario, stages=P, microbatches=M, chunks=chunks, seed=seed)
+    assert min_buffer(policy=policy, trace=trace, cap=Cap.parse(cap)) == needed
+    simulate(policy=policy, trace=trace, cap=Cap.parse(cap), buffer_limit=needed)
+    if needed > 1:
+        with pytest.raises(DeadlockError, match="stopped at"):
+            simulate(policy=policy, trace=trace, cap=Cap.parse(cap), buffer_limit=needed - 1)
+
+
+def test_buffer_limit_must_be_positive() -> None:
+    policy = make_policy(name="bf", stages=2, chunks=1, microbatches=4)
+    with pytest.raises(ValueError, match="buffer_limit"):
+        simulate(policy=policy, trace=constant(stages=2, microbatches=4), cap=Cap.parse("1x"), buffer_limit=0)
