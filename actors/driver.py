@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
 from actors.stage_actor import StageActor
+from rrfp_ray.actions import place
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.config import PipelineConfig
 from rrfp_ray.deps import Layout
@@ -45,30 +46,35 @@ class PipelineDriver:
         ]
         self._gather([a.ping.remote() for a in self.stages], what="stage actors to start")
         self._wire()
-        self._gather(
-            [a.set_workload.remote(workload=workload, layout=self.layout) for a in self.stages], what="set_workload"
-        )
+        self.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
+
+    def set_workload(self, *, workload: Workload) -> None:
+        """Give every stage its (fresh) workload: model weights start again from their seed."""
+        self._gather([a.set_workload.remote(workload=workload, layout=self.layout) for a in self.stages], what="set_workload")
 
     def _wire(self) -> None:
         prefix = uuid.uuid4().hex[:8]
         groups = {link: f"{prefix}-{link.kind.value}{link.src}-{link.dst}" for link in self.layout.links()}
+        members = {name: (link.src, link.dst) for link, name in groups.items()}
+        everyone = f"{prefix}-all"
+        members[everyone] = tuple(range(len(self.stages)))
         addresses = self._gather(
-            [self.stages[link.src].host_group.remote(name=name) for link, name in groups.items()],
+            [self.stages[ranks[0]].host_group.remote(name=name) for name, ranks in members.items()],
             what="group stores",
-            labels=[f"stage {link.src}" for link in groups],
+            labels=[f"stage {ranks[0]}" for ranks in members.values()],
         )
         joins, labels = [], []
-        for (link, name), address in zip(groups.items(), addresses):
-            for rank, stage in enumerate((link.src, link.dst)):
+        for (name, ranks), address in zip(members.items(), addresses):
+            for rank, stage in enumerate(ranks):
                 joins.append(
                     self.stages[stage].join_group.remote(
-                        name=name, address=address, rank=rank, world_size=2, backend=self.backend
+                        name=name, address=address, rank=rank, world_size=len(ranks), backend=self.backend
                     )
                 )
-                labels.append(f"stage {stage} ({link})")
+                labels.append(f"stage {stage} (group {name})")
         self._gather(joins, what="collective groups to form", labels=labels)
-        self._gather([a.connect.remote(groups=groups) for a in self.stages], what="channels to open")
+        self._gather([a.connect.remote(groups=groups, everyone=everyone) for a in self.stages], what="channels to open")
 
     def run_iteration(self, *, iteration: int, policy: Policy, cap: Cap | None = None) -> IterationReport:
         layout = Layout(
@@ -86,6 +92,18 @@ class PipelineDriver:
         ]
         results = self._gather(refs, what=f"iteration {iteration}")
         return merge_stage_reports(iteration=iteration, policy=policy.name, results=results)
+
+    def evaluate(self, *, microbatches: int) -> float:
+        """Mean validation loss; activations pass stage to stage as object refs, not through the driver."""
+        finals = []
+        for index in range(microbatches):
+            ref = None
+            for vs in range(self.layout.virtual_stages):
+                stage, chunk = place(virtual_stage=vs, stages=self.layout.stages)
+                ref = self.stages[stage].evaluate.remote(chunk=chunk, inputs=ref, index=index)
+            finals.append(ref)
+        losses = self._gather(finals, what="validation", labels=[f"validation microbatch {i}" for i in range(microbatches)])
+        return float(sum(float(loss) for loss in losses) / len(losses))
 
     def startup_seconds(self) -> float:
         return self.startup_s

@@ -24,6 +24,7 @@ class StageActor:
         self._worker: StageWorker | None = None
         self._workload: Workload | None = None
         self._executor: Executor | None = None
+        self._everyone = ""
 
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
@@ -33,13 +34,14 @@ class StageActor:
             name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
         )
 
-    def connect(self, *, groups: dict[Link, str]) -> None:
+    def connect(self, *, groups: dict[Link, str], everyone: str) -> None:
         """Open a channel on every link this stage sends or receives on; start the threads."""
 
         def channel(link: Link) -> collective.Channel:
             peer = 1 if link.src == self.stage else 0
             return collective.Channel(group=groups[link], peer=peer, timeout_s=self.link_timeout_s, name=str(link))
 
+        self._everyone = everyone
         self._worker = StageWorker(
             stage=self.stage,
             inbound={link: channel(link) for link in groups if link.dst == self.stage},
@@ -64,7 +66,16 @@ class StageActor:
             executor=self._executor,
             buffer_limit=buffer_limit,
             latency=self._workload.latency,
+            all_reduce=self._all_reduce,
         )
+
+    def _all_reduce(self, value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64)
+        collective.all_reduce_sum(group=self._everyone, tensor=tensor)
+        return float(tensor)
+
+    def evaluate(self, *, chunk: int, inputs: torch.Tensor | None, index: int) -> torch.Tensor:
+        return self._executor.evaluate(chunk=chunk, inputs=inputs, index=index)
 
     def ping(self) -> int:
         return self.stage

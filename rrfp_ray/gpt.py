@@ -53,4 +53,5 @@ def gpt_workload(run: RunConfig) -> ModelWorkload:
             max_grad_norm=train.max_grad_norm,
         ),
         injected=injected,
+        val_data=corpus_source(run, split="val", microbatches=run.train.val_microbatches),
     )

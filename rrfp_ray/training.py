@@ -67,6 +67,7 @@ class ModelWorkload:
     microbatches: int
     optim: Optim = field(default_factory=Optim)
     injected: Trace | None = None  # extra delays (ms) per action and message, to inject variability
+    val_data: DataSource | None = None
 
     def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
         runner = build_stage(
@@ -78,14 +79,15 @@ class ModelWorkload:
             loss_scale=1.0 / self.microbatches,
             optimizer_factory=self.optim.optimizer,
         )
-        return ModelExecutor(runner=runner, layout=layout, workload=self)
+        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self)
 
     def latency(self, message: Message) -> float:
         return 0.0 if self.injected is None else self.injected.latency(message)
 
 
 class ModelExecutor:
-    def __init__(self, *, runner: StageRunner, layout: Layout, workload: ModelWorkload) -> None:
+    def __init__(self, *, stage: int, runner: StageRunner, layout: Layout, workload: ModelWorkload) -> None:
+        self.stage = stage
         self.runner = runner
         self._layout = layout
         self._workload = workload
@@ -129,7 +131,11 @@ class ModelExecutor:
         )
 
     @torch.no_grad()
-    def evaluate(self, *, chunk: int, inputs: Tensor, targets: Tensor | None) -> Tensor:
-        """Forward only, for validation: the activation, or the loss on the last virtual stage."""
-        out = self.runner.module(chunk)(inputs)
-        return out if targets is None else self._workload.loss_fn(out, targets)
+    def evaluate(self, *, chunk: int, inputs: Tensor | None, index: int) -> Tensor:
+        """Forward only on validation microbatch `index`: the activation, or the loss on the last virtual stage."""
+        if self._workload.val_data is None:
+            raise ValueError("this workload has no validation data (val_data)")
+        vs = chunk * self._layout.stages + self.stage
+        x, y = self._workload.val_data.microbatch(iteration=0, index=index)
+        out = self.runner.module(chunk)(x if vs == 0 else inputs)
+        return self._workload.loss_fn(out, y) if vs == self._layout.virtual_stages - 1 else out

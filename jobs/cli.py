@@ -1,0 +1,74 @@
+"""What the job scripts share: the repo on sys.path, scenario flags, config errors as
+flag errors, and starting (or attaching to) Ray."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rrfp_ray.variability import SCENARIOS, scenario_params  # noqa: E402
+
+
+def add_scenario_flags(parser: argparse.ArgumentParser, *, default: str = "none") -> None:
+    group = parser.add_argument_group("variability (durations in ms)")
+    group.add_argument("--scenario", default=default, help=f"'+'-joined names from: {', '.join(SCENARIOS)}")
+    group.add_argument("--t-f", type=float, default=20.0, help="forward time per virtual stage (ms)")
+    group.add_argument("--variability-seed", type=int, default=0, help="seed of the generated trace")
+    group.add_argument("--trace", default=None, metavar="FILE", help="load this trace JSON instead of generating one")
+    names = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)})
+    for name in names:
+        group.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help="scenario parameter")
+
+
+def scenario_kwargs(args: argparse.Namespace) -> dict[str, float]:
+    names = {name for scenario in SCENARIOS for name in scenario_params(scenario)}
+    return {name: getattr(args, name) for name in sorted(names) if getattr(args, name) is not None}
+
+
+def variability(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "scenario": args.scenario,
+        "seed": args.variability_seed,
+        "t_f": args.t_f,
+        "params": scenario_kwargs(args),
+        "trace_file": args.trace,
+    }
+
+
+def config_error(parser: argparse.ArgumentParser, error: ValidationError, *, flags: dict[str, str]) -> None:
+    """Exit with the config's errors, each naming the flag that set the field."""
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        for name, flag in sorted(flags.items(), key=lambda kv: -len(kv[0])):
+            message = message.replace(name, flag)
+        lines.append(f"{flags.get(field, field) or 'config'}: {message}" if field else message)
+    parser.error("\n  ".join(lines))
+
+
+def start_ray(*, num_cpus: int) -> str:
+    """Attach to a running cluster (as under `ray job submit`), else start an embedded local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return "already initialised"
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])  # the job's own runtime env (working dir) applies
+        return f"attached to {os.environ['RAY_ADDRESS']}"
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_PROFILING": "1"}},
+    )
+    return f"embedded local Ray ({num_cpus} logical CPUs)"

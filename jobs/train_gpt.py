@@ -1,0 +1,205 @@
+"""Train a byte-level GPT through a readiness-driven (RRFP) pipeline on Ray.
+
+Locally (an embedded Ray on this machine, CPU, gloo links), the defaults train a small GPT
+on the Python standard library's own sources, first with fixed 1F1B and then with the
+readiness policy, and print both:
+
+    python jobs/train_gpt.py
+
+On a cluster (`ray up cluster.yaml`), from the repo root:
+
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- python jobs/train_gpt.py --gpu --backend auto
+
+Outputs go to --out DIR: summary.json, telemetry.jsonl (one line per iteration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from cli import add_scenario_flags, config_error, start_ray, variability
+from pydantic import ValidationError
+
+FLAGS = {
+    "pipeline.stages": "--stages",
+    "pipeline.chunks": "--chunks",
+    "pipeline.microbatches": "--microbatches",
+    "pipeline.policy": "--policy",
+    "pipeline.cap": "--cap",
+    "pipeline.backend": "--backend",
+    "pipeline.timeout_s": "--timeout",
+    "train.iterations": "--iterations",
+    "train.micro_batch_size": "--micro-batch-size",
+    "train.seq_len": "--seq-len",
+    "train.seed": "--seed",
+    "train.lr": "--lr",
+    "train.data": "--data",
+    "train.val_every": "--val-every",
+    "model.n_layer": "--n-layer",
+    "model.n_head": "--n-head",
+    "model.n_embd": "--n-embd",
+    "model.block_size": "--block-size",
+    "variability.scenario": "--scenario",
+    "variability.t_f": "--t-f",
+    "variability.params": "scenario parameters",
+}
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig"]:
+    from rrfp_ray.config import RunConfig
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pipe = parser.add_argument_group("pipeline")
+    pipe.add_argument("--stages", type=int, default=4)
+    pipe.add_argument("--chunks", type=int, default=1)
+    pipe.add_argument("--microbatches", type=int, default=8)
+    pipe.add_argument("--policy", default="bf", help="gpipe, 1f1b, interleaved, zb-h1, ready-<schedule>, bf, bfw")
+    pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
+    pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor")
+    pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
+    model = parser.add_argument_group("model")
+    model.add_argument("--n-layer", type=int, default=4)
+    model.add_argument("--n-head", type=int, default=4)
+    model.add_argument("--n-embd", type=int, default=64)
+    model.add_argument("--block-size", type=int, default=64)
+    train = parser.add_argument_group("training")
+    train.add_argument("--iterations", type=int, default=30)
+    train.add_argument("--micro-batch-size", type=int, default=8)
+    train.add_argument("--seq-len", type=int, default=64)
+    train.add_argument("--lr", type=float, default=3e-3)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--data", default=None, help="text file or directory (default: the Python stdlib's sources)")
+    train.add_argument("--val-every", type=int, default=10)
+    train.add_argument(
+        "--compare", action=argparse.BooleanOptionalAction, default=True, help="run fixed 1f1b first, same seed and data"
+    )
+    train.add_argument("--out", default="runs/train_gpt", help="output directory")
+    add_scenario_flags(parser, default="multimodal")
+    parser.set_defaults(t_f=10.0)
+    args = parser.parse_args(argv)
+    try:
+        run = RunConfig(
+            model={"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size},
+            pipeline={
+                "stages": args.stages,
+                "chunks": args.chunks,
+                "microbatches": args.microbatches,
+                "policy": args.policy,
+                "cap": args.cap,
+                "backend": args.backend,
+                "timeout_s": args.timeout,
+            },
+            variability=variability(args),
+            train={
+                "iterations": args.iterations,
+                "micro_batch_size": args.micro_batch_size,
+                "seq_len": args.seq_len,
+                "lr": args.lr,
+                "seed": args.seed,
+                "data": args.data,
+                "val_every": args.val_every,
+            },
+        )
+        from rrfp_ray.gpt import gpt_workload
+
+        workload = gpt_workload(run)
+        workload.data.microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
+    except ValidationError as error:
+        config_error(parser, error, flags=FLAGS)
+    except ValueError as error:
+        parser.error(str(error))
+    return args, run
+
+
+def train(*, driver, run, policy_name: str, out: Path, label: str) -> dict:
+    import ray
+    from tqdm import tqdm
+
+    from rrfp_ray.telemetry import append_jsonl
+
+    policy = run.pipeline.resolved_policy(policy_name)
+    tokens = run.pipeline.microbatches * run.train.micro_batch_size * run.train.seq_len
+    losses, times, val_loss = [], [], None
+    telemetry = out / f"telemetry-{policy_name}.jsonl"
+    telemetry.unlink(missing_ok=True)
+    bar = tqdm(total=run.train.iterations, desc=label, disable=None, leave=False)
+    for iteration in range(run.train.iterations):
+        report = ray.get(driver.run_iteration.remote(iteration=iteration, policy=policy))
+        losses.append(report.loss)
+        times.append(report.makespan_ms)
+        append_jsonl(path=telemetry, report=report)
+        line = (
+            f"[{label}] iter {iteration:3d}  loss {report.loss:.4f}  {report.makespan_ms:7.1f} ms  "
+            f"{tokens / report.makespan_ms * 1e3:8.0f} tok/s  bubble {report.bubble:5.1%}  "
+            f"blocked {report.blocked_fraction:5.1%}"
+        )
+        every = run.train.val_every
+        if every and ((iteration + 1) % every == 0 or iteration + 1 == run.train.iterations):
+            val_loss = ray.get(driver.evaluate.remote(microbatches=run.train.val_microbatches))
+            line += f"  val {val_loss:.4f}"
+        bar.write(line)
+        bar.update()
+    bar.close()
+    median_ms = statistics.median(times)
+    return {
+        "policy": policy_name,
+        "iterations": run.train.iterations,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "val_loss_last": val_loss,
+        "iteration_ms_median": median_ms,
+        "tokens_per_s": tokens / median_ms * 1e3,
+        "peak_inflight": max(json.loads(line)["stages"][0]["peak_inflight"] for line in telemetry.read_text().splitlines()),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, run = parse(argv)
+    import ray
+
+    from actors.driver import PipelineDriver
+    from rrfp_ray.gpt import gpt_workload
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(start_ray(num_cpus=max(2, run.pipeline.stages)))
+    started = time.perf_counter()
+    workload = gpt_workload(run)
+    driver = PipelineDriver.remote(pipeline=run.pipeline, workload=workload, use_gpu=args.gpu)
+    try:
+        print(f"{run.pipeline.stages} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        summary = {}
+        if args.compare and run.pipeline.policy != "1f1b":
+            baseline = train(driver=driver, run=run, policy_name="1f1b", out=out, label="1f1b")
+            ray.get(driver.set_workload.remote(workload=workload))  # same initial weights for the second run
+            summary["baseline"] = baseline
+        result = train(driver=driver, run=run, policy_name=run.pipeline.policy, out=out, label=run.pipeline.policy)
+        summary |= result
+        ray.get(driver.shutdown.remote())
+    finally:
+        ray.kill(driver)
+    print(
+        f"\n{result['policy']}: loss {result['loss_first']:.3f} -> {result['loss_last']:.3f} "
+        f"(val {result['val_loss_last'] or float('nan'):.3f}), median iteration {result['iteration_ms_median']:.1f} ms, "
+        f"{result['tokens_per_s']:.0f} tokens/s"
+    )
+    if "baseline" in summary:
+        base = summary["baseline"]
+        summary["speedup_vs_1f1b"] = base["iteration_ms_median"] / result["iteration_ms_median"]
+        print(
+            f"1f1b: loss {base['loss_first']:.3f} -> {base['loss_last']:.3f}, median iteration "
+            f"{base['iteration_ms_median']:.1f} ms\nspeedup of {result['policy']} over fixed 1f1b: "
+            f"{summary['speedup_vs_1f1b']:.2f}x"
+        )
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"wrote {out / 'summary.json'} ({time.perf_counter() - started:.0f} s)")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
