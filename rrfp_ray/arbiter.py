@@ -6,6 +6,25 @@ calls it under its own lock from the compute and receive threads).
 In flight: a microbatch enters a stage with its chunk-0 F and leaves with its chunk-0 B
 (the F->B count) or, under the B/W split, its chunk-0 W (the F->W count). Caps gate only
 those admissions; see `rrfp_ray.policy`.
+
+Receive buffer: `buffered` counts delivered messages whose action has not started; the
+receive side hands over a message only while `has_room()`. Every buffered message's action
+is ready except a chunk-0 activation held by the cap, so a full buffer can deadlock only when
+such activations fill it and the gradient that would free the cap cannot get in. On stage s
+they are microbatches admitted on s-1 but not on s, and s holds them only at its own F->B
+cap, so there are at most cap(s-1) - cap(s). Hence the rule: ready policies (bf, bfw,
+ready-*) never deadlock when
+
+    buffer_limit >= 1 + max(0, max over stages s >= 1 of cap(s-1) - cap(s)),
+
+cap(s) being stage s's `cap_fb`, skipping a stage whose chunk 0 is the last virtual stage
+(v = 1, s = P-1: its B needs no gradient) and stages without a cap. That is 1 for `inf` and
+count caps (`4`); over 1f1b / zb-h1 (caps P-s at 1x) 2 at 1x and 3 at 2x (1 when P = 2);
+over interleaved at P=4, M=16, 3 at 1x and 5 at 2x for v=2 (caps 8,8,7,5 at 1x), 1 for v=3
+(caps all 8). Where the rule asks for more than 1, one less deadlocks on some trace
+(tests/test_simulator.py). The argument does not cover fixed policies, whose next list action
+can wait on a message queued behind buffered ones; measured at P=4, M=16 they needed 2
+(gpipe, 1f1b, zb-h1) and 3 (interleaved v=2).
 """
 
 from __future__ import annotations

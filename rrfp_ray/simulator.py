@@ -186,11 +186,12 @@ def bf_bound(trace: Trace) -> float:
     - F_max^j, B_max^j: the longest forward / backward of microbatch j over the stages;
       F_last^j, B_last^j: that of the last stage (P-1).
 
-    Both readings agree at constant durations, where the bound is 1F1B's (M+P-1)(t_f+t_b).
-    Measured (tests/test_simulator.py): it holds for BF with the cap at inf (the paper's model),
-    but not under the 1x cap (P=2, M=3: 11 > 10), and reading F as the first microbatch's
-    forward latency plus the last stage's other forwards (B likewise) is not an upper bound
-    even at cap inf.
+    At constant durations this is 1F1B's makespan (M+P-1)(t_f+t_b), which BF attains.
+    Measured (tests/test_simulator.py, and 32,000 random traces with heavy tails): it holds for
+    BF with the cap at inf (the paper's model, no memory limit) and at 2x, but not at the 1x cap
+    (P=2, M=3: 11 > 10, the cap makes stage 0 wait for a backward before its third forward).
+    Reading F instead as microbatch 0's forward latency plus the last stage's other forwards
+    (B likewise) gives no upper bound, even at cap inf (P=2, M=2: 9 > 8).
     """
     if trace.chunks != 1:
         raise ValueError(f"trace: bf_bound is for one chunk per stage, got chunks={trace.chunks}")

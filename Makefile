@@ -1,0 +1,19 @@
+# Two commands on a fresh machine: `make train` (the main job) and `make test` (the suite).
+# Both first build .venv with the CPU install path (torch pinned to 2.13.0).
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: train test
+
+$(VENV)/.installed: requirements-cpu.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-cpu.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+train: $(VENV)/.installed
+	$(PY) jobs/train_gpt.py $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest $(ARGS)

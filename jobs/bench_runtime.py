@@ -1,0 +1,145 @@
+"""Measured against simulated: run one synthetic trace on Ray and in the simulator.
+
+Every policy runs on one driver (the stage actors sleep each op's trace duration and send
+real tensors over gloo links); the simulator replays the very same trace. Per policy it
+prints the median measured iteration time, the simulated one, their ratio, and the speedup
+over the fixed baseline (1f1b, or interleaved when --chunks > 1), measured and predicted:
+
+    python jobs/bench_runtime.py --scenario lognormal --sigma 0.3 --microbatches 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from cli import add_scenario_flags, config_error, start_ray, variability
+from pydantic import ValidationError
+
+FLAGS = {
+    "pipeline.stages": "--stages",
+    "pipeline.chunks": "--chunks",
+    "pipeline.microbatches": "--microbatches",
+    "pipeline.cap": "--cap",
+    "pipeline.timeout_s": "--timeout",
+    "variability.scenario": "--scenario",
+    "variability.t_f": "--t-f",
+    "variability.params": "scenario parameters",
+}
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "PipelineConfig", "Trace", list[str]]:
+    from rrfp_ray.config import PipelineConfig, VariabilityConfig
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pipe = parser.add_argument_group("pipeline")
+    pipe.add_argument("--stages", type=int, default=4)
+    pipe.add_argument("--chunks", type=int, default=1)
+    pipe.add_argument("--microbatches", type=int, default=16)
+    pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
+    pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
+    bench = parser.add_argument_group("benchmark")
+    bench.add_argument("--policies", default=None, help="comma-separated (default: 1f1b,bf,bfw; interleaved,bf,bfw for v > 1)")
+    bench.add_argument("--payload-elems", type=int, default=4096, help="float32 elements per message")
+    bench.add_argument("--iterations", type=int, default=5, help="per policy; the first is a warm-up when > 1")
+    bench.add_argument("--json", default=None, metavar="OUT", help="write the per-policy figures here")
+    add_scenario_flags(parser, default="lognormal")
+    args = parser.parse_args(argv)
+    if args.iterations < 1:
+        parser.error(f"--iterations must be >= 1, got {args.iterations}")
+    if args.payload_elems < 1:
+        parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
+    baseline = "1f1b" if args.chunks == 1 else "interleaved"
+    names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
+    names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
+    try:
+        pipeline = PipelineConfig(
+            stages=args.stages,
+            chunks=args.chunks,
+            microbatches=args.microbatches,
+            policy=baseline,
+            cap=args.cap,
+            timeout_s=args.timeout,
+        )
+        for name in names:
+            pipeline.resolved_policy(name)
+        trace = VariabilityConfig(**variability(args)).trace(pipeline=pipeline)
+    except ValidationError as error:
+        config_error(parser, error, flags=FLAGS)
+    except ValueError as error:
+        parser.error(str(error))
+    return args, pipeline, trace, names
+
+
+def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str, list[float]]:
+    """Iteration times per policy; policies take turns so drift hits all of them alike."""
+    import ray
+
+    times: dict[str, list[float]] = {name: [] for name in names}
+    policies = {name: pipeline.resolved_policy(name) for name in names}
+    iteration = 0
+    for _ in range(iterations):
+        for name in names:
+            report = ray.get(driver.run_iteration.remote(iteration=iteration, policy=policies[name]))
+            times[name].append(report.makespan_ms)
+            iteration += 1
+    return times
+
+
+def summarize(*, times: dict[str, list[float]], simulated: dict[str, float], baseline: str) -> dict[str, dict[str, float]]:
+    measured = {name: statistics.median(ts[1:] if len(ts) > 1 else ts) for name, ts in times.items()}
+    return {
+        name: {
+            "measured_ms": measured[name],
+            "sim_ms": simulated[name],
+            "ratio": measured[name] / simulated[name],
+            "speedup_measured": measured[baseline] / measured[name],
+            "speedup_predicted": simulated[baseline] / simulated[name],
+        }
+        for name in times
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, pipeline, trace, names = parse(argv)
+    import ray
+
+    from actors.driver import PipelineDriver
+    from rrfp_ray.simulator import simulate
+    from rrfp_ray.synthetic import SyntheticWorkload
+
+    cap = pipeline.parsed_cap
+    simulated = {
+        name: simulate(policy=pipeline.resolved_policy(name), trace=trace, cap=cap, buffer_limit=pipeline.buffer_limit).makespan_ms
+        for name in names
+    }
+    print(start_ray(num_cpus=max(2, pipeline.stages)))
+    driver = PipelineDriver.remote(pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=args.payload_elems))
+    try:
+        print(f"{pipeline.stages} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        times = measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
+        ray.get(driver.shutdown.remote())
+    finally:
+        ray.kill(driver)
+    results = summarize(times=times, simulated=simulated, baseline=names[0])
+    print(
+        f"\nP={pipeline.stages} v={pipeline.chunks} M={pipeline.microbatches} cap={pipeline.cap} "
+        f"scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)"
+    )
+    print(f"{'policy':<12} {'measured ms':>11} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} {'predicted':>9} {'meas/pred':>9}")
+    for name, r in results.items():
+        print(
+            f"{name:<12} {r['measured_ms']:11.1f} {r['sim_ms']:9.1f} {r['ratio']:8.3f} "
+            f"{r['speedup_measured']:8.3f} {r['speedup_predicted']:9.3f} {r['speedup_measured'] / r['speedup_predicted']:9.3f}"
+        )
+    summary = {"policies": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.json}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
