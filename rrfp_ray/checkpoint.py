@@ -1,0 +1,109 @@
+"""Checkpoints that a crash cannot corrupt.
+
+Each stage writes its own file atomically (temp file, fsync, rename) and returns its
+digest; the driver commits a manifest, also atomically, only after every stage has
+succeeded. Loading takes the newest manifest whose files are all present and intact,
+so a crash during a write leaves the previous checkpoint usable. The data position
+needs no saving: microbatches are addressed by iteration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_MANIFEST = re.compile(r"^manifest-(\d{8})\.json$")
+
+
+@dataclass(frozen=True)
+class StageFile:
+    path: str  # relative to the checkpoint directory
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    iteration: int  # the next iteration to run
+    fingerprint: str  # what the files fit: model, stages, chunks
+    files: dict[int, StageFile]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "fingerprint": self.fingerprint, "files": {str(s): asdict(f) for s, f in self.files.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        files = {int(s): StageFile(**f) for s, f in data["files"].items()}
+        return cls(iteration=int(data["iteration"]), fingerprint=str(data["fingerprint"]), files=files)
+
+
+def fingerprint(*parts: object) -> str:
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:16]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_stage(*, directory: Path, iteration: int, stage: int, state: dict[str, Any]) -> StageFile:
+    """Write one stage's state for `iteration`; returns what the manifest records."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    relative = f"iter-{iteration:08d}/stage-{stage}.pt"
+    atomic_write(directory / relative, data)
+    return StageFile(path=relative, sha256=hashlib.sha256(data).hexdigest())
+
+
+def commit(*, directory: Path, manifest: Manifest) -> Path:
+    path = directory / f"manifest-{manifest.iteration:08d}.json"
+    atomic_write(path, json.dumps(manifest.to_json(), indent=1).encode())
+    return path
+
+
+def load_stage(*, directory: Path, file: StageFile) -> dict[str, Any]:
+    data = (directory / file.path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != file.sha256:
+        raise ValueError(f"checkpoint file {directory / file.path} is corrupt (its digest does not match the manifest)")
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def latest(*, directory: Path, fingerprint: str) -> Manifest | None:
+    """The newest complete manifest in `directory`, or None if there is none.
+
+    A manifest for another model or pipeline shape is an error, not a silent skip.
+    Manifests whose files are missing or corrupt are passed over.
+    """
+    if not directory.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _MANIFEST.match(p.name)))
+    for _, path in reversed(found):
+        try:
+            manifest = Manifest.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if manifest.fingerprint != fingerprint:
+            raise ValueError(
+                f"checkpoint {path} was written for another model or pipeline shape "
+                f"(fingerprint {manifest.fingerprint}, this run {fingerprint})"
+            )
+        if all(_intact(directory / f.path, f.sha256) for f in manifest.files.values()):
+            return manifest
+    return None
+
+
+def _intact(path: Path, sha256: str) -> bool:
+    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
