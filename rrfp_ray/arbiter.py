@@ -78,7 +78,9 @@ class Cap:
 
 
 class Arbiter:
-    def __init__(self, *, layout: Layout, stage: int, policy: Policy, cap: Cap, buffer_limit: int | None = None) -> None:
+    def __init__(
+        self, *, layout: Layout, stage: int, policy: Policy, cap: Cap, buffer_limit: int | None = None
+    ) -> None:
         if buffer_limit is not None and buffer_limit < 1:
             raise ValueError(f"buffer_limit must be >= 1 message (or None: unbounded), got {buffer_limit}")
         self.layout = layout

@@ -161,7 +161,9 @@ def bounds(*, trace: Trace, split: bool) -> Bounds:
     layout = Layout(stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches, split=split)
     V, M = layout.virtual_stages, layout.microbatches
     duration = _duration_of(trace=trace, split=split)
-    backward = [[duration(layout.action(kind=Kind.B, virtual_stage=vs, microbatch=m)) for m in range(M)] for vs in range(V)]
+    backward = [
+        [duration(layout.action(kind=Kind.B, virtual_stage=vs, microbatch=m)) for m in range(M)] for vs in range(V)
+    ]
     # head[vs][m]: earliest start of F(vs, m); chain[vs][m]: what must run after B(vs, m) ends.
     head, chain = [[0.0] * M], [[0.0] * M]
     for u in range(V - 1):
@@ -175,7 +177,7 @@ def bounds(*, trace: Trace, split: bool) -> Bounds:
     return Bounds(max_stage_work_ms=max(work), critical_path_ms=critical, stage_window_ms=window)
 
 
-def bf_bound(trace: Trace) -> float:
+def bf_bound(*, trace: Trace) -> float:
     """The paper's upper bound on BF's makespan C for one chunk per stage (v = 1), no comm latency.
 
     C <= F + B + sum_{j=1}^{M-1} (F_max^j - F_last^j) + sum_{j=0}^{M-2} (B_max^j - B_last^j), read as:
@@ -187,11 +189,11 @@ def bf_bound(trace: Trace) -> float:
       F_last^j, B_last^j: that of the last stage (P-1).
 
     At constant durations this is 1F1B's makespan (M+P-1)(t_f+t_b), which BF attains.
-    Measured (tests/test_simulator.py, and 32,000 random traces with heavy tails): it holds for
-    BF with the cap at inf (the paper's model, no memory limit) and at 2x, but not at the 1x cap
-    (P=2, M=3: 11 > 10, the cap makes stage 0 wait for a backward before its third forward).
-    Reading F instead as microbatch 0's forward latency plus the last stage's other forwards
-    (B likewise) gives no upper bound, even at cap inf (P=2, M=2: 9 > 8).
+    Measured (tests/test_simulator.py, and about 29,000 random traces, heavy tails included):
+    it holds for BF with the cap at inf (the paper's model, no memory limit) and at 2x, but
+    not at the 1x cap (P=2, M=3: 11 > 10, the cap makes stage 0 wait for a backward before its
+    third forward). Reading F instead as microbatch 0's forward latency plus the last stage's
+    other forwards (B likewise) gives no upper bound, even at cap inf (P=2, M=2: 9 > 8).
     """
     if trace.chunks != 1:
         raise ValueError(f"trace: bf_bound is for one chunk per stage, got chunks={trace.chunks}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rrfp_ray.actions import Action, Kind, parse_action
+from rrfp_ray.actions import Action, parse_action
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.policy import BFPicker, FixedPicker, ListPicker, make_policy, policy_names
 from rrfp_ray.schedules import build
@@ -22,7 +22,9 @@ def executed(report: IterationReport, *, stage: int) -> list[Action]:
     return [parse_action(e.action) for e in events]
 
 
-def run(name: str, *, stages: int, microbatches: int, chunks: int = 1, cap: str = "1x", **trace_args) -> IterationReport:
+def run(
+    name: str, *, stages: int, microbatches: int, chunks: int = 1, cap: str = "1x", **trace_args: float
+) -> IterationReport:
     policy = make_policy(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
     trace = generate(scenario="none", stages=stages, microbatches=microbatches, chunks=chunks, seed=0, **trace_args)
     return simulate(policy=policy, trace=trace, cap=Cap.parse(cap))
@@ -181,7 +183,12 @@ def test_ready_list_at_1x_runs_exactly_its_list(schedule: str, trace_args: dict)
 
 @pytest.mark.parametrize(
     "schedule,chunks,trace_args",
-    [("interleaved", 2, {}), ("interleaved", 3, {}), ("interleaved", 2, {"b_ratio": 1.0}), ("zb-h1", 1, {"b_ratio": 1.0})],
+    [
+        ("interleaved", 2, {}),
+        ("interleaved", 3, {}),
+        ("interleaved", 2, {"b_ratio": 1.0}),
+        ("zb-h1", 1, {"b_ratio": 1.0}),
+    ],
 )
 def test_ready_list_at_1x_matches_its_list_makespan(schedule: str, chunks: int, trace_args: dict) -> None:
     """Not its order: these lists idle at constant durations where a later action is ready and
