@@ -105,10 +105,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
                 "val_every": args.val_every,
             },
         )
-        from rrfp_ray.gpt import gpt_workload
+        from rrfp_ray.gpt import corpus_source
 
-        workload = gpt_workload(run)
-        workload.data.microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
+        corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
     except ValueError as error:
@@ -116,20 +115,18 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
     return args, run
 
 
-def train(*, driver, run, policy_name: str, out: Path, label: str) -> dict:
-    import ray
+def train(*, trainer, run, policy_name: str, out: Path, label: str) -> dict:
     from tqdm import tqdm
 
     from rrfp_ray.telemetry import append_jsonl
 
-    policy = run.pipeline.resolved_policy(policy_name)
     tokens = run.pipeline.microbatches * run.train.micro_batch_size * run.train.seq_len
     losses, times, val_loss = [], [], None
     telemetry = out / f"telemetry-{policy_name}.jsonl"
     telemetry.unlink(missing_ok=True)
     bar = tqdm(total=run.train.iterations, desc=label, disable=None, leave=False)
     for iteration in range(run.train.iterations):
-        report = ray.get(driver.run_iteration.remote(iteration=iteration, policy=policy))
+        report = trainer.step(policy=policy_name)
         losses.append(report.loss)
         times.append(report.makespan_ms)
         append_jsonl(path=telemetry, report=report)
@@ -140,7 +137,7 @@ def train(*, driver, run, policy_name: str, out: Path, label: str) -> dict:
         )
         every = run.train.val_every
         if every and ((iteration + 1) % every == 0 or iteration + 1 == run.train.iterations):
-            val_loss = ray.get(driver.evaluate.remote(microbatches=run.train.val_microbatches))
+            val_loss = trainer.evaluate()
             line += f"  val {val_loss:.4f}"
         bar.write(line)
         bar.update()
@@ -160,29 +157,21 @@ def train(*, driver, run, policy_name: str, out: Path, label: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
-    import ray
-
-    from actors.driver import PipelineDriver
-    from rrfp_ray.gpt import gpt_workload
+    from actors.backend import RayBackend
+    from rrfp_ray.gpt import gpt_trainer
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(start_ray(num_cpus=max(2, run.pipeline.stages)))
     started = time.perf_counter()
-    workload = gpt_workload(run)
-    driver = PipelineDriver.remote(pipeline=run.pipeline, workload=workload, use_gpu=args.gpu)
-    try:
-        print(f"{run.pipeline.stages} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+    with gpt_trainer(run, backend=RayBackend(use_gpu=args.gpu)) as trainer:
+        print(f"{run.pipeline.stages} stage actors up in {trainer.backend.startup_s:.1f} s")
         summary = {}
         if args.compare and run.pipeline.policy != "1f1b":
-            baseline = train(driver=driver, run=run, policy_name="1f1b", out=out, label="1f1b")
-            ray.get(driver.set_workload.remote(workload=workload))  # same initial weights for the second run
-            summary["baseline"] = baseline
-        result = train(driver=driver, run=run, policy_name=run.pipeline.policy, out=out, label=run.pipeline.policy)
+            summary["baseline"] = train(trainer=trainer, run=run, policy_name="1f1b", out=out, label="1f1b")
+            trainer.reset()  # same initial weights for the second run
+        result = train(trainer=trainer, run=run, policy_name=run.pipeline.policy, out=out, label=run.pipeline.policy)
         summary |= result
-        ray.get(driver.shutdown.remote())
-    finally:
-        ray.kill(driver)
     print(
         f"\n{result['policy']}: loss {result['loss_first']:.3f} -> {result['loss_last']:.3f} "
         f"(val {result['val_loss_last'] or float('nan'):.3f}), median iteration {result['iteration_ms_median']:.1f} ms, "

@@ -71,6 +71,11 @@ class VariabilityConfig(BaseModel):
     params: dict[str, float] = Field(default_factory=dict, description="scenario parameters, e.g. {'sigma': 0.3}")
     trace_file: str | None = Field(None, description="load this trace JSON instead of generating one")
 
+    @model_validator(mode="after")
+    def _scenario_known(self) -> VariabilityConfig:
+        generate(scenario=self.scenario, stages=1, microbatches=1, chunks=1, seed=self.seed, t_f=self.t_f, **self.params)
+        return self
+
     def trace(self, *, pipeline: PipelineConfig) -> Trace:
         if self.trace_file is not None:
             trace = Trace.load(self.trace_file)

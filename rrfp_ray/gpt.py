@@ -1,11 +1,14 @@
-"""The GPT job's workload: our GPT, the byte corpus and the run config, as a `ModelWorkload`."""
+"""The GPT job through the public API: our GPT, the byte corpus and the run config as a `Trainer`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
+from rrfp_ray.api import Trainer, make_workload
+from rrfp_ray.backend import Backend
 from rrfp_ray.config import RunConfig
 from rrfp_ray.data import CorpusSource
 from rrfp_ray.model import GPT, GPTConfig, lm_loss
@@ -34,17 +37,26 @@ def corpus_source(run: RunConfig, *, split: str = "train", microbatches: int | N
     )
 
 
+def gpt_trainer(run: RunConfig, *, backend: Backend | None = None) -> Trainer:
+    """The GPT of `run` as a `Trainer` (the local backend unless `backend` is given)."""
+    return Trainer(pipeline=run.pipeline, backend=backend, **_arguments(run))
+
+
 def gpt_workload(run: RunConfig) -> ModelWorkload:
+    """What every stage of `gpt_trainer(run)` runs, for driving a pipeline directly."""
+    return make_workload(pipeline=run.pipeline, **_arguments(run))
+
+
+def _arguments(run: RunConfig) -> dict[str, Any]:
     train = run.train
     injected = None
     if run.variability.scenario != "none" or run.variability.trace_file is not None:
         injected = run.variability.trace(pipeline=run.pipeline)
-    return ModelWorkload(
-        layers=GPTLayers(config=run.model, seed=train.seed),
-        loss_fn=lm_loss,
-        data=corpus_source(run),
-        microbatches=run.pipeline.microbatches,
-        optim=Optim(
+    return {
+        "model": GPTLayers(config=run.model, seed=train.seed),
+        "loss_fn": lm_loss,
+        "data": corpus_source(run),
+        "optimizer": Optim(
             lr=train.lr,
             min_lr=train.min_lr,
             warmup=min(train.warmup, train.iterations),
@@ -52,6 +64,7 @@ def gpt_workload(run: RunConfig) -> ModelWorkload:
             weight_decay=train.weight_decay,
             max_grad_norm=train.max_grad_norm,
         ),
-        injected=injected,
-        val_data=corpus_source(run, split="val", microbatches=run.train.val_microbatches),
-    )
+        "val_data": corpus_source(run, split="val", microbatches=train.val_microbatches),
+        "seed": train.seed,
+        "injected": injected,
+    }

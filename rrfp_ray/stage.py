@@ -234,20 +234,21 @@ class StageRunner:
         squares = [grad.detach().double().square().sum() for grad in self._grads()]
         return float(torch.stack(squares).sum()) if squares else 0.0
 
-    def step(self, *, clip_coef: float, lr: float) -> None:
-        """Scale gradients by ``clip_coef``, take an optimizer step at ``lr``, clear gradients."""
+    def step(self, *, clip_coef: float, lr: float | None) -> None:
+        """Scale gradients by ``clip_coef``, take an optimizer step at ``lr`` (None: the optimizer's own rates),
+        clear gradients."""
         if self._saved or self._deferred:
             unfinished = sorted([*self._saved, *self._deferred])
             raise RuntimeError(f"optimizer step with backward work unfinished for (chunk, microbatch) {unfinished}")
         if not (math.isfinite(clip_coef) and clip_coef >= 0):
             raise ValueError(f"clip_coef must be finite and >= 0, got {clip_coef}")
-        if not (math.isfinite(lr) and lr >= 0):
+        if lr is not None and not (math.isfinite(lr) and lr >= 0):
             raise ValueError(f"lr must be finite and >= 0, got {lr}")
         if clip_coef != 1.0:
             with torch.no_grad():
                 for grad in self._grads():
                     grad.mul_(clip_coef)
-        for group in self._optimizer.param_groups:
+        for group in self._optimizer.param_groups if lr is not None else []:
             group["lr"] = lr
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)

@@ -10,6 +10,7 @@ norm (one all-reduce over all stages), clip, and step.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from rrfp_ray.variability import Trace
 
 
 class DataSource(Protocol):
+    microbatches: int  # how many microbatches an iteration has (validation: how many `evaluate` runs)
+
     def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
         """(inputs, targets) of microbatch `index` of `iteration`; the same in every process."""
         ...
@@ -52,10 +55,42 @@ class Optim:
 
 
 @dataclass(frozen=True)
+class FactoryOptim:
+    """A user's optimizer factory; each param group keeps the learning rate the factory gave it.
+
+    Gradients are clipped by the global norm (over all stages) only when `max_grad_norm` is finite.
+    """
+
+    factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+    max_grad_norm: float = math.inf
+
+    def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = self.factory(params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer factory {self.factory!r} returned {type(optimizer).__name__}, not an Optimizer")
+        return optimizer
+
+    def lr_at(self, step: int) -> None:
+        return None
+
+
+class OptimSpec(Protocol):
+    """How every stage builds and drives its optimizer (`Optim`, or `FactoryOptim` over a user's factory)."""
+
+    max_grad_norm: float
+
+    def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer: ...
+
+    def lr_at(self, step: int) -> float | None:
+        """The learning rate of every group at `step`; None: the optimizer keeps its own rates."""
+        ...
+
+
+@dataclass(frozen=True)
 class StepResult:
     loss: float | None  # mean training loss of the iteration (last stage only)
     grad_norm: float
-    lr: float
+    lr: float | None  # None: the optimizer's own rates
     peak_bytes: int
 
 
@@ -65,7 +100,7 @@ class ModelWorkload:
     loss_fn: LossFn
     data: DataSource
     microbatches: int
-    optim: Optim = field(default_factory=Optim)
+    optim: OptimSpec = field(default_factory=Optim)
     injected: Trace | None = None  # extra delays (ms) per action and message, to inject variability
     val_data: DataSource | None = None
 
@@ -121,7 +156,8 @@ class ModelExecutor:
         """Clip by the global gradient norm (summed over all stages) and step."""
         total = all_reduce(self.runner.grad_sq_norm())
         lr = self._workload.optim.lr_at(iteration)
-        self.runner.step(clip_coef=clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm), lr=lr)
+        coef = clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm)
+        self.runner.step(clip_coef=coef, lr=lr)
         losses = self.runner.losses()
         return StepResult(
             loss=sum(losses) / len(losses) if losses else None,

@@ -1,0 +1,184 @@
+"""Pipeline any PyTorch model: `Trainer` over a local or a Ray backend.
+
+    trainer = Trainer(model=nn.Sequential(...), loss_fn=F.mse_loss, data=source,
+                      pipeline=PipelineConfig(stages=2, microbatches=4))
+    reports = trainer.fit(100)
+
+Everything a stage needs is plain, picklable data (`ModelWorkload`), built here and
+checked by one dry forward in the caller's process (`dryrun.dry_run`) before any stage
+starts. Data sources give microbatches by (iteration, index) and declare how many an
+iteration has (`microbatches`); stage 0 reads the inputs and the last stage the targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rrfp_ray.backend import Backend, LocalBackend
+from rrfp_ray.config import PipelineConfig
+from rrfp_ray.dryrun import dry_run
+from rrfp_ray.layers import ModelSource, model_layers
+from rrfp_ray.policy import Policy
+from rrfp_ray.stage import LossFn
+from rrfp_ray.telemetry import IterationReport
+from rrfp_ray.training import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
+from rrfp_ray.variability import Trace
+
+OptimizerArg = Optim | FactoryOptim | Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class InMemoryData:
+    """A data source over microbatches held in memory, cycled through in order.
+
+    Iteration k's microbatch i is `batches[(k * microbatches + i) % len(batches)]`.
+    """
+
+    batches: Sequence[tuple[Tensor, Tensor]]
+    microbatches: int
+
+    def __post_init__(self) -> None:
+        if not self.batches:
+            raise ValueError("batches must hold at least one (inputs, targets) pair")
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+
+    def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
+        return self.batches[(iteration * self.microbatches + index) % len(self.batches)]
+
+
+def make_workload(
+    *,
+    model: ModelSource,
+    loss_fn: LossFn,
+    data: DataSource,
+    pipeline: PipelineConfig,
+    optimizer: OptimizerArg | None = None,
+    split_points: Sequence[str] | None = None,
+    val_data: DataSource | None = None,
+    seed: int = 0,
+    injected: Trace | None = None,
+) -> ModelWorkload:
+    """What every stage receives (not yet dry-run); the arguments are `Trainer`'s."""
+    if not isinstance(pipeline, PipelineConfig):
+        raise ValueError(f"pipeline must be a PipelineConfig, got {type(pipeline).__name__}")
+    if not callable(loss_fn):
+        raise ValueError(f"loss_fn must be callable as loss_fn(output, targets), got {type(loss_fn).__name__}")
+    if injected is not None:
+        injected.check(stages=pipeline.stages, microbatches=pipeline.microbatches, chunks=pipeline.chunks)
+    return ModelWorkload(
+        layers=model_layers(model=model, split_points=split_points, seed=seed),
+        loss_fn=loss_fn,
+        data=data,
+        microbatches=pipeline.microbatches,
+        optim=_optim(optimizer),
+        injected=injected,
+        val_data=val_data,
+    )
+
+
+class Trainer:
+    """Trains `model` through a readiness-driven pipeline.
+
+    `model`: a list of modules or an `nn.Sequential` (split evenly into stages x chunks),
+    or any module with `split_points` (names of its children to cut before, one part per
+    virtual stage), or a zero-argument builder of either (run under a torch RNG seeded
+    with `seed`, so every stage builds the same weights). Modules given built are copied:
+    the caller's are never trained in place. `optimizer`: `Optim` (AdamW, warmup, cosine,
+    global-norm clipping; the default), or a factory `params -> torch.optim.Optimizer`
+    (its own learning rates, no clipping; `FactoryOptim(factory, max_grad_norm=...)` clips).
+    `backend`: `LocalBackend()` (the default: threads of this process) or
+    `actors.backend.RayBackend()` (one Ray actor per stage).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: ModelSource,
+        loss_fn: LossFn,
+        data: DataSource,
+        pipeline: PipelineConfig,
+        optimizer: OptimizerArg | None = None,
+        split_points: Sequence[str] | None = None,
+        val_data: DataSource | None = None,
+        backend: Backend | None = None,
+        seed: int = 0,
+        injected: Trace | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.workload = make_workload(
+            model=model,
+            loss_fn=loss_fn,
+            data=data,
+            pipeline=pipeline,
+            optimizer=optimizer,
+            split_points=split_points,
+            val_data=val_data,
+            seed=seed,
+            injected=injected,
+        )
+        dry_run(
+            layers=self.workload.layers,
+            loss_fn=loss_fn,
+            optim=self.workload.optim,
+            data=data,
+            val_data=val_data,
+            pipeline=pipeline,
+        )
+        self.backend: Backend = LocalBackend() if backend is None else backend
+        self.backend.start(pipeline=pipeline, workload=self.workload)
+        self.iteration = 0
+        self._policies: dict[str, Policy] = {}
+
+    def step(self, *, policy: str | None = None) -> IterationReport:
+        """One iteration (all microbatches, then the optimizer step) under `policy` (default: the config's)."""
+        report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(policy))
+        self.iteration += 1
+        return report
+
+    def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
+        if iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {iterations}")
+        return [self.step(policy=policy) for _ in range(iterations)]
+
+    def evaluate(self) -> float:
+        """Mean loss over the validation microbatches (forward only)."""
+        if self.workload.val_data is None:
+            raise ValueError("evaluate() needs val_data, given to the Trainer")
+        return self.backend.evaluate(microbatches=self.workload.val_data.microbatches)
+
+    def reset(self) -> None:
+        """Start again from the initial weights, fresh optimizer state, at iteration 0."""
+        self.backend.set_workload(workload=self.workload)
+        self.iteration = 0
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _policy(self, name: str | None) -> Policy:
+        name = self.pipeline.policy if name is None else name
+        if name not in self._policies:
+            self._policies[name] = self.pipeline.resolved_policy(name)
+        return self._policies[name]
+
+
+def _optim(optimizer: OptimizerArg | None) -> OptimSpec:
+    if optimizer is None:
+        return Optim()
+    if isinstance(optimizer, (Optim, FactoryOptim)):
+        return optimizer
+    if callable(optimizer):
+        return FactoryOptim(factory=optimizer)
+    raise ValueError(
+        f"optimizer must be an Optim or a factory params -> torch.optim.Optimizer, got {type(optimizer).__name__}"
+    )

@@ -1,0 +1,94 @@
+"""Where a `Trainer`'s stages run: the backend protocol, and the one-process backend.
+
+`LocalBackend` runs every stage as a thread of the caller's process over in-memory
+channels: the same workers, arbiters and telemetry as on Ray, for debugging and tests.
+The Ray backend (stage actors under a driver actor) is `actors.backend.RayBackend`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rrfp_ray.actions import place
+from rrfp_ray.config import PipelineConfig
+from rrfp_ray.local import LocalPipeline
+from rrfp_ray.policy import Policy
+from rrfp_ray.telemetry import IterationReport
+from rrfp_ray.training import ModelWorkload
+from rrfp_ray.worker import Executor
+
+
+class Backend(Protocol):
+    def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
+        """Bring the stages up and give each its share of `workload`."""
+        ...
+
+    def set_workload(self, *, workload: ModelWorkload) -> None:
+        """Give every stage a fresh workload: the weights start again from the model as given."""
+        ...
+
+    def run_iteration(self, *, iteration: int, policy: Policy) -> IterationReport: ...
+
+    def evaluate(self, *, microbatches: int) -> float:
+        """Mean validation loss over the first `microbatches` validation microbatches."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    def __init__(self) -> None:
+        self.executors: list[Executor] = []  # one per stage; tests may wrap them
+        self._config: PipelineConfig | None = None
+        self._pipeline: LocalPipeline | None = None
+        self._workload: ModelWorkload | None = None
+
+    def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
+        if self._pipeline is not None:
+            raise RuntimeError("this LocalBackend has already started; use one backend per Trainer")
+        self._config = pipeline
+        self._pipeline = LocalPipeline(
+            layout=pipeline.layout, timeout_s=pipeline.timeout_s, link_timeout_s=pipeline.link_timeout_s
+        )
+        try:
+            self.set_workload(workload=workload)
+        except BaseException:
+            self.close()
+            raise
+
+    def set_workload(self, *, workload: ModelWorkload) -> None:
+        layout = self._started().layout
+        self._workload = workload
+        self.executors = [workload.executor(stage=s, layout=layout) for s in range(layout.stages)]
+
+    def run_iteration(self, *, iteration: int, policy: Policy) -> IterationReport:
+        config = self._started()
+        return self._pipeline.run_iteration(
+            iteration=iteration,
+            policy=policy,
+            cap=config.parsed_cap,
+            executors=self.executors,
+            buffer_limit=config.buffer_limit,
+            latency=self._workload.latency,
+        )
+
+    def evaluate(self, *, microbatches: int) -> float:
+        layout = self._started().layout
+        losses = []
+        for index in range(microbatches):
+            out = None
+            for vs in range(layout.virtual_stages):
+                stage, chunk = place(virtual_stage=vs, stages=layout.stages)
+                out = self.executors[stage].evaluate(chunk=chunk, inputs=out, index=index)
+            losses.append(float(out))
+        return sum(losses) / len(losses)
+
+    def close(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
+
+    def _started(self) -> PipelineConfig:
+        if self._pipeline is None or self._config is None:
+            raise RuntimeError("the LocalBackend is not running: start() it first (a Trainer does), or it was closed")
+        return self._config

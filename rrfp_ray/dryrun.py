@@ -1,0 +1,158 @@
+"""Checks run in the caller's process before any stage starts.
+
+One forward of the unsplit module list on microbatch (0, 0) proves the split into
+stages x chunks exists, that every stage boundary passes one floating-point tensor (the
+only thing a link carries; its shape travels in the message header, so it may change
+from one microbatch to the next), that the loss is a scalar, and that the optimizer
+builds over the model's parameters. The data sources are checked too: their declared
+microbatch counts, and that a microbatch is the same on a second read (stage 0 reads the
+inputs and the last stage the targets, each on its own).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rrfp_ray.config import PipelineConfig
+from rrfp_ray.layers import ModelLayers, to_layers
+from rrfp_ray.stage import LossFn, partition
+from rrfp_ray.training import DataSource, OptimSpec
+
+DRY_RUN_SEED = 0  # dropout draws the same masks in the split and the whole forward
+
+
+def dry_run(
+    *,
+    layers: ModelLayers,
+    loss_fn: LossFn,
+    optim: OptimSpec,
+    data: DataSource,
+    val_data: DataSource | None,
+    pipeline: PipelineConfig,
+) -> None:
+    """Raise ValueError naming the offending argument if this model and data cannot run on `pipeline`."""
+    _check_count(data, name="data", expected=pipeline.microbatches)
+    inputs, targets = _first(data, name="data")
+    if val_data is not None:
+        _check_count(val_data, name="val_data", expected=None)
+        _first(val_data, name="val_data")
+    model = layers.model()
+    modules = to_layers(model, split_points=layers.split_points)
+    parts = _parts(n_modules=len(modules), pipeline=pipeline, explicit=layers.split_points is not None)
+    with torch.no_grad():
+        out = _forward(modules=modules, parts=parts, inputs=inputs)
+        if layers.split_points is not None and not isinstance(model, nn.ModuleList):
+            _compare_whole(model=model, inputs=inputs, split_output=out)
+        _check_loss(loss_fn, out=out, targets=targets)
+    optim.optimizer([p for p in model.parameters() if p.requires_grad])
+
+
+def _check_count(data: DataSource, *, name: str, expected: int | None) -> None:
+    count = getattr(data, "microbatches", None)
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(
+            f"{name} must declare `microbatches`, its microbatches per iteration (an int >= 1), got {count!r}"
+        )
+    if expected is not None and count != expected:
+        raise ValueError(f"{name}.microbatches = {count} differs from the pipeline's microbatches = {expected}")
+
+
+def _first(data: DataSource, *, name: str) -> tuple[object, object]:
+    """Microbatch (0, 0), read twice: it must be tensors, and the same both times."""
+    batch = data.microbatch(iteration=0, index=0)
+    if not (isinstance(batch, tuple) and len(batch) == 2):
+        raise ValueError(f"{name}.microbatch must return (inputs, targets), got {_describe(batch)}")
+    for part, value in zip(("inputs", "targets"), batch):
+        if not _tensors(value):
+            raise ValueError(f"{name}.microbatch {part} must be a tensor or a tuple of tensors, got {_describe(value)}")
+    again = data.microbatch(iteration=0, index=0)
+    if not _same(batch, again):
+        raise ValueError(
+            f"{name}.microbatch(iteration=0, index=0) differs between two reads: stage 0 reads the inputs and the "
+            "last stage the targets, each on its own, so a microbatch must depend on (iteration, index) alone"
+        )
+    return batch
+
+
+def _parts(*, n_modules: int, pipeline: PipelineConfig, explicit: bool) -> list[range]:
+    p, v = pipeline.stages, pipeline.chunks
+    if explicit and n_modules != p * v:
+        raise ValueError(
+            f"split_points cut the model into {n_modules} parts; the pipeline needs stages x chunks = {p} x {v} = {p * v}"
+        )
+    if n_modules < p * v:
+        raise ValueError(
+            f"the model has {n_modules} modules: too few to split into stages x chunks = {p} x {v} = {p * v} chunks"
+        )
+    return partition(n_layers=n_modules, parts=p * v)
+
+
+def _forward(*, modules: list[nn.Module], parts: list[range], inputs: object) -> object:
+    out = inputs
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(DRY_RUN_SEED)
+        for vs, part in enumerate(parts):
+            where = f"virtual stage {vs} (modules {part.start}..{part.stop - 1})"
+            try:
+                for i in part:
+                    out = modules[i](out)
+            except Exception as error:
+                raise ValueError(f"the dry forward of microbatch (0, 0) failed in {where}: {error}") from error
+            last = vs == len(parts) - 1
+            if not last and not (isinstance(out, Tensor) and out.is_floating_point()):
+                raise ValueError(
+                    f"{where} returns {_describe(out)}: between stages only one floating-point tensor can pass"
+                )
+    return out
+
+
+def _compare_whole(*, model: nn.Module, inputs: object, split_output: object) -> None:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(DRY_RUN_SEED)
+        try:
+            whole = model(inputs)
+        except Exception as error:
+            raise ValueError(
+                f"split_points need the model's forward to run its children in order; it failed: {error}"
+            ) from error
+    try:
+        torch.testing.assert_close(whole, split_output)
+    except (AssertionError, TypeError) as error:
+        raise ValueError(
+            f"the model's forward differs from running its split_points parts in order ({error}); split_points only "
+            "apply to a model whose forward runs its children one after another, returning the last one's output"
+        ) from None
+
+
+def _check_loss(loss_fn: LossFn, *, out: object, targets: object) -> None:
+    name = getattr(loss_fn, "__qualname__", repr(loss_fn))
+    try:
+        loss = loss_fn(out, targets)
+    except Exception as error:
+        raise ValueError(f"loss_fn {name} failed on the model's output for microbatch (0, 0): {error}") from error
+    if not isinstance(loss, Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+        raise ValueError(f"loss_fn {name} must return a scalar tensor, got shape {shape}")
+    if not loss.is_floating_point():
+        raise ValueError(f"loss_fn {name} must return a floating-point scalar, got {loss.dtype}")
+
+
+def _tensors(value: object) -> bool:
+    if isinstance(value, Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, Tensor) for v in value)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, Tensor):
+        return isinstance(b, Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    return isinstance(b, (tuple, list)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of ({', '.join(_describe(v) for v in value)})"
+    return f"a {type(value).__name__}"
