@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from rrfp_ray.backend import Backend, LocalBackend
+from rrfp_ray.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest
 from rrfp_ray.config import PipelineConfig
 from rrfp_ray.dryrun import dry_run
 from rrfp_ray.layers import ModelSource, model_layers
@@ -27,6 +29,7 @@ from rrfp_ray.stage import LossFn
 from rrfp_ray.telemetry import IterationReport
 from rrfp_ray.training import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
 from rrfp_ray.variability import Trace
+from rrfp_ray.worker import PipelineError
 
 OptimizerArg = Optim | FactoryOptim | Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -108,8 +111,10 @@ class Trainer:
         backend: Backend | None = None,
         seed: int = 0,
         injected: Trace | None = None,
+        checkpoints: Checkpointing | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.checkpoints = checkpoints
         self.workload = make_workload(
             model=model,
             loss_fn=loss_fn,
@@ -129,16 +134,63 @@ class Trainer:
             val_data=val_data,
             pipeline=pipeline,
         )
+        self.fingerprint = fingerprint(
+            pipeline.stages, pipeline.chunks, [tuple(p.shape) for m in self.workload.layers() for p in m.parameters()]
+        )
+        resume = self._latest() if checkpoints is not None and checkpoints.resume else None
+        if checkpoints is not None and checkpoints.resume and resume is None:
+            raise ValueError(f"resume: no complete checkpoint in {checkpoints.directory}")
         self.backend: Backend = LocalBackend() if backend is None else backend
         self.backend.start(pipeline=pipeline, workload=self.workload)
         self.iteration = 0
+        self.restarts = 0
         self._policies: dict[str, Policy] = {}
+        if resume is not None:
+            self._restore(resume)
 
     def step(self, *, policy: str | None = None) -> IterationReport:
-        """One iteration (all microbatches, then the optimizer step) under `policy` (default: the config's)."""
-        report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(policy))
+        """One iteration (all microbatches, then the optimizer step) under `policy` (default: the config's).
+
+        A lost stage rebuilds the pipeline from the last checkpoint and goes on, up to
+        `checkpoints.max_restarts` times; the iterations since that checkpoint run again.
+        """
+        while True:
+            try:
+                report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(policy))
+                break
+            except PipelineError as error:
+                self._recover(error)
         self.iteration += 1
+        if self.checkpoints is not None and self.checkpoints.every and self.iteration % self.checkpoints.every == 0:
+            self.save()
         return report
+
+    def save(self) -> Path:
+        """Checkpoint now: every stage writes its file, then the manifest is committed."""
+        if self.checkpoints is None:
+            raise ValueError("save() needs checkpoints=Checkpointing(directory=...) given to the Trainer")
+        directory = Path(self.checkpoints.directory)
+        files = self.backend.save(directory=directory, iteration=self.iteration)
+        return commit(directory=directory, manifest=Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files))
+
+    def _latest(self) -> Manifest | None:
+        return latest(directory=Path(self.checkpoints.directory), fingerprint=self.fingerprint)
+
+    def _recover(self, error: PipelineError) -> None:
+        allowed = 0 if self.checkpoints is None else self.checkpoints.max_restarts
+        if self.restarts >= allowed:
+            raise PipelineError(f"iteration {self.iteration} failed after {self.restarts} restart(s): {error}") from error
+        self.restarts += 1
+        self.backend.restart()
+        manifest = self._latest()
+        if manifest is None:
+            self.iteration = 0  # no checkpoint yet: the restarted stages hold the initial weights
+        else:
+            self._restore(manifest)
+
+    def _restore(self, manifest: Manifest) -> None:
+        self.backend.load(directory=Path(self.checkpoints.directory), manifest=manifest)
+        self.iteration = manifest.iteration
 
     def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
         if iterations < 0:

@@ -7,9 +7,11 @@ The Ray backend (stage actors under a driver actor) is `actors.backend.RayBacken
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 from rrfp_ray.actions import place
+from rrfp_ray.checkpoint import Manifest, StageFile
 from rrfp_ray.config import PipelineConfig
 from rrfp_ray.local import LocalPipeline
 from rrfp_ray.policy import Policy
@@ -31,6 +33,16 @@ class Backend(Protocol):
 
     def evaluate(self, *, microbatches: int) -> float:
         """Mean validation loss over the first `microbatches` validation microbatches."""
+        ...
+
+    def save(self, *, directory: Path, iteration: int) -> dict[int, StageFile]:
+        """Every stage writes its state; returns each stage's file for the manifest."""
+        ...
+
+    def load(self, *, directory: Path, manifest: Manifest) -> None: ...
+
+    def restart(self) -> None:
+        """Tear the stages down (whatever state they are in) and bring fresh ones up with the workload."""
         ...
 
     def close(self) -> None: ...
@@ -82,6 +94,20 @@ class LocalBackend:
                 out = self.executors[stage].evaluate(chunk=chunk, inputs=out, index=index)
             losses.append(float(out))
         return sum(losses) / len(losses)
+
+    def save(self, *, directory: Path, iteration: int) -> dict[int, StageFile]:
+        self._started()
+        return {s: e.save(directory=directory, iteration=iteration) for s, e in enumerate(self.executors)}
+
+    def load(self, *, directory: Path, manifest: Manifest) -> None:
+        self._started()
+        for stage, executor in enumerate(self.executors):
+            executor.load(directory=directory, file=manifest.files[stage])
+
+    def restart(self) -> None:
+        config, workload = self._started(), self._workload
+        self.close()
+        self.start(pipeline=config, workload=workload)
 
     def close(self) -> None:
         if self._pipeline is not None:

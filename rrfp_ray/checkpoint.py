@@ -107,3 +107,18 @@ def latest(*, directory: Path, fingerprint: str) -> Manifest | None:
 
 def _intact(path: Path, sha256: str) -> bool:
     return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """When a Trainer checkpoints, whether it resumes, and how often it may rebuild a lost pipeline."""
+
+    directory: str
+    every: int = 10  # iterations between checkpoints; 0: never
+    resume: bool = False  # start from the newest complete manifest in `directory`
+    max_restarts: int = 0  # rebuilds from the last manifest after a stage is lost
+
+    def __post_init__(self) -> None:
+        for name in ("every", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"checkpoint {name} must be >= 0, got {getattr(self, name)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from rrfp_ray.actions import Action, Kind
+from rrfp_ray.checkpoint import StageFile, load_stage, save_stage
 from rrfp_ray.deps import Layout, Message
 from rrfp_ray.stage import LossFn, StageRunner, build_stage, clip_coef, lr_at
 from rrfp_ray.variability import Trace
@@ -165,6 +167,13 @@ class ModelExecutor:
             lr=lr,
             peak_bytes=self.runner.peak_held_bytes,
         )
+
+    def save(self, *, directory: Path, iteration: int) -> StageFile:
+        """Write this stage's chunks and optimizer state atomically; the driver commits the manifest."""
+        return save_stage(directory=directory, iteration=iteration, stage=self.stage, state=self.runner.state_dict())
+
+    def load(self, *, directory: Path, file: StageFile) -> None:
+        self.runner.load_state_dict(load_stage(directory=directory, file=file))
 
     @torch.no_grad()
     def evaluate(self, *, chunk: int, inputs: Tensor | None, index: int) -> Tensor:
