@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ray
 import torch
 
 from actors import collective
+from actors.dashboard import ProfiledExecutor, StageMetrics
 from rrfp_ray.arbiter import Cap
+from rrfp_ray.checkpoint import StageFile
 from rrfp_ray.deps import Layout, Link
 from rrfp_ray.policy import Policy
 from rrfp_ray.telemetry import OpEvent, StageStats
@@ -25,6 +29,7 @@ class StageActor:
         self._workload: Workload | None = None
         self._executor: Executor | None = None
         self._everyone = ""
+        self._metrics = StageMetrics(stage=stage)
 
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
@@ -51,14 +56,14 @@ class StageActor:
 
     def set_workload(self, *, workload: Workload, layout: Layout) -> None:
         self._workload = workload
-        self._executor = workload.executor(stage=self.stage, layout=layout)
+        self._executor = ProfiledExecutor(workload.executor(stage=self.stage, layout=layout), stage=self.stage)
 
     def run_iteration(
         self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int
     ) -> tuple[list[OpEvent], StageStats]:
         if self._worker is None or self._workload is None or self._executor is None:
             raise RuntimeError(f"stage {self.stage}: run_iteration before connect() and set_workload()")
-        return self._worker.run_iteration(
+        events, stats = self._worker.run_iteration(
             iteration=iteration,
             layout=layout,
             policy=policy,
@@ -68,6 +73,8 @@ class StageActor:
             latency=self._workload.latency,
             all_reduce=self._all_reduce,
         )
+        self._metrics.record(stats)
+        return events, stats
 
     def _all_reduce(self, value: float) -> float:
         tensor = torch.tensor([value], dtype=torch.float64)
@@ -76,6 +83,12 @@ class StageActor:
 
     def evaluate(self, *, chunk: int, inputs: torch.Tensor | None, index: int) -> torch.Tensor:
         return self._executor.evaluate(chunk=chunk, inputs=inputs, index=index)
+
+    def save(self, *, directory: str, iteration: int) -> StageFile:
+        return self._executor.save(directory=Path(directory), iteration=iteration)
+
+    def load(self, *, directory: str, file: StageFile) -> None:
+        self._executor.load(directory=Path(directory), file=file)
 
     def ping(self) -> int:
         return self.stage

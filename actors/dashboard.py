@@ -1,0 +1,50 @@
+"""What a stage shows in the Ray dashboard: op spans on the Ray timeline (recorded when
+RAY_PROFILING=1 is in the workers' environment) and per-stage metrics."""
+
+from __future__ import annotations
+
+import torch
+from ray._private import profiling  # the only way to add spans to `ray timeline`; our own trace does not need it
+from ray.util.metrics import Gauge
+
+from rrfp_ray.actions import Action
+from rrfp_ray.telemetry import StageStats
+from rrfp_ray.worker import Executor
+
+_COLOURS = {"F": "thread_state_running", "B": "rail_response", "W": "good"}
+
+
+class ProfiledExecutor:
+    """An executor whose every action is a span `stage s: 2F0` on the Ray timeline."""
+
+    def __init__(self, inner: Executor, *, stage: int) -> None:
+        self.inner = inner
+        self.stage = stage
+
+    def __getattr__(self, name: str) -> object:  # begin, finish, save, load, evaluate: as the inner one's
+        return getattr(self.inner, name)
+
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+        extra = {"name": str(action), "iteration": str(iteration), "cname": _COLOURS[action.kind.value]}
+        with profiling.profile(f"stage {self.stage}: {action.kind.value}", extra_data=extra):
+            return self.inner.run(action=action, iteration=iteration, payload=payload, split=split)
+
+
+class StageMetrics:
+    """Per-stage gauges, served on the node's metrics port (Grafana shows them in the dashboard)."""
+
+    def __init__(self, *, stage: int) -> None:
+        tags = {"stage": str(stage)}
+        keys = ("stage",)
+        self._gauges = {
+            "iteration_ms": Gauge("rrfp_iteration_ms", "iteration wall time on this stage", tag_keys=keys),
+            "blocked_fraction": Gauge("rrfp_blocked_fraction", "share of the iteration with nothing eligible", tag_keys=keys),
+            "peak_inflight": Gauge("rrfp_peak_inflight", "most microbatches held between F and B", tag_keys=keys),
+        }
+        for gauge in self._gauges.values():
+            gauge.set_default_tags(tags)
+
+    def record(self, stats: StageStats) -> None:
+        self._gauges["iteration_ms"].set(stats.wall_ms)
+        self._gauges["blocked_fraction"].set(stats.blocked_ms / stats.wall_ms if stats.wall_ms else 0.0)
+        self._gauges["peak_inflight"].set(stats.peak_inflight)

@@ -1,0 +1,412 @@
+"""PyTorch's own pipeline schedules timed on a duration trace, next to the makespan of their order.
+
+    python benchmarks/peers/torch_pipelining.py --schedule 1f1b --stages 4 --microbatches 16 \\
+        --scenario lognormal --sigma 0.3 --t-f 20 --iterations 5 [--trace FILE] [--json OUT]
+
+``--schedule`` takes a comma-separated list; the schedules then run one after another in the
+same P processes (torch.multiprocessing spawn, gloo on 127.0.0.1, one thread each). Each runs
+``torch.distributed.pipelining``: one ``PipelineStage`` per virtual stage, ``vs = chunk * P + rank``,
+each a ``SleepStage`` that sleeps the trace's F / B / W times (``sleep_module`` says how the
+sleeps land in PyTorch's passes and how message latency is modelled). Every timed
+``schedule.step`` follows a barrier; its time is the pipeline's makespan, from the first rank's
+start to the last rank's end on the machine's monotonic clock.
+
+The ideal is the simulated makespan (``rrfp_ray.simulator``, no memory cap, no transport cost)
+of the order PyTorch executed, as the sleeps logged it, on the same trace. The measured time
+cannot be below it: every op sleeps at least its trace time after what it depends on.
+``order_matches`` says whether that order is our schedule of the same name for the same P, v, M.
+
+Schedules: gpipe (ScheduleGPipe), 1f1b (Schedule1F1B), interleaved (ScheduleInterleaved1F1B,
+v >= 2), zb-h1 (ScheduleInterleavedZeroBubble, v = 1) and zb-interleaved (the same with v >= 2;
+no order of ours to compare with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch.distributed import pipelining  # noqa: E402
+
+from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs  # noqa: E402
+from rrfp_ray.actions import Action, Kind, parse_action, place  # noqa: E402
+from rrfp_ray.arbiter import Cap  # noqa: E402
+from rrfp_ray.policy import make_policy  # noqa: E402
+from rrfp_ray.simulator import simulate  # noqa: E402
+from rrfp_ray.variability import SCENARIOS, Trace, generate, scenario_params  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Peer:
+    pytorch_class: str  # in torch.distributed.pipelining
+    ours: str | None  # our schedule of the same order, if any
+    chunked: bool  # v >= 2; else v = 1
+    multi: bool  # takes the list of a rank's stages; else its one stage
+    split: bool  # backward split into input (I) and weight (W) gradients
+
+
+PEERS: dict[str, Peer] = {
+    "gpipe": Peer(pytorch_class="ScheduleGPipe", ours="gpipe", chunked=False, multi=False, split=False),
+    "1f1b": Peer(pytorch_class="Schedule1F1B", ours="1f1b", chunked=False, multi=False, split=False),
+    "interleaved": Peer(
+        pytorch_class="ScheduleInterleaved1F1B", ours="interleaved", chunked=True, multi=True, split=False
+    ),
+    "zb-h1": Peer(pytorch_class="ScheduleInterleavedZeroBubble", ours="zb-h1", chunked=False, multi=True, split=True),
+    "zb-interleaved": Peer(
+        pytorch_class="ScheduleInterleavedZeroBubble", ours=None, chunked=True, multi=True, split=True
+    ),
+}
+PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
+KEYS = (
+    "schedule",
+    "pytorch_class",
+    "stages",
+    "chunks",
+    "microbatches",
+    "iterations",
+    "runs_ms",
+    "measured_ms",
+    "rank0_ms",
+    "ideal_ms",
+    "ratio",
+    "order_matches",
+)
+
+
+@dataclass(frozen=True)
+class _Job:
+    schedules: tuple[str, ...]
+    trace: Trace
+    iterations: int
+    warmup: int
+    payload_elems: int
+    port: int
+    timeout_s: float
+    out: str
+
+
+def measure(
+    *,
+    schedule: str,
+    trace: Trace,
+    iterations: int,
+    warmup: int = 1,
+    payload_elems: int = 4096,
+    timeout_s: float = 300.0,
+) -> dict[str, Any]:
+    """One schedule's figures; see :func:`measure_all`."""
+    options = {"warmup": warmup, "payload_elems": payload_elems, "timeout_s": timeout_s}
+    return measure_all(schedules=[schedule], trace=trace, iterations=iterations, **options)[schedule]
+
+
+def measure_all(
+    *,
+    schedules: Sequence[str],
+    trace: Trace,
+    iterations: int,
+    warmup: int = 1,
+    payload_elems: int = 4096,
+    timeout_s: float = 300.0,
+) -> dict[str, dict[str, Any]]:
+    """Run PyTorch's ``schedules`` on ``trace``, in P = trace.stages processes started once.
+
+    Per schedule, a dict with KEYS: runs_ms (the makespan of each timed step after ``warmup``
+    untimed ones), measured_ms (their median), rank0_ms (median of rank 0's own step time),
+    ideal_ms (the simulated makespan of the order PyTorch ran), ratio (measured / ideal) and
+    order_matches (that order is our schedule's; None when we have none). ``timeout_s`` bounds
+    every wait of a rank on another.
+    """
+    if isinstance(schedules, str) or not schedules:
+        raise ValueError(f"schedules must be a non-empty list of names, got {schedules!r}")
+    if len(set(schedules)) != len(schedules):
+        raise ValueError(f"schedules has repeats: {list(schedules)}")
+    ours = {name: _ours(name, trace=trace) for name in schedules}
+    for name, value, low in (("iterations", iterations, 1), ("warmup", warmup, 0), ("payload_elems", payload_elems, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    with tempfile.TemporaryDirectory(prefix="rrfp-peer-") as tmp:
+        job = _Job(
+            schedules=tuple(schedules),
+            trace=trace,
+            iterations=iterations,
+            warmup=warmup,
+            payload_elems=payload_elems,
+            port=_free_port(),
+            timeout_s=timeout_s,
+            out=str(Path(tmp) / "result.json"),
+        )
+        _launch(job)
+        raw = json.loads(Path(job.out).read_text())
+    return {name: _figures(name, raw=raw[name], ours=ours[name], trace=trace) for name in schedules}
+
+
+def _ours(schedule: str, *, trace: Trace) -> dict[int, list[Action]] | None:
+    """Our order for the schedule (None if we have none), or ValueError if it cannot run on the trace."""
+    if schedule not in PEERS:
+        raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(PEERS)}")
+    peer = PEERS[schedule]
+    if peer.chunked != (trace.chunks > 1):
+        wanted = "chunks >= 2" if peer.chunked else "chunks = 1"
+        raise ValueError(f"trace has chunks={trace.chunks}; schedule {schedule!r} needs {wanted}")
+    name = peer.ours or "interleaved"  # zb-interleaved: PyTorch refuses the same microbatch counts
+    shape = {"stages": trace.stages, "chunks": trace.chunks, "microbatches": trace.microbatches}
+    order = make_policy(name=name, **shape).order
+    return order if peer.ours else None
+
+
+def _figures(
+    schedule: str, *, raw: dict[str, Any], ours: dict[int, list[Action]] | None, trace: Trace
+) -> dict[str, Any]:
+    ran = {int(stage): [parse_action(a) for a in actions] for stage, actions in raw["order"].items()}
+    shape = {"stages": trace.stages, "chunks": trace.chunks, "microbatches": trace.microbatches}
+    ideal = simulate(policy=make_policy(name="hint", **shape, hint=ran), trace=trace, cap=Cap.parse("inf")).makespan_ms
+    runs = [1000 * (max(ends) - min(starts)) for starts, ends in raw["times"]]
+    measured = statistics.median(runs)
+    return {
+        "schedule": schedule,
+        "pytorch_class": PEERS[schedule].pytorch_class,
+        **shape,
+        "iterations": len(runs),
+        "runs_ms": runs,
+        "measured_ms": measured,
+        "rank0_ms": statistics.median(1000 * (ends[0] - starts[0]) for starts, ends in raw["times"]),
+        "ideal_ms": ideal,
+        "ratio": measured / ideal,
+        "order_matches": None if ours is None else ours == ran,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(job: _Job) -> None:
+    """Start the P ranks and wait; on any failure, timeout or interrupt no rank is left running."""
+    context = mp.start_processes(_worker, args=(job,), nprocs=job.trace.stages, join=False, start_method="spawn")
+    limit = 60 + job.timeout_s  # ranks time out on each other first; this catches a stuck start
+    deadline = time.monotonic() + limit
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"PyTorch ranks ({', '.join(job.schedules)}) still running after {limit:.0f} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+        for process in context.processes:
+            process.join()
+
+
+def _worker(rank: int, job: _Job) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{job.port}",
+        rank=rank,
+        world_size=job.trace.stages,
+        timeout=timedelta(seconds=job.timeout_s),
+    )
+    try:
+        mine = {name: _run(name, rank=rank, job=job) for name in job.schedules}
+        gathered: list[Any] = [None] * job.trace.stages
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            Path(job.out).write_text(json.dumps({name: _merge(name, gathered) for name in job.schedules}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(schedule: str, *, rank: int, job: _Job) -> dict[str, Any]:
+    """This rank's (start, end) of every timed step and the order its last step ran in."""
+    trace, peer = job.trace, PEERS[schedule]
+    log: list[tuple[str, int, int]] = []
+    stages = [
+        _stage(trace=trace, virtual_stage=vs, payload_elems=job.payload_elems, log=log)
+        for vs in range(rank, trace.virtual_stages, trace.stages)
+    ]
+    make: Callable[..., Any] = getattr(pipelining, peer.pytorch_class)
+    runner = make(stages if peer.multi else stages[0], n_microbatches=trace.microbatches, loss_fn=_loss)
+    batch = microbatch_inputs(microbatches=trace.microbatches, payload_elems=job.payload_elems)
+    target = torch.zeros_like(batch)
+    times = []
+    for i in range(job.warmup + job.iterations):
+        log.clear()
+        dist.barrier()
+        start = time.clock_gettime(time.CLOCK_MONOTONIC)  # system-wide on Linux: comparable across ranks
+        runner.step(batch, target=target, return_outputs=False)
+        if i >= job.warmup:
+            times.append((start, time.clock_gettime(time.CLOCK_MONOTONIC)))
+    return {"times": times, "order": _ran(log, stages=trace.stages, split=peer.split)}
+
+
+def _merge(schedule: str, gathered: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per timed step, every rank's starts and ends; the order per stage."""
+    per_rank = [g[schedule] for g in gathered]
+    steps = zip(*(r["times"] for r in per_rank), strict=True)
+    return {
+        "times": [([start for start, _ in step], [end for _, end in step]) for step in steps],
+        "order": {rank: r["order"] for rank, r in enumerate(per_rank)},
+    }
+
+
+def _ran(log: list[tuple[str, int, int]], *, stages: int, split: bool) -> list[str]:
+    """The logged sleeps as our actions: a microbatch's first backward sleep on a virtual stage
+    is its B; with the split, the second is its W, else part of that same B."""
+    backwards: Counter[tuple[int, int]] = Counter()
+    order = []
+    for kind, vs, m in log:
+        stage, chunk = place(virtual_stage=vs, stages=stages)
+        if kind == "F":
+            order.append(Action(stage=stage, kind=Kind.F, microbatch=m, chunk=chunk))
+            continue
+        backwards[vs, m] += 1
+        if backwards[vs, m] == 1 or split:
+            ran_as = Kind.B if backwards[vs, m] == 1 else Kind.W
+            order.append(Action(stage=stage, kind=ran_as, microbatch=m, chunk=chunk))
+    return [str(a) for a in order]
+
+
+def _stage(
+    *, trace: Trace, virtual_stage: int, payload_elems: int, log: list[tuple[str, int, int]]
+) -> pipelining.PipelineStage:
+    example = torch.zeros(1, payload_elems)
+    module = SleepStage(
+        costs=stage_costs(trace=trace, virtual_stage=virtual_stage), virtual_stage=virtual_stage, log=log
+    )
+    return pipelining.PipelineStage(
+        module,
+        stage_index=virtual_stage,
+        num_stages=trace.virtual_stages,
+        device=torch.device("cpu"),
+        input_args=example.clone().requires_grad_(virtual_stage > 0),
+        output_args=example.clone().requires_grad_(True),
+    )
+
+
+def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output * 0).sum() + (target * 0).sum()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    names = [name.strip() for name in args.schedule.split(",") if name.strip()]
+    trace = _checked(parser, "--trace" if args.trace else "--scenario", lambda: _trace(args, names=names))
+    _checked(parser, "--schedule", lambda: [_ours(name, trace=trace) for name in names])
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"argument --json: no directory {Path(args.json).resolve().parent}")
+    results = measure_all(
+        schedules=names,
+        trace=trace,
+        iterations=args.iterations,
+        warmup=args.warmup,
+        payload_elems=args.payload_elems,
+        timeout_s=args.timeout,
+    )
+    source = args.trace or f"{args.scenario} seed={args.seed}"
+    print(f"PyTorch pipelining, P={trace.stages} v={trace.chunks} M={trace.microbatches}, trace {source}")
+    print(f"{'schedule':<16} {'PyTorch class':<30} {'measured ms':>12} {'ideal ms':>9} {'ratio':>6}  order")
+    for name, r in results.items():
+        same = {True: "= ours", False: "DIFFERS from ours", None: "-"}[r["order_matches"]]
+        print(
+            f"{name:<16} {r['pytorch_class']:<30} {r['measured_ms']:>12.1f} {r['ideal_ms']:>9.1f} "
+            f"{r['ratio']:>6.3f}  {same}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"trace": source, "results": results}, indent=2))
+
+
+def _trace(args: argparse.Namespace, *, names: list[str]) -> Trace:
+    if args.trace:
+        return Trace.load(args.trace)
+    chunked = any(PEERS[name].chunked for name in names if name in PEERS)
+    params = {name: getattr(args, name) for name in PARAMS if getattr(args, name) is not None}
+    return generate(
+        scenario=args.scenario,
+        stages=args.stages,
+        microbatches=args.microbatches,
+        chunks=args.chunks or (2 if chunked else 1),
+        seed=args.seed,
+        t_f=args.t_f,
+        comm_ms=args.comm_ms,
+        **params,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--schedule", default="1f1b", help=f"comma-separated from: {', '.join(PEERS)} (default 1f1b)")
+    parser.add_argument("--stages", type=_at_least(1), default=4, help="pipeline stages P = processes (default 4)")
+    parser.add_argument("--microbatches", type=_at_least(1), default=16, help="microbatches M (default 16)")
+    parser.add_argument(
+        "--chunks", type=_at_least(1), help="chunks per stage v (default 2 for the interleaved ones, else 1)"
+    )
+    parser.add_argument("--scenario", default="none", help=f"'+'-joined names from: {', '.join(SCENARIOS)}")
+    for name in PARAMS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float, help="scenario parameter")
+    parser.add_argument("--comm-ms", type=float, help="mean message latency in ms (also the comm scenario's mean)")
+    parser.add_argument("--t-f", type=float, default=20.0, help="forward ms per op before the scenario (default 20)")
+    parser.add_argument("--seed", type=_at_least(0), default=0, help="trace seed (default 0)")
+    parser.add_argument(
+        "--trace", metavar="FILE", help="load this trace JSON (the shape and scenario flags are unused)"
+    )
+    parser.add_argument("--iterations", type=_at_least(1), default=5, help="timed steps per schedule (default 5)")
+    parser.add_argument("--warmup", type=_at_least(0), default=1, help="untimed steps before them (default 1)")
+    parser.add_argument(
+        "--payload-elems", type=_at_least(1), default=4096, help="float32 elements per message (default 4096)"
+    )
+    parser.add_argument(
+        "--timeout", type=_positive, default=300.0, help="seconds a rank waits on another (default 300)"
+    )
+    parser.add_argument("--json", metavar="OUT", help="write {trace, results: {schedule: figures}} here")
+    return parser
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _checked(parser: argparse.ArgumentParser, flag: str, make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except (ValueError, OSError) as error:
+        parser.error(f"argument {flag}: {error}")
+
+
+if __name__ == "__main__":
+    main()

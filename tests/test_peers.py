@@ -1,0 +1,60 @@
+"""benchmarks/peers/torch_pipelining.py: PyTorch's own schedules replaying a duration trace."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.peers.sleep_module import stage_costs
+from benchmarks.peers.torch_pipelining import KEYS, measure, measure_all
+from rrfp_ray.arbiter import Cap
+from rrfp_ray.policy import make_policy
+from rrfp_ray.simulator import simulate
+from rrfp_ray.variability import generate
+
+
+def test_pytorch_schedules_run_our_order_and_no_faster_than_its_makespan() -> None:
+    trace = generate(scenario="lognormal", stages=2, microbatches=4, chunks=1, seed=3, t_f=5.0)
+    results = measure_all(schedules=["1f1b", "zb-h1"], trace=trace, iterations=1)
+    assert list(results) == ["1f1b", "zb-h1"]
+    for name, r in results.items():
+        assert tuple(r) == KEYS
+        assert (r["schedule"], r["stages"], r["chunks"], r["microbatches"], r["iterations"]) == (name, 2, 1, 4, 1)
+        # zb-h1's order has the W of stage 1 one backward late: it matches only if W slept in PyTorch's weight pass
+        assert r["order_matches"] is True, name
+        ours = make_policy(name=name, stages=2, chunks=1, microbatches=4)
+        assert r["ideal_ms"] == pytest.approx(simulate(policy=ours, trace=trace, cap=Cap.parse("inf")).makespan_ms)
+        assert len(r["runs_ms"]) == 1
+        assert r["measured_ms"] == r["runs_ms"][0] >= r["ideal_ms"] > 0, name
+        assert r["ratio"] == pytest.approx(r["measured_ms"] / r["ideal_ms"])
+        assert 0 < r["rank0_ms"] <= r["measured_ms"]
+
+
+def test_stage_costs_add_the_incoming_message_latency() -> None:
+    trace = generate(scenario="lognormal+comm", stages=2, microbatches=3, chunks=2, seed=1, t_f=10.0)
+    last = trace.virtual_stages - 1
+    for vs in range(trace.virtual_stages):
+        costs = stage_costs(trace=trace, virtual_stage=vs)
+        for m in range(3):
+            comm_f = trace.commF[vs - 1][m] if vs > 0 else 0.0
+            comm_b = trace.commB[vs][m] if vs < last else 0.0
+            assert costs.forward_s[m] == pytest.approx((trace.F[vs][m] + comm_f) / 1000)
+            assert costs.input_grad_s[m] == pytest.approx((trace.B[vs][m] + comm_b) / 1000)
+            assert costs.weight_grad_s[m] == pytest.approx(trace.W[vs][m] / 1000)
+    with pytest.raises(ValueError, match="virtual_stage"):
+        stage_costs(trace=trace, virtual_stage=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"schedule": "pipedream"}, "unknown schedule"),
+        ({"schedule": "interleaved"}, "chunks"),
+        ({"schedule": "1f1b", "iterations": 0}, "iterations"),
+        ({"schedule": "1f1b", "payload_elems": 0}, "payload_elems"),
+        ({"schedule": "1f1b", "microbatches": 1}, "microbatches"),
+    ],
+)
+def test_bad_input_is_refused_before_any_process_starts(kwargs: dict, field: str) -> None:
+    trace = generate(scenario="none", stages=2, microbatches=kwargs.pop("microbatches", 4), chunks=1, seed=0)
+    with pytest.raises(ValueError, match=field):
+        measure(trace=trace, **{"iterations": 1, **kwargs})
