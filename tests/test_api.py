@@ -283,12 +283,13 @@ def test_evaluate_is_the_unsplit_models_mean_validation_loss():
     assert got == pytest.approx(want, rel=1e-5)
 
 
-def test_the_docs_example_runs_as_printed():
-    text = (ROOT / "docs" / "own_model.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+def test_the_readme_example_runs_as_printed():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Pipeline your own model", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     assert len(blocks) == 1
     namespace: dict = {}
-    exec(compile(blocks[0], "docs/own_model.md", "exec"), namespace)
+    exec(compile(blocks[0], "README.md", "exec"), namespace)
     reports = namespace["reports"]
     assert len(reports) == 100
     assert reports[-1].loss < reports[0].loss / 10
