@@ -39,6 +39,10 @@ FLAGS = {
     "train.lr": "--lr",
     "train.data": "--data",
     "train.val_every": "--val-every",
+    "train.checkpoint_dir": "--checkpoint-dir",
+    "train.checkpoint_every": "--checkpoint-every",
+    "train.resume": "--resume",
+    "train.max_restarts": "--max-restarts",
     "model.n_layer": "--n-layer",
     "model.n_head": "--n-head",
     "model.n_embd": "--n-embd",
@@ -76,9 +80,16 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
     train.add_argument("--data", default=None, help="text file or directory (default: the Python stdlib's sources)")
     train.add_argument("--val-every", type=int, default=10)
     train.add_argument(
-        "--compare", action=argparse.BooleanOptionalAction, default=True, help="run fixed 1f1b first, same seed and data"
+        "--compare",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run fixed 1f1b first, same seed and data (not with checkpoints)",
     )
     train.add_argument("--out", default="runs/train_gpt", help="output directory")
+    train.add_argument("--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)")
+    train.add_argument("--checkpoint-every", type=int, default=0, help="iterations between checkpoints (0: none)")
+    train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    train.add_argument("--max-restarts", type=int, default=0, help="rebuild from the last checkpoint after a lost stage")
     add_scenario_flags(parser, default="multimodal")
     parser.set_defaults(t_f=10.0)
     args = parser.parse_args(argv)
@@ -103,6 +114,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
                 "seed": args.seed,
                 "data": args.data,
                 "val_every": args.val_every,
+                "checkpoint_dir": checkpoint_dir(args),
+                "checkpoint_every": args.checkpoint_every,
+                "resume": args.resume,
+                "max_restarts": args.max_restarts,
             },
         )
         from rrfp_ray.gpt import corpus_source
@@ -115,20 +130,29 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
     return args, run
 
 
-def train(*, trainer, run, policy_name: str, out: Path, label: str) -> dict:
+def checkpoint_dir(args: argparse.Namespace) -> str | None:
+    if args.checkpoint_dir is not None:
+        return args.checkpoint_dir
+    if args.checkpoint_every or args.resume or args.max_restarts:
+        return str(Path(args.out) / "checkpoints")
+    return None
+
+
+def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dict, list]:
+    """Train to run.train.iterations (from wherever the trainer is: a resumed run starts later)."""
     from tqdm import tqdm
 
     from rrfp_ray.telemetry import append_jsonl
 
     tokens = run.pipeline.microbatches * run.train.micro_batch_size * run.train.seq_len
-    losses, times, val_loss = [], [], None
+    reports, val_loss = [], None
     telemetry = out / f"telemetry-{policy_name}.jsonl"
     telemetry.unlink(missing_ok=True)
-    bar = tqdm(total=run.train.iterations, desc=label, disable=None, leave=False)
-    for iteration in range(run.train.iterations):
+    bar = tqdm(total=run.train.iterations, initial=trainer.iteration, desc=label, disable=None, leave=False)
+    while trainer.iteration < run.train.iterations:
+        iteration = trainer.iteration
         report = trainer.step(policy=policy_name)
-        losses.append(report.loss)
-        times.append(report.makespan_ms)
+        reports.append(report)
         append_jsonl(path=telemetry, report=report)
         line = (
             f"[{label}] iter {iteration:3d}  loss {report.loss:.4f}  {report.makespan_ms:7.1f} ms  "
@@ -136,23 +160,42 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> dict:
             f"blocked {report.blocked_fraction:5.1%}"
         )
         every = run.train.val_every
-        if every and ((iteration + 1) % every == 0 or iteration + 1 == run.train.iterations):
+        if every and (trainer.iteration % every == 0 or trainer.iteration == run.train.iterations):
             val_loss = trainer.evaluate()
             line += f"  val {val_loss:.4f}"
         bar.write(line)
         bar.update()
     bar.close()
-    median_ms = statistics.median(times)
-    return {
+    median_ms = statistics.median(r.makespan_ms for r in reports)
+    summary = {
         "policy": policy_name,
         "iterations": run.train.iterations,
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
+        "loss_first": reports[0].loss,
+        "loss_last": reports[-1].loss,
         "val_loss_last": val_loss,
         "iteration_ms_median": median_ms,
         "tokens_per_s": tokens / median_ms * 1e3,
-        "peak_inflight": max(json.loads(line)["stages"][0]["peak_inflight"] for line in telemetry.read_text().splitlines()),
+        "peak_inflight": max(r.peak_inflight for r in reports),
+        "restarts": trainer.restarts,
     }
+    return summary, reports
+
+
+def median_report(reports: list):
+    return sorted(reports, key=lambda r: r.makespan_ms)[len(reports) // 2]
+
+
+def write_pictures(*, out: Path, runs: dict[str, list]) -> None:
+    """A Perfetto trace and a pipeline diagram per run; one comparison diagram for two runs."""
+    from rrfp_ray.diagram import compare_png, pipeline_png
+    from rrfp_ray.perfetto import write_trace
+
+    for name, reports in runs.items():
+        write_trace(out / f"trace-{name}.json", reports)
+        pipeline_png(out / f"pipeline-{name}.png", median_report(reports))
+    if len(runs) == 2:
+        top, bottom = (median_report(reports) for reports in runs.values())
+        compare_png(out / "compare.png", top, bottom)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -166,12 +209,15 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     with gpt_trainer(run, backend=RayBackend(use_gpu=args.gpu)) as trainer:
         print(f"{run.pipeline.stages} stage actors up in {trainer.backend.startup_s:.1f} s")
-        summary = {}
-        if args.compare and run.pipeline.policy != "1f1b":
-            summary["baseline"] = train(trainer=trainer, run=run, policy_name="1f1b", out=out, label="1f1b")
+        summary, runs = {}, {}
+        compare = args.compare and run.pipeline.policy != "1f1b" and run.train.checkpoint_dir is None
+        if compare:
+            summary["baseline"], runs["1f1b"] = train(trainer=trainer, run=run, policy_name="1f1b", out=out, label="1f1b")
             trainer.reset()  # same initial weights for the second run
-        result = train(trainer=trainer, run=run, policy_name=run.pipeline.policy, out=out, label=run.pipeline.policy)
+        policy = run.pipeline.policy
+        result, runs[policy] = train(trainer=trainer, run=run, policy_name=policy, out=out, label=policy)
         summary |= result
+    write_pictures(out=out, runs=runs)
     print(
         f"\n{result['policy']}: loss {result['loss_first']:.3f} -> {result['loss_last']:.3f} "
         f"(val {result['val_loss_last'] or float('nan'):.3f}), median iteration {result['iteration_ms_median']:.1f} ms, "
@@ -186,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{summary['speedup_vs_1f1b']:.2f}x"
         )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"wrote {out / 'summary.json'} ({time.perf_counter() - started:.0f} s)")
+    print(f"wrote {out}/: summary.json, telemetry, Perfetto traces, diagrams ({time.perf_counter() - started:.0f} s)")
     return summary
 
 

@@ -107,6 +107,16 @@ class TrainConfig(BaseModel):
     data: str | None = Field(None, description="text file or directory; default: the Python stdlib's sources")
     val_every: int = Field(10, ge=0, description="validation loss every N iterations (0: never)")
     val_microbatches: int = Field(4, ge=1)
+    checkpoint_dir: str | None = Field(None, description="where checkpoints go (none: no checkpoints)")
+    checkpoint_every: int = Field(10, ge=0, description="iterations between checkpoints (0: never)")
+    resume: bool = Field(False, description="start from the newest complete checkpoint in checkpoint_dir")
+    max_restarts: int = Field(0, ge=0, description="rebuilds from the last checkpoint after a stage is lost")
+
+    @model_validator(mode="after")
+    def _resume_needs_a_directory(self) -> TrainConfig:
+        if (self.resume or self.max_restarts) and self.checkpoint_dir is None:
+            raise ValueError("train.resume and train.max_restarts need train.checkpoint_dir")
+        return self
 
 
 class RunConfig(BaseModel):

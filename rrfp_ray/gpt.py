@@ -9,6 +9,7 @@ from torch import nn
 
 from rrfp_ray.api import Trainer, make_workload
 from rrfp_ray.backend import Backend
+from rrfp_ray.checkpoint import Checkpointing
 from rrfp_ray.config import RunConfig
 from rrfp_ray.data import CorpusSource
 from rrfp_ray.model import GPT, GPTConfig, lm_loss
@@ -39,7 +40,16 @@ def corpus_source(run: RunConfig, *, split: str = "train", microbatches: int | N
 
 def gpt_trainer(run: RunConfig, *, backend: Backend | None = None) -> Trainer:
     """The GPT of `run` as a `Trainer` (the local backend unless `backend` is given)."""
-    return Trainer(pipeline=run.pipeline, backend=backend, **_arguments(run))
+    train = run.train
+    checkpoints = None
+    if train.checkpoint_dir is not None:
+        checkpoints = Checkpointing(
+            directory=train.checkpoint_dir,
+            every=train.checkpoint_every,
+            resume=train.resume,
+            max_restarts=train.max_restarts,
+        )
+    return Trainer(pipeline=run.pipeline, backend=backend, checkpoints=checkpoints, **_arguments(run))
 
 
 def gpt_workload(run: RunConfig) -> ModelWorkload:
