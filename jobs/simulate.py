@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rrfp_ray.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy import Policy, make_policy  # noqa: E402
 from rrfp_ray.simulator import bounds, simulate  # noqa: E402
+from rrfp_ray.telemetry import IterationReport  # noqa: E402
 from rrfp_ray.variability import SCENARIOS, Trace, describe, generate, scenario_params  # noqa: E402
 
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"argument --json: no directory {Path(args.json).resolve().parent}")
     if args.save_trace:
         checked(parser, "--save-trace", lambda: trace.save(args.save_trace))
-    results = compare(policies=policies, reference=reference, trace=trace, cap=cap)
+    results, reports = compare(policies=policies, reference=reference, trace=trace, cap=cap)
     print(
         f"P={trace.stages} v={trace.chunks} M={trace.microbatches} "
         f"trace={args.trace or f'{args.scenario} seed={args.seed}'} cap={cap}; speedup vs fixed {baseline}"
@@ -49,6 +50,19 @@ def main(argv: list[str] | None = None) -> None:
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"baseline": baseline, "cap": str(cap), "policies": results}, indent=2))
+    if args.out:
+        write_pictures(out=Path(args.out), reports=reports)
+
+
+def write_pictures(*, out: Path, reports: dict[str, IterationReport]) -> None:
+    from rrfp_ray.diagram import pipeline_png
+    from rrfp_ray.perfetto import write_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, report in reports.items():
+        write_trace(out / f"trace-{name}.json", [report])
+        pipeline_png(out / f"pipeline-{name}.png", report)
+    print(f"wrote traces and diagrams to {out}/")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--cap", default="2x", help="in-flight cap: 1x, 2x, 1.5x, a count, or inf (default 2x)")
     parser.add_argument("--json", help="write {policies: {name: {makespan_ms, ...}}} here")
+    parser.add_argument("--out", help="write a Perfetto trace and a pipeline diagram per policy into this directory")
     return parser
 
 
@@ -150,11 +165,13 @@ def policy(name: str, trace: Trace) -> Policy:
     return make_policy(name=name, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
 
 
-def compare(*, policies: list[Policy], reference: Policy, trace: Trace, cap: Cap) -> dict[str, dict[str, float]]:
+def compare(
+    *, policies: list[Policy], reference: Policy, trace: Trace, cap: Cap
+) -> tuple[dict[str, dict[str, float]], dict[str, IterationReport]]:
     base = simulate(policy=reference, trace=trace, cap=cap).makespan_ms
-    results = {}
+    results, reports = {}, {}
     for p in policies:
-        report = simulate(policy=p, trace=trace, cap=cap)
+        report = reports[p.name] = simulate(policy=p, trace=trace, cap=cap)
         results[p.name] = {
             "makespan_ms": report.makespan_ms,
             "speedup_vs_1f1b": base / report.makespan_ms,
@@ -162,7 +179,7 @@ def compare(*, policies: list[Policy], reference: Policy, trace: Trace, cap: Cap
             "peak_inflight": report.peak_inflight,
             "lb_ms": bounds(trace=trace, split=p.split).best_ms,
         }
-    return results
+    return results, reports
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
