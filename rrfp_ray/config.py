@@ -23,7 +23,7 @@ class PipelineConfig(BaseModel):
     stages: int = Field(4, ge=1, description="P: pipeline stages (one actor each)")
     chunks: int = Field(1, ge=1, description="v: model chunks per stage (v > 1: interleaved)")
     microbatches: int = Field(8, ge=1, description="M: microbatches per iteration")
-    policy: str = Field("bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw")
+    policy: str = Field("bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw, cpw")
     cap: str = Field("2x", description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'")
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")

@@ -7,6 +7,9 @@ each stage's arbiter turns it into a `Picker` that holds that stage's ready acti
 - `ready-<schedule>` / `ready-hint`: the first *ready* action in list order.
 - `bf`: alternate one ready B then one ready F; F prefers the lowest chunk, B the highest,
   then the lowest microbatch. `bfw` adds the B/W split: W only when no F or B is eligible.
+- `cpw`: `bfw`, except that when an admission waits on the F->W cap alone, the chunk-0 W that
+  frees it runs first (it inherits the admission's priority); see `CPWPicker` and
+  docs/policy_past_bf.md.
 
 The memory cap gates only *admissions* (chunk-0 F, where a microbatch enters the stage).
 Forwards of later chunks and all backwards are never gated: they are what frees memory, so
@@ -23,7 +26,8 @@ from dataclasses import dataclass, field
 from rrfp_ray.actions import Action, Kind
 from rrfp_ray.schedules import SCHEDULES, build, splits
 
-RULES = ("bf", "bfw")
+RULES = ("bf", "bfw", "cpw")
+SPLIT_RULES = ("bfw", "cpw")
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,12 @@ class Policy:
     name: str
     order: dict[int, list[Action]] = field(repr=False)  # the hint list per stage (the reference list for rules)
     fixed: bool
-    rule: str | None  # "bf" / "bfw", or None for list policies
+    rule: str | None  # one of RULES, or None for list policies
     split: bool
 
     def picker(self, *, stage: int) -> Picker:
+        if self.rule == "cpw":
+            return CPWPicker()
         if self.rule is not None:
             return BFPicker(with_w=self.rule == "bfw")
         if self.fixed:
@@ -56,9 +62,10 @@ def make_policy(
             raise ValueError(f"policy {name!r} needs a hint order (--hint FILE)")
         return Policy(name=name, order=hint, fixed=base == name, rule=None, split=_has_w(hint))
     if name in RULES:
-        reference = ("zb-h1" if name == "bfw" else "1f1b") if chunks == 1 else "interleaved"
+        split = name in SPLIT_RULES
+        reference = ("zb-h1" if split else "1f1b") if chunks == 1 else "interleaved"
         order = build(name=reference, stages=stages, chunks=chunks, microbatches=microbatches)
-        return Policy(name=name, order=order, fixed=False, rule=name, split=name == "bfw")
+        return Policy(name=name, order=order, fixed=False, rule=name, split=split)
     if base not in SCHEDULES:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
     order = build(name=base, stages=stages, chunks=chunks, microbatches=microbatches)
@@ -156,4 +163,43 @@ class BFPicker:
         return action
 
 
-Picker = FixedPicker | ListPicker | BFPicker
+class CPWPicker(BFPicker):
+    """BFW, plus priority inheritance for the W that frees a held admission.
+
+    An admission (chunk-0 F) starts a microbatch's whole chain, the longest remaining path a
+    stage can start. When the cap holds it and the F->B count is at a level at which an
+    admission was allowed before, only the F->W cap can bind, so a chunk-0 W of a microbatch
+    past its B is what lets the admission in: that W runs first (lowest microbatch), ahead of
+    ready backwards. A ready later-chunk forward still comes first, as in BF. Otherwise this is
+    BFW. The picker needs no durations: it counts its own chunk-0 F and B picks, which equals
+    the arbiter's F->B count because a stage finishes each action before it picks the next.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(with_w=True)
+        self._held = 0  # microbatches past their chunk-0 F and not their chunk-0 B
+        self._admitted_at = -1  # the largest such count at which an admission was allowed
+
+    def pick(self, *, admit: bool) -> Action | None:
+        if admit:
+            self._admitted_at = max(self._admitted_at, self._held)
+        elif self._f_admit and not self._f_later and self._held <= self._admitted_at:
+            freeing = self._chunk0_w()
+            if freeing is not None:
+                return freeing
+        action = super().pick(admit=admit)
+        if action is not None and action.chunk == 0:
+            self._held += (action.kind is Kind.F) - (action.kind is Kind.B)
+        return action
+
+    def _chunk0_w(self) -> Action | None:
+        """Remove and return the lowest-microbatch chunk-0 W, if any."""
+        entry = min((e for e in self._w if e[2].chunk == 0), default=None)
+        if entry is None:
+            return None
+        self._w.remove(entry)
+        heapq.heapify(self._w)
+        return entry[2]
+
+
+Picker = FixedPicker | ListPicker | BFPicker | CPWPicker

@@ -6,7 +6,7 @@ import pytest
 
 from rrfp_ray.actions import Action, parse_action
 from rrfp_ray.arbiter import Cap
-from rrfp_ray.policy import BFPicker, FixedPicker, ListPicker, make_policy, policy_names
+from rrfp_ray.policy import RULES, SPLIT_RULES, BFPicker, FixedPicker, ListPicker, make_policy, policy_names
 from rrfp_ray.schedules import build
 from rrfp_ray.simulator import simulate
 from rrfp_ray.telemetry import IterationReport
@@ -40,9 +40,9 @@ def test_policy_names_resolve() -> None:
         chunks = 2 if "interleaved" in name else 1
         policy = make_policy(name=name, stages=2, chunks=chunks, microbatches=4)
         assert policy.name == name
-        assert policy.fixed == (not name.startswith("ready-") and name not in ("bf", "bfw"))
-        assert policy.split == (name.endswith("zb-h1") or name == "bfw")
-        assert policy.rule == (name if name in ("bf", "bfw") else None)
+        assert policy.fixed == (not name.startswith("ready-") and name not in RULES)
+        assert policy.split == (name.endswith("zb-h1") or name in SPLIT_RULES)
+        assert policy.rule == (name if name in RULES else None)
 
 
 def test_rules_take_their_reference_list() -> None:
