@@ -90,6 +90,13 @@ class StageActor:
     def load(self, *, directory: str, file: StageFile) -> None:
         self._executor.load(directory=Path(directory), file=file)
 
+    def rss_bytes(self) -> int:
+        """This actor process's resident memory."""
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS in /proc/self/status (not Linux?)")
+
     def ping(self) -> int:
         return self.stage
 
