@@ -7,7 +7,7 @@ import time
 import uuid
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -21,6 +21,9 @@ from rrfp_ray.policy import Policy
 from rrfp_ray.telemetry import IterationReport, merge_stage_reports
 from rrfp_ray.worker import PipelineError, Workload
 
+_GRACE_S = 1.0  # how long to wait for the other stages' errors once one has failed
+_SPAWN_S = 120.0  # the least time placement and actor processes get to start, whatever timeout_s is
+
 
 @ray.remote(num_cpus=0)
 class PipelineDriver:
@@ -30,10 +33,12 @@ class PipelineDriver:
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = collective.resolve_backend(backend=pipeline.backend)
+        self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
         started = time.perf_counter()
         self._pg = placement_group([bundle] * pipeline.stages, strategy="PACK")
-        self._await(self._pg.ready(), what=f"a placement group of {pipeline.stages} x {bundle}")
+        spawn_s = max(self.timeout_s, _SPAWN_S)
+        self._await(self._pg.ready(), what=f"a placement group of {pipeline.stages} x {bundle}", timeout_s=spawn_s)
         self.stages = [
             StageActor.options(
                 num_cpus=1,
@@ -44,7 +49,7 @@ class PipelineDriver:
             ).remote(stage=s, timeout_s=self.timeout_s, link_timeout_s=pipeline.link_timeout_s)
             for s in range(pipeline.stages)
         ]
-        self._gather([a.ping.remote() for a in self.stages], what="stage actors to start")
+        self._gather([a.ping.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s)
         self._wire()
         self.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
@@ -90,7 +95,11 @@ class PipelineDriver:
             )
             for a in self.stages
         ]
-        results = self._gather(refs, what=f"iteration {iteration}")
+        try:
+            results = self._gather(refs, what=f"iteration {iteration}")
+        except PipelineError:
+            self._failed = True
+            raise
         return merge_stage_reports(iteration=iteration, policy=policy.name, results=results)
 
     def evaluate(self, *, microbatches: int) -> float:
@@ -108,26 +117,39 @@ class PipelineDriver:
     def startup_seconds(self) -> float:
         return self.startup_s
 
+    def stage_actors(self) -> list[ray.actor.ActorHandle]:
+        """The stage actors' handles, in stage order (for inspection and fault-injection tests)."""
+        return list(self.stages)
+
     def shutdown(self) -> None:
-        """Stop the threads gracefully, then kill the actors and free the placement group."""
-        closes = [a.close.remote() for a in self.stages]
-        ray.wait(closes, num_returns=len(closes), timeout=self.timeout_s)
+        """Stop the threads gracefully (not after a failed iteration), kill the actors, free the placement group."""
+        if not self._failed:
+            closes = [a.close.remote() for a in self.stages]
+            ray.wait(closes, num_returns=len(closes), timeout=self.timeout_s)
         for actor in self.stages:
             ray.kill(actor)
         remove_placement_group(self._pg)
 
-    def _await(self, ref: ray.ObjectRef, *, what: str) -> object:
+    def _await(self, ref: ray.ObjectRef, *, what: str, timeout_s: float) -> object:
         try:
-            return ray.get(ref, timeout=self.timeout_s)
+            return ray.get(ref, timeout=timeout_s)
         except GetTimeoutError:
-            raise PipelineError(f"timed out after {self.timeout_s:g} s waiting for {what}") from None
+            raise PipelineError(f"timed out after {timeout_s:g} s waiting for {what}") from None
 
-    def _gather(self, refs: list[ray.ObjectRef], *, what: str, labels: list[str] | None = None) -> list:
-        """ray.get with a deadline; a dead or hung stage is named in the error."""
+    def _gather(
+        self, refs: list[ray.ObjectRef], *, what: str, labels: list[str] | None = None, timeout_s: float | None = None
+    ) -> list:
+        """ray.get with a deadline; a dead or hung stage is named in the error.
+
+        After the first failure, others that follow within `_GRACE_S` are reported too, dead
+        actors first: a killed stage also breaks its neighbours' links, and the dead one is the cause.
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         labels = labels or [f"stage {i}" for i in range(len(refs))]
         owners = dict(zip(refs, labels))
-        deadline = time.monotonic() + self.timeout_s + 5.0
+        deadline = time.monotonic() + timeout_s + 5.0
         pending = list(refs)
+        failures: list[tuple[bool, str]] = []  # (not died, message): dead actors sort first
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
@@ -135,9 +157,13 @@ class PipelineDriver:
             try:
                 ray.get(done[0])
             except RayActorError as error:
-                raise PipelineError(f"{owners[done[0]]} died during {what}: {error}") from None
-            except Exception as error:
-                raise PipelineError(f"{owners[done[0]]} failed during {what}: {error}") from None
+                failures.append((False, f"{owners[done[0]]} died during {what}: {error}"))
+            except RayError as error:
+                failures.append((True, f"{owners[done[0]]} failed during {what}: {error}"))
+            if failures:
+                deadline = min(deadline, time.monotonic() + _GRACE_S)
+        if failures:
+            raise PipelineError("\n".join(message for _, message in sorted(failures, key=lambda f: f[0])))
         if pending:
-            raise PipelineError(f"{what}: no answer within {self.timeout_s:g} s from {', '.join(owners[r] for r in pending)}")
+            raise PipelineError(f"{what}: no answer within {timeout_s:g} s from {', '.join(owners[r] for r in pending)}")
         return ray.get(refs)

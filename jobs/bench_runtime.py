@@ -14,23 +14,28 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli import add_scenario_flags, config_error, start_ray, variability
 from pydantic import ValidationError
 
+if TYPE_CHECKING:
+    from rrfp_ray.config import PipelineConfig
+    from rrfp_ray.variability import Trace
+
 FLAGS = {
-    "pipeline.stages": "--stages",
-    "pipeline.chunks": "--chunks",
-    "pipeline.microbatches": "--microbatches",
-    "pipeline.cap": "--cap",
-    "pipeline.timeout_s": "--timeout",
-    "variability.scenario": "--scenario",
-    "variability.t_f": "--t-f",
-    "variability.params": "scenario parameters",
+    "stages": "--stages",
+    "chunks": "--chunks",
+    "microbatches": "--microbatches",
+    "cap": "--cap",
+    "timeout_s": "--timeout",
+    "scenario": "--scenario",
+    "t_f": "--t-f",
+    "params": "scenario parameters",
 }
 
 
-def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "PipelineConfig", "Trace", list[str]]:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, Trace, list[str]]:
     from rrfp_ray.config import PipelineConfig, VariabilityConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,7 +46,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "PipelineC
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
     bench = parser.add_argument_group("benchmark")
-    bench.add_argument("--policies", default=None, help="comma-separated (default: 1f1b,bf,bfw; interleaved,bf,bfw for v > 1)")
+    bench.add_argument(
+        "--policies", default=None, help="comma-separated (default: 1f1b,bf,bfw; interleaved,bf,bfw for v > 1)"
+    )
     bench.add_argument("--payload-elems", type=int, default=4096, help="float32 elements per message")
     bench.add_argument("--iterations", type=int, default=5, help="per policy; the first is a warm-up when > 1")
     bench.add_argument("--json", default=None, metavar="OUT", help="write the per-policy figures here")
@@ -63,13 +70,16 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "PipelineC
             cap=args.cap,
             timeout_s=args.timeout,
         )
-        for name in names:
-            pipeline.resolved_policy(name)
         trace = VariabilityConfig(**variability(args)).trace(pipeline=pipeline)
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
     except ValueError as error:
         parser.error(str(error))
+    for name in names:
+        try:
+            pipeline.resolved_policy(name)
+        except ValueError as error:
+            parser.error(f"--policies: {error}")
     return args, pipeline, trace, names
 
 
@@ -88,7 +98,9 @@ def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str,
     return times
 
 
-def summarize(*, times: dict[str, list[float]], simulated: dict[str, float], baseline: str) -> dict[str, dict[str, float]]:
+def summarize(
+    *, times: dict[str, list[float]], simulated: dict[str, float], baseline: str
+) -> dict[str, dict[str, float]]:
     measured = {name: statistics.median(ts[1:] if len(ts) > 1 else ts) for name, ts in times.items()}
     return {
         name: {
@@ -112,11 +124,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     cap = pipeline.parsed_cap
     simulated = {
-        name: simulate(policy=pipeline.resolved_policy(name), trace=trace, cap=cap, buffer_limit=pipeline.buffer_limit).makespan_ms
+        name: simulate(
+            policy=pipeline.resolved_policy(name), trace=trace, cap=cap, buffer_limit=pipeline.buffer_limit
+        ).makespan_ms
         for name in names
     }
     print(start_ray(num_cpus=max(2, pipeline.stages)))
-    driver = PipelineDriver.remote(pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=args.payload_elems))
+    driver = PipelineDriver.remote(
+        pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=args.payload_elems)
+    )
     try:
         print(f"{pipeline.stages} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
         times = measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
@@ -128,7 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"\nP={pipeline.stages} v={pipeline.chunks} M={pipeline.microbatches} cap={pipeline.cap} "
         f"scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)"
     )
-    print(f"{'policy':<12} {'measured ms':>11} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} {'predicted':>9} {'meas/pred':>9}")
+    print(
+        f"{'policy':<12} {'measured ms':>11} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} {'predicted':>9} {'meas/pred':>9}"
+    )
     for name, r in results.items():
         print(
             f"{name:<12} {r['measured_ms']:11.1f} {r['sim_ms']:9.1f} {r['ratio']:8.3f} "
