@@ -13,16 +13,18 @@ in other modules must be importable on the workers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import ray
 
 from actors.driver import PipelineDriver
+from actors.local_ray import init_ray
+from rrfp_ray.checkpoint import Manifest, StageFile
 from rrfp_ray.config import PipelineConfig
 from rrfp_ray.policy import Policy
 from rrfp_ray.telemetry import IterationReport
 from rrfp_ray.training import ModelWorkload
-
-ROOT = Path(__file__).resolve().parent.parent
+from rrfp_ray.worker import PipelineError
 
 
 class RayBackend:
@@ -35,13 +37,7 @@ class RayBackend:
     def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
         if self.driver is not None:
             raise RuntimeError("this RayBackend has already started; use one backend per Trainer")
-        if not ray.is_initialized():
-            ray.init(
-                num_cpus=max(2, pipeline.stages),
-                include_dashboard=False,
-                runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-            )
-            self._owns_ray = True
+        self._owns_ray = init_ray(num_cpus=max(2, pipeline.stages))
         self.driver = PipelineDriver.remote(pipeline=pipeline, workload=workload, use_gpu=self.use_gpu)
         try:
             self.startup_s = ray.get(self.driver.startup_seconds.remote())
@@ -50,13 +46,22 @@ class RayBackend:
             raise
 
     def set_workload(self, *, workload: ModelWorkload) -> None:
-        ray.get(self._driver().set_workload.remote(workload=workload))
+        self._call(self._driver().set_workload.remote(workload=workload))
 
     def run_iteration(self, *, iteration: int, policy: Policy) -> IterationReport:
-        return ray.get(self._driver().run_iteration.remote(iteration=iteration, policy=policy))
+        return self._call(self._driver().run_iteration.remote(iteration=iteration, policy=policy))
 
     def evaluate(self, *, microbatches: int) -> float:
-        return ray.get(self._driver().evaluate.remote(microbatches=microbatches))
+        return self._call(self._driver().evaluate.remote(microbatches=microbatches))
+
+    def save(self, *, directory: Path, iteration: int) -> dict[int, StageFile]:
+        return self._call(self._driver().save.remote(directory=str(directory), iteration=iteration))
+
+    def load(self, *, directory: Path, manifest: Manifest) -> None:
+        self._call(self._driver().load.remote(directory=str(directory), manifest=manifest))
+
+    def restart(self) -> None:
+        self._call(self._driver().restart.remote())
 
     def close(self) -> None:
         """Shut the stages down gracefully, then end the driver (and the Ray this backend started)."""
@@ -71,6 +76,13 @@ class RayBackend:
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
+
+    def _call(self, ref: ray.ObjectRef) -> Any:
+        """ray.get; a stage's failure arrives as the driver's PipelineError, the driver's own death as one."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as error:
+            raise PipelineError(f"the pipeline driver actor died: {error}") from error
 
     def _driver(self) -> ray.actor.ActorHandle:
         if self.driver is None:

@@ -15,6 +15,7 @@ from actors import collective
 from actors.stage_actor import StageActor
 from rrfp_ray.actions import place
 from rrfp_ray.arbiter import Cap
+from rrfp_ray.checkpoint import Manifest, StageFile
 from rrfp_ray.config import PipelineConfig
 from rrfp_ray.deps import Layout
 from rrfp_ray.policy import Policy
@@ -33,29 +34,58 @@ class PipelineDriver:
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = collective.resolve_backend(backend=pipeline.backend)
-        self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
-        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        self.use_gpu = use_gpu
+        self.workload = workload
         started = time.perf_counter()
-        self._pg = placement_group([bundle] * pipeline.stages, strategy="PACK")
+        self._start()
+        self.startup_s = time.perf_counter() - started
+
+    def _start(self) -> None:
+        """Placement, stage actors, their links and their workload."""
+        self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
+        bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
+        stages = self.pipeline.stages
+        if self.use_gpu and ray.cluster_resources().get("GPU", 0) < stages:
+            raise ValueError(
+                f"--gpu asks for {stages} GPUs (one per stage); the cluster has {ray.cluster_resources().get('GPU', 0):g}"
+            )
+        self._pg = placement_group([bundle] * stages, strategy="PACK")
         spawn_s = max(self.timeout_s, _SPAWN_S)
-        self._await(self._pg.ready(), what=f"a placement group of {pipeline.stages} x {bundle}", timeout_s=spawn_s)
+        self._await(self._pg.ready(), what=f"a placement group of {stages} x {bundle}", timeout_s=spawn_s)
         self.stages = [
             StageActor.options(
                 num_cpus=1,
-                num_gpus=1 if use_gpu else 0,
+                num_gpus=1 if self.use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=s
                 ),
-            ).remote(stage=s, timeout_s=self.timeout_s, link_timeout_s=pipeline.link_timeout_s)
-            for s in range(pipeline.stages)
+            ).remote(stage=s, timeout_s=self.timeout_s, link_timeout_s=self.pipeline.link_timeout_s)
+            for s in range(stages)
         ]
         self._gather([a.ping.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s)
         self._wire()
-        self.set_workload(workload=workload)
-        self.startup_s = time.perf_counter() - started
+        self.set_workload(workload=self.workload)
+
+    def restart(self) -> None:
+        """Tear every stage down, whatever state it is in, and bring a fresh pipeline up."""
+        self._failed = True
+        self.shutdown()
+        self._start()
+
+    def save(self, *, directory: str, iteration: int) -> dict[int, StageFile]:
+        """Every stage writes its checkpoint file; the caller commits the manifest."""
+        files = self._gather([a.save.remote(directory=directory, iteration=iteration) for a in self.stages], what="checkpoint")
+        return dict(enumerate(files))
+
+    def load(self, *, directory: str, manifest: Manifest) -> None:
+        self._gather(
+            [a.load.remote(directory=directory, file=manifest.files[s]) for s, a in enumerate(self.stages)],
+            what="checkpoint load",
+        )
 
     def set_workload(self, *, workload: Workload) -> None:
         """Give every stage its (fresh) workload: model weights start again from their seed."""
+        self.workload = workload
         self._gather([a.set_workload.remote(workload=workload, layout=self.layout) for a in self.stages], what="set_workload")
 
     def _wire(self) -> None:

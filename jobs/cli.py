@@ -4,7 +4,6 @@ flag errors, and starting (or attaching to) Ray."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,17 +57,10 @@ def config_error(parser: argparse.ArgumentParser, error: ValidationError, *, fla
 
 def start_ray(*, num_cpus: int) -> str:
     """Attach to a running cluster (as under `ray job submit`), else start an embedded local Ray."""
-    import ray
+    import os
 
-    if ray.is_initialized():
-        return "already initialised"
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])  # the job's own runtime env (working dir) applies
-        return f"attached to {os.environ['RAY_ADDRESS']}"
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_PROFILING": "1"}},
-    )
-    return f"embedded local Ray ({num_cpus} logical CPUs)"
+    from actors.local_ray import init_ray
+
+    if init_ray(num_cpus=num_cpus):
+        return f"embedded local Ray ({num_cpus} logical CPUs)"
+    return f"attached to {os.environ.get('RAY_ADDRESS', 'the running Ray')}"

@@ -13,14 +13,9 @@ def ray_session():
     """One local Ray for the whole session; reuses one already started in this process."""
     import ray
 
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(
-            num_cpus=16,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}},
-        )
+    from actors.local_ray import init_ray
+
+    started_here = init_ray(num_cpus=16, log_to_driver=False)
     yield ray
     if started_here:
         ray.shutdown()

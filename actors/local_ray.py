@@ -1,0 +1,29 @@
+"""Connecting to Ray: attach to a running cluster, else start an embedded local one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+
+ROOT = Path(__file__).resolve().parent.parent
+# Workers find this repository without an install; RAY_PROFILING puts op spans on the Ray
+# timeline; a short resolver timeout stops torch's TCPStore from stalling 5 s on reverse DNS
+# where no resolver answers (seen on sandboxed machines).
+WORKER_ENV = {"PYTHONPATH": str(ROOT), "RAY_PROFILING": "1", "RES_OPTIONS": "timeout:1 attempts:1"}
+
+
+def init_ray(*, num_cpus: int, log_to_driver: bool = True) -> bool:
+    """Connect this process to Ray; returns True if it started a local Ray (the caller shuts it down).
+
+    Under `ray job submit` (RAY_ADDRESS set) it attaches, and the job's runtime env applies.
+    Otherwise it starts a local Ray declaring `num_cpus` logical CPUs, one per stage actor.
+    """
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        return False
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver, runtime_env={"env_vars": WORKER_ENV})
+    return True
