@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gradients import GradCapture
 from torch import Tensor, nn
 
 from examples.mlp import Regression, mlp
@@ -21,24 +22,6 @@ from rrfp_ray.layers import to_layers
 from rrfp_ray.stage import partition
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class _GradCapture:
-    """Wraps an executor; keeps each parameter's gradient just before the optimizer step."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.grads: list[Tensor] = []
-
-    def begin(self, *, iteration):
-        self.inner.begin(iteration=iteration)
-
-    def run(self, **kwargs):
-        return self.inner.run(**kwargs)
-
-    def finish(self, **kwargs):
-        self.grads = [p.grad.clone() for p in self.inner.runner.parameters()]
-        return self.inner.finish(**kwargs)
 
 
 class _SpyBackend(LocalBackend):
@@ -121,7 +104,7 @@ def _reference(trainer: Trainer, *, iteration: int) -> tuple[float, list[list[Te
 )
 def test_gradients_equal_the_unsplit_model(case, policy, stages, chunks):
     with _trainer(case, policy=policy, stages=stages, chunks=chunks) as trainer:
-        captures = [_GradCapture(e) for e in trainer.backend.executors]
+        captures = [GradCapture(e) for e in trainer.backend.executors]
         trainer.backend.executors = captures
         report = trainer.step()
         loss, expected = _reference(trainer, iteration=0)
@@ -177,7 +160,7 @@ def test_a_factory_optimizer_keeps_its_own_learning_rates():
 def test_a_factory_optimizer_clips_by_the_global_norm_only_when_asked(max_norm):
     optimizer = FactoryOptim(factory=lambda params: torch.optim.SGD(params, lr=1.0), max_grad_norm=max_norm)
     with _trainer("mlp", policy="bf", optimizer=optimizer) as trainer:
-        trainer.backend.executors = captures = [_GradCapture(e) for e in trainer.backend.executors]
+        trainer.backend.executors = captures = [GradCapture(e) for e in trainer.backend.executors]
         before = [p.detach().clone() for c in captures for p in c.inner.runner.parameters()]
         trainer.step()
         after = [p.detach() for c in captures for p in c.inner.runner.parameters()]

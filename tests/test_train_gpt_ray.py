@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from gradients import gpt_reference
 
 from rrfp_ray.config import RunConfig
 from rrfp_ray.gpt import gpt_workload
-from rrfp_ray.model import GPT
 from rrfp_ray.stage import partition
 from rrfp_ray.training import ModelExecutor, ModelWorkload
 
@@ -51,16 +51,6 @@ class _CapturingExecutor:
         return self.inner.finish(**kwargs)
 
 
-def _reference(run: RunConfig) -> tuple[float, list]:
-    """The unsplit model's mean loss over iteration 0's microbatches, and its layer list with gradients."""
-    model = GPT(run.model, seed=run.train.seed)
-    source = gpt_workload(run).data
-    batches = [source.microbatch(iteration=0, index=m) for m in range(run.pipeline.microbatches)]
-    loss = sum(model(x, y)[1] for x, y in batches) / len(batches)
-    loss.backward()
-    return float(loss.detach()), model.layers()
-
-
 def test_gradients_on_ray_equal_the_unsplit_model(ray_session):
     ray = ray_session
     from ray.util.queue import Queue
@@ -73,7 +63,7 @@ def test_gradients_on_ray_equal_the_unsplit_model(ray_session):
         pipeline={"stages": 2, "microbatches": 4, "timeout_s": 30},
         train={"micro_batch_size": 2, "seq_len": 16, "iterations": 3},
     )
-    loss, layers = _reference(run)
+    loss, layers = gpt_reference(run)
     parts = partition(n_layers=len(layers), parts=2)
     sink = Queue()
     driver = PipelineDriver.remote(pipeline=run.pipeline, workload=_Capturing(inner=gpt_workload(run), sink=sink))

@@ -6,14 +6,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from gradients import GradCapture, gpt_reference
 
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.config import RunConfig
 from rrfp_ray.gpt import gpt_workload
 from rrfp_ray.local import LocalPipeline
-from rrfp_ray.model import GPT
 from rrfp_ray.stage import partition
-from rrfp_ray.training import ModelExecutor
 
 TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}
 
@@ -26,45 +25,17 @@ def _run(*, stages: int, chunks: int, microbatches: int = 4) -> RunConfig:
     )
 
 
-class _GradCapture:
-    """Wraps an executor; keeps each parameter's gradient just before the optimizer step."""
-
-    def __init__(self, inner: ModelExecutor) -> None:
-        self.inner = inner
-        self.grads: list[torch.Tensor] = []
-
-    def begin(self, *, iteration):
-        self.inner.begin(iteration=iteration)
-
-    def run(self, **kwargs):
-        return self.inner.run(**kwargs)
-
-    def finish(self, **kwargs):
-        self.grads = [p.grad.clone() for p in self.inner.runner.parameters()]
-        return self.inner.finish(**kwargs)
-
-
 def _pipeline_iterations(run: RunConfig, *, policy_name: str, iterations: int):
     policy = run.pipeline.resolved_policy(policy_name)
     layout = replace(run.pipeline.layout, split=policy.split)
     workload = gpt_workload(run)
-    executors = [_GradCapture(workload.executor(stage=s, layout=layout)) for s in range(layout.stages)]
+    executors = [GradCapture(workload.executor(stage=s, layout=layout)) for s in range(layout.stages)]
     with LocalPipeline(layout=layout, timeout_s=30) as pipeline:
         reports = [
             pipeline.run_iteration(iteration=i, policy=policy, cap=Cap.parse("2x"), executors=executors)
             for i in range(iterations)
         ]
     return reports, executors
-
-
-def _reference(run: RunConfig) -> tuple[float, list]:
-    """The unsplit model's mean loss over iteration 0's microbatches, and its layer list with gradients."""
-    model = GPT(run.model, seed=run.train.seed)
-    source = gpt_workload(run).data
-    batches = [source.microbatch(iteration=0, index=m) for m in range(run.pipeline.microbatches)]
-    loss = sum(model(x, y)[1] for x, y in batches) / len(batches)
-    loss.backward()
-    return float(loss.detach()), model.layers()
 
 
 @pytest.mark.parametrize(
@@ -74,7 +45,7 @@ def _reference(run: RunConfig) -> tuple[float, list]:
 def test_pipeline_gradients_equal_the_unsplit_model(policy_name, stages, chunks):
     run = _run(stages=stages, chunks=chunks)
     reports, executors = _pipeline_iterations(run, policy_name=policy_name, iterations=1)
-    loss, layers = _reference(run)
+    loss, layers = gpt_reference(run)
     parts = partition(n_layers=len(layers), parts=stages * chunks)
     for stage, executor in enumerate(executors):
         expected = [p.grad for c in range(chunks) for i in parts[c * stages + stage] for p in layers[i].parameters()]

@@ -1,0 +1,35 @@
+"""Shared by the gradient-equivalence tests: capture a stage's gradients before its step,
+and the unsplit GPT's reference loss and gradients."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from rrfp_ray.config import RunConfig
+from rrfp_ray.gpt import gpt_workload
+from rrfp_ray.model import GPT
+
+
+class GradCapture:
+    """Wraps an executor; keeps each parameter's gradient just before the optimizer step."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.grads: list[Tensor] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def finish(self, **kwargs):
+        self.grads = [p.grad.clone() for p in self.inner.runner.parameters()]
+        return self.inner.finish(**kwargs)
+
+
+def gpt_reference(run: RunConfig) -> tuple[float, list[nn.Module]]:
+    """The unsplit GPT's mean loss over iteration 0's microbatches, and its layers with gradients."""
+    model = GPT(run.model, seed=run.train.seed)
+    source = gpt_workload(run).data
+    batches = [source.microbatch(iteration=0, index=m) for m in range(run.pipeline.microbatches)]
+    loss = sum(model(x, y)[1] for x, y in batches) / len(batches)
+    loss.backward()
+    return float(loss.detach()), model.layers()
