@@ -28,8 +28,8 @@ from rrfp_ray.worker import PipelineError
 
 
 class RayBackend:
-    def __init__(self, *, use_gpu: bool = False) -> None:
-        self.use_gpu = use_gpu
+    def __init__(self, *, gpus_per_stage: float = 0.0) -> None:
+        self.gpus_per_stage = gpus_per_stage
         self.driver: ray.actor.ActorHandle | None = None
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False
@@ -38,7 +38,7 @@ class RayBackend:
         if self.driver is not None:
             raise RuntimeError("this RayBackend has already started; use one backend per Trainer")
         self._owns_ray = init_ray(num_cpus=max(2, pipeline.stages))
-        self.driver = PipelineDriver.remote(pipeline=pipeline, workload=workload, use_gpu=self.use_gpu)
+        self.driver = PipelineDriver.remote(pipeline=pipeline, workload=workload, gpus_per_stage=self.gpus_per_stage)
         try:
             self.startup_s = ray.get(self.driver.startup_seconds.remote())
         except BaseException:

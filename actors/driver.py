@@ -28,13 +28,13 @@ _SPAWN_S = 120.0  # the least time placement and actor processes get to start, w
 
 @ray.remote(num_cpus=0)
 class PipelineDriver:
-    def __init__(self, *, pipeline: PipelineConfig, workload: Workload, use_gpu: bool = False) -> None:
+    def __init__(self, *, pipeline: PipelineConfig, workload: Workload, gpus_per_stage: float = 0.0) -> None:
         collective.register_backends()
         self.pipeline = pipeline
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = collective.resolve_backend(backend=pipeline.backend)
-        self.use_gpu = use_gpu
+        self.gpus_per_stage = gpus_per_stage  # a fraction lets stages share one GPU (gloo links then)
         self.workload = workload
         started = time.perf_counter()
         self._start()
@@ -43,11 +43,13 @@ class PipelineDriver:
     def _start(self) -> None:
         """Placement, stage actors, their links and their workload."""
         self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
-        bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
+        gpus = self.gpus_per_stage
+        bundle = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}
         stages = self.pipeline.stages
-        if self.use_gpu and ray.cluster_resources().get("GPU", 0) < stages:
+        if gpus and ray.cluster_resources().get("GPU", 0) < stages * gpus:
             raise ValueError(
-                f"--gpu asks for {stages} GPUs (one per stage); the cluster has {ray.cluster_resources().get('GPU', 0):g}"
+                f"{stages} stages x {gpus:g} GPU each need {stages * gpus:g} GPUs; "
+                f"the cluster has {ray.cluster_resources().get('GPU', 0):g}"
             )
         self._pg = placement_group([bundle] * stages, strategy="PACK")
         spawn_s = max(self.timeout_s, _SPAWN_S)
@@ -55,7 +57,7 @@ class PipelineDriver:
         self.stages = [
             StageActor.options(
                 num_cpus=1,
-                num_gpus=1 if self.use_gpu else 0,
+                num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=s
                 ),

@@ -64,7 +64,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
     pipe.add_argument("--policy", default="bf", help="gpipe, 1f1b, interleaved, zb-h1, ready-<schedule>, bf, bfw")
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor")
+    pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
+    pipe.add_argument(
+        "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
+    )
     pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
     model = parser.add_argument_group("model")
     model.add_argument("--n-layer", type=int, default=4)
@@ -118,6 +121,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
                 "checkpoint_every": args.checkpoint_every,
                 "resume": args.resume,
                 "max_restarts": args.max_restarts,
+                "device": "cuda" if gpus_per_stage(args) else "cpu",
             },
         )
         from rrfp_ray.gpt import corpus_source
@@ -128,6 +132,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
     except ValueError as error:
         parser.error(str(error))
     return args, run
+
+
+def gpus_per_stage(args: argparse.Namespace) -> float:
+    return 1.0 if args.gpu else args.gpus_per_stage
 
 
 def checkpoint_dir(args: argparse.Namespace) -> str | None:
@@ -207,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     print(start_ray(num_cpus=max(2, run.pipeline.stages)))
     started = time.perf_counter()
-    with gpt_trainer(run, backend=RayBackend(use_gpu=args.gpu)) as trainer:
+    with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
         print(f"{run.pipeline.stages} stage actors up in {trainer.backend.startup_s:.1f} s")
         summary, runs = {}, {}
         compare = args.compare and run.pipeline.policy != "1f1b" and run.train.checkpoint_dir is None

@@ -65,6 +65,7 @@ def make_workload(
     val_data: DataSource | None = None,
     seed: int = 0,
     injected: Trace | None = None,
+    device: str = "cpu",
 ) -> ModelWorkload:
     """What every stage receives (not yet dry-run); the arguments are `Trainer`'s."""
     if not isinstance(pipeline, PipelineConfig):
@@ -81,6 +82,7 @@ def make_workload(
         optim=_optim(optimizer),
         injected=injected,
         val_data=val_data,
+        device=device,
     )
 
 
@@ -112,6 +114,7 @@ class Trainer:
         seed: int = 0,
         injected: Trace | None = None,
         checkpoints: Checkpointing | None = None,
+        device: str = "cpu",
     ) -> None:
         self.pipeline = pipeline
         self.checkpoints = checkpoints
@@ -125,6 +128,7 @@ class Trainer:
             val_data=val_data,
             seed=seed,
             injected=injected,
+            device=device,
         )
         dry_run(
             layers=self.workload.layers,

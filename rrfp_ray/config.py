@@ -107,6 +107,7 @@ class TrainConfig(BaseModel):
     data: str | None = Field(None, description="text file or directory; default: the Python stdlib's sources")
     val_every: int = Field(10, ge=0, description="validation loss every N iterations (0: never)")
     val_microbatches: int = Field(4, ge=1)
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where each stage computes")
     checkpoint_dir: str | None = Field(None, description="where checkpoints go (none: no checkpoints)")
     checkpoint_every: int = Field(10, ge=0, description="iterations between checkpoints (0: never)")
     resume: bool = Field(False, description="start from the newest complete checkpoint in checkpoint_dir")

@@ -77,4 +77,5 @@ def _arguments(run: RunConfig) -> dict[str, Any]:
         "val_data": corpus_source(run, split="val", microbatches=train.val_microbatches),
         "seed": train.seed,
         "injected": injected,
+        "device": train.device,
     }

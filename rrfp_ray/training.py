@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -105,10 +105,11 @@ class ModelWorkload:
     optim: OptimSpec = field(default_factory=Optim)
     injected: Trace | None = None  # extra delays (ms) per action and message, to inject variability
     val_data: DataSource | None = None
+    device: str = "cpu"  # where each stage computes; link payloads travel as CPU tensors (gloo)
 
     def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
         runner = build_stage(
-            layers=self.layers(),
+            layers=[layer.to(self.device) for layer in self.layers()],
             stages=layout.stages,
             chunks=layout.chunks,
             stage=stage,
@@ -135,10 +136,11 @@ class ModelExecutor:
     def run(self, *, action: Action, iteration: int, payload: Tensor | None, split: bool) -> Tensor | None:
         vs = self._layout.vs(action)
         m, c = action.microbatch, action.chunk
+        payload = _to(payload, device=self._workload.device)
         if action.kind is Kind.F:
             inputs, targets = payload, None
             if vs == 0 or vs == self._layout.virtual_stages - 1:
-                x, y = self._workload.data.microbatch(iteration=iteration, index=m)
+                x, y = _to(self._workload.data.microbatch(iteration=iteration, index=m), device=self._workload.device)
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
             out = self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets)
@@ -148,7 +150,7 @@ class ModelExecutor:
         else:
             out = self.runner.backward_weight(chunk=c, microbatch=m)
         self._inject(action, split=split)
-        return out
+        return None if out is None else out.cpu()
 
     def _inject(self, action: Action, *, split: bool) -> None:
         if self._workload.injected is not None:
@@ -181,6 +183,15 @@ class ModelExecutor:
         if self._workload.val_data is None:
             raise ValueError("this workload has no validation data (val_data)")
         vs = chunk * self._layout.stages + self.stage
-        x, y = self._workload.val_data.microbatch(iteration=0, index=index)
-        out = self.runner.module(chunk)(x if vs == 0 else inputs)
-        return self._workload.loss_fn(out, y) if vs == self._layout.virtual_stages - 1 else out
+        x, y = _to(self._workload.val_data.microbatch(iteration=0, index=index), device=self._workload.device)
+        out = self.runner.module(chunk)(x if vs == 0 else _to(inputs, device=self._workload.device))
+        return (self._workload.loss_fn(out, y) if vs == self._layout.virtual_stages - 1 else out).cpu()
+
+
+def _to(value: Any, *, device: str) -> Any:
+    """A tensor, or a tuple/list of them, on `device`."""
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device=device) for v in value)
+    return value
