@@ -255,6 +255,7 @@ class Channel:
         self._peer = peer
         self._timeout_s = timeout_s
         self.name = name
+        self.device = "cpu" if isinstance(self._handle, GlooGroup) else "cuda"  # where its tensors must live
 
     def send(self, tensor: torch.Tensor) -> None:
         self._transfer(op="send", tensor=tensor)

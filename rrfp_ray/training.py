@@ -105,7 +105,7 @@ class ModelWorkload:
     optim: OptimSpec = field(default_factory=Optim)
     injected: Trace | None = None  # extra delays (ms) per action and message, to inject variability
     val_data: DataSource | None = None
-    device: str = "cpu"  # where each stage computes; link payloads travel as CPU tensors (gloo)
+    device: str = "cpu"  # where each stage computes; payloads move to and from each link's own device
 
     def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
         runner = build_stage(
@@ -150,7 +150,7 @@ class ModelExecutor:
         else:
             out = self.runner.backward_weight(chunk=c, microbatch=m)
         self._inject(action, split=split)
-        return None if out is None else out.cpu()
+        return out
 
     def _inject(self, action: Action, *, split: bool) -> None:
         if self._workload.injected is not None:

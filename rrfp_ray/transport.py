@@ -25,6 +25,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
 
 class Channel(Protocol):
     name: str
+    device: str  # where the tensors it sends and receives live ("cpu" for gloo, "cuda" for NCCL)
 
     def send(self, tensor: torch.Tensor) -> None: ...
 
@@ -73,18 +74,18 @@ class Header:
 
 
 def send_message(*, channel: Channel, header: Header, payload: torch.Tensor | None) -> None:
-    channel.send(header.encode())
+    channel.send(header.encode().to(channel.device))
     if payload is not None:
-        channel.send(payload.contiguous())
+        channel.send(payload.detach().to(channel.device).contiguous())
 
 
 def recv_message(*, channel: Channel) -> tuple[Header, torch.Tensor | None]:
-    raw = torch.empty(HEADER_LEN, dtype=torch.int64)
+    raw = torch.empty(HEADER_LEN, dtype=torch.int64, device=channel.device)
     channel.recv(raw)
-    header = Header.decode(raw)
+    header = Header.decode(raw.cpu())
     if header.is_stop:
         return header, None
-    payload = torch.empty(header.shape, dtype=header.dtype)
+    payload = torch.empty(header.shape, dtype=header.dtype, device=channel.device)
     channel.recv(payload)
     return header, payload
 
@@ -94,6 +95,7 @@ class LocalChannel:
 
     def __init__(self, *, name: str, timeout_s: float) -> None:
         self.name = name
+        self.device = "cpu"
         self.timeout_s = timeout_s
         self._queue: queue.Queue[torch.Tensor] = queue.Queue()
 
