@@ -18,10 +18,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rrfp_ray.actions import Action  # noqa: E402
 from rrfp_ray.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy import Policy, make_policy  # noqa: E402
 from rrfp_ray.simulator import bounds, simulate  # noqa: E402
 from rrfp_ray.telemetry import IterationReport  # noqa: E402
+from rrfp_ray.validate import parse_order  # noqa: E402
 from rrfp_ray.variability import SCENARIOS, Trace, describe, generate, scenario_params  # noqa: E402
 
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
@@ -33,8 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     trace = load_or_generate(parser, args)
     cap = checked(parser, "--cap", lambda: Cap.parse(args.cap))
     baseline = "1f1b" if trace.chunks == 1 else "interleaved"
+    hint = checked(parser, "--hint", lambda: load_hint(args.hint, trace)) if args.hint else None
     if args.policies:
-        policies = [checked(parser, "--policies", lambda n=n: policy(n, trace)) for n in args.policies.split(",")]
+        policies = [checked(parser, "--policies", lambda n=n: policy(n, trace, hint=hint)) for n in args.policies.split(",")]
     else:
         policies = default_policies(trace)
     reference = checked(parser, "--microbatches", lambda: policy(baseline, trace))
@@ -86,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--policies", help="comma-separated (default gpipe,1f1b,zb-h1,bf,bfw; interleaved,bf,bfw when v > 1)"
     )
+    parser.add_argument("--hint", help="JSON {stage: [\"0F0\", ...]}: the order for policies hint / ready-hint")
     parser.add_argument("--cap", default="2x", help="in-flight cap: 1x, 2x, 1.5x, a count, or inf (default 2x)")
     parser.add_argument("--json", help="write {policies: {name: {makespan_ms, ...}}} here")
     parser.add_argument("--out", help="write a Perfetto trace and a pipeline diagram per policy into this directory")
@@ -161,8 +165,13 @@ def default_policies(trace: Trace) -> list[Policy]:
     return policies
 
 
-def policy(name: str, trace: Trace) -> Policy:
-    return make_policy(name=name, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
+def policy(name: str, trace: Trace, *, hint: dict[int, list[Action]] | None = None) -> Policy:
+    return make_policy(name=name, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches, hint=hint)
+
+
+def load_hint(path: str, trace: Trace) -> dict[int, list[Action]]:
+    data = json.loads(Path(path).read_text())
+    return parse_order(data, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
 
 
 def compare(

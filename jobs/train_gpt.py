@@ -32,6 +32,7 @@ FLAGS = {
     "pipeline.cap": "--cap",
     "pipeline.backend": "--backend",
     "pipeline.timeout_s": "--timeout",
+    "pipeline.hint": "--hint",
     "train.iterations": "--iterations",
     "train.micro_batch_size": "--micro-batch-size",
     "train.seq_len": "--seq-len",
@@ -62,6 +63,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
     pipe.add_argument("--chunks", type=int, default=1)
     pipe.add_argument("--microbatches", type=int, default=8)
     pipe.add_argument("--policy", default="bf", help="gpipe, 1f1b, interleaved, zb-h1, ready-<schedule>, bf, bfw")
+    pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]}: the order for policies hint / ready-hint")
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
@@ -107,6 +109,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
                 "cap": args.cap,
                 "backend": args.backend,
                 "timeout_s": args.timeout,
+                "hint": json.loads(Path(args.hint).read_text()) if args.hint else None,
             },
             variability=variability(args),
             train={

@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rrfp_ray.actions import parse_action
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.deps import Layout
 from rrfp_ray.model import GPTConfig
 from rrfp_ray.policy import Policy, make_policy
+from rrfp_ray.validate import parse_order
 from rrfp_ray.variability import SCENARIOS, Trace, generate
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -58,7 +58,7 @@ class PipelineConfig(BaseModel):
     def resolved_policy(self, name: str) -> Policy:
         hint = None
         if self.hint is not None:
-            hint = {int(stage): [parse_action(text) for text in actions] for stage, actions in self.hint.items()}
+            hint = parse_order(self.hint, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches)
         return make_policy(name=name, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, hint=hint)
 
 

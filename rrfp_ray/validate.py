@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from rrfp_ray.actions import Action, Kind
+from rrfp_ray.actions import Action, Kind, parse_action
 from rrfp_ray.deps import Layout, Message
 from rrfp_ray.schedules import Order
 
@@ -195,3 +195,14 @@ def _cycle(blocker: Mapping[int, Action]) -> list[int]:
         path.append(s)
         s = blocker[s].stage
     return path[path.index(s):]
+
+
+def parse_order(data: dict[str, list[str]] | dict[int, list[str]], *, stages: int, chunks: int, microbatches: int) -> dict[int, list[Action]]:
+    """A user's hint order from JSON (`{"0": ["0F0", "0F1", ...], ...}`), validated; W actions mean the B/W split."""
+    try:
+        order = {int(stage): [parse_action(text) for text in actions] for stage, actions in data.items()}
+    except (TypeError, AttributeError) as error:
+        raise ValueError(f"a hint order maps each stage to a list of actions like '0F0': {error}") from None
+    split = any(a.kind is Kind.W for actions in order.values() for a in actions)
+    validate(order, layout=Layout(stages=stages, chunks=chunks, microbatches=microbatches, split=split))
+    return order

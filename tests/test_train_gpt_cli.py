@@ -40,3 +40,12 @@ def test_data_path_without_text_is_named(tmp_path, capsys):
 def test_the_defaults_parse(capsys):
     _, run = train_gpt.parse([])
     assert (run.pipeline.stages, run.pipeline.policy, run.train.iterations) == (4, "bf", 30)
+
+
+def test_a_hint_that_deadlocks_is_refused_with_the_grid(tmp_path, capsys):
+    hint = tmp_path / "hint.json"
+    hint.write_text('{"0": ["0F0", "0B0", "0F1", "0B1"], "1": ["1F1", "1B0", "1F0", "1B1"]}')
+    with pytest.raises(SystemExit):
+        train_gpt.parse(["--stages", "2", "--microbatches", "2", "--policy", "hint", "--hint", str(hint)])
+    err = capsys.readouterr().err
+    assert "invalid pipeline order" in err and ">1B0<" in err
