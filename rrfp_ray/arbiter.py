@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from rrfp_ray.actions import Action, Kind
 from rrfp_ray.deps import Layout, Message
-from rrfp_ray.policy import Policy
+from rrfp_ray.policy import Policy, ranked, take
 from rrfp_ray.schedules import peak_inflight, peak_inflight_fb
 
 _CAP = re.compile(r"^(?:(\d+(?:\.\d+)?)x|(\d+)|inf)$")
@@ -161,10 +161,24 @@ class Arbiter:
 
     def next_action(self) -> tuple[Action, bool] | None:
         """Choose and start the next action; returns it and whether it overtook an earlier hint action."""
-        admit = self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
-        action = self._picker.pick(admit=admit)
-        if action is None:
-            return None
+        action = self._picker.pick(admit=self._admit())
+        return None if action is None else (action, self._commit(action))
+
+    def candidates(self, k: int) -> list[Action]:
+        """Up to `k` eligible actions, best first (the first is what `next_action` would start); starts none."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        return ranked(self._picker, admit=self._admit(), k=k)
+
+    def start(self, action: Action) -> bool:
+        """Start `action`, one of `candidates`; returns whether it overtook an earlier hint action."""
+        take(self._picker, action=action, admit=self._admit())
+        return self._commit(action)
+
+    def _admit(self) -> bool:
+        return self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
+
+    def _commit(self, action: Action) -> bool:
         slot = self._slot(action)
         self._started[slot] = True
         if self._arrived[slot]:  # it consumes its buffered delivery
@@ -177,7 +191,7 @@ class Arbiter:
         hint_slots, started = self._hint_slots, self._started
         while self._unstarted_hint < len(hint_slots) and started[hint_slots[self._unstarted_hint]]:
             self._unstarted_hint += 1
-        return action, overtook
+        return overtook
 
     def on_done(self, action: Action) -> Message | None:
         """Mark an action done; returns the message it sends, if any."""

@@ -16,10 +16,14 @@ Forwards of later chunks and all backwards are never gated: they are what frees 
 an admitted microbatch can always reach its loss and come back, and no cap >= 1 can
 deadlock. `bf` with v > 1 ranks an admission after every runnable later-chunk forward of
 an already admitted microbatch ("finish what you started"); see `BFPicker`.
+
+`ranked` lists a picker's best few actions without taking them and `take` takes any one of
+them, for callers that must agree with others before starting one (`rrfp_ray.agreement`).
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 from dataclasses import dataclass, field
 
@@ -203,3 +207,39 @@ class CPWPicker(BFPicker):
 
 
 Picker = FixedPicker | ListPicker | BFPicker | CPWPicker
+
+
+def ranked(picker: Picker, *, admit: bool, k: int) -> list[Action]:
+    """Up to `k` actions `picker` could run now, best first, leaving it unchanged.
+
+    The first is what `pick` returns; each next one is what `pick` would return were the
+    earlier ones not ready (the picker's own state, e.g. BF's turn, as it is now)."""
+    probe = copy.deepcopy(picker)
+    state = _scalars(probe)
+    actions: list[Action] = []
+    while len(actions) < k and (action := probe.pick(admit=admit)) is not None:
+        actions.append(action)
+        vars(probe).update(state)
+    return actions
+
+
+def take(picker: Picker, *, action: Action, admit: bool) -> None:
+    """Remove `action` from `picker` as `pick` would have, had it ranked first (see `ranked`)."""
+    skipped: list[Action] = []
+    state = _scalars(picker)
+    chosen = picker.pick(admit=admit)
+    while chosen != action:
+        vars(picker).update(state)
+        if chosen is None:
+            for other in skipped:
+                picker.add(other)
+            raise ValueError(f"action {action} is not eligible")
+        skipped.append(chosen)
+        chosen = picker.pick(admit=admit)
+    for other in skipped:
+        picker.add(other)
+
+
+def _scalars(picker: Picker) -> dict[str, bool | int]:
+    """The picker's state besides its ready actions (turns and counters)."""
+    return {name: value for name, value in vars(picker).items() if isinstance(value, (bool, int))}

@@ -36,7 +36,9 @@ class StageStats:
     peak_inflight: int = 0
     peak_buffered: int = 0
     peak_bytes: int = 0
-    tp_disagreements: int = 0
+    tp_disagreements: int = 0  # TP agreement rounds that decided nothing although some rank offered an op
+    tp_rounds: int = 0  # TP agreement rounds, decided or not
+    tp_conflicts: int = 0  # disagreements where every TP rank had an op to offer
     started_at: float = 0.0  # unix seconds; aligns stages of one iteration
     loss: float | None = None  # the iteration's mean training loss, on the stage that computes it
 

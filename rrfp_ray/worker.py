@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from rrfp_ray.actions import Action
+from rrfp_ray.agreement import Agreement, TPContext
 from rrfp_ray.arbiter import Arbiter, Cap
 from rrfp_ray.deps import Layout, Link, Message
 from rrfp_ray.policy import Policy
@@ -102,10 +103,13 @@ class StageWorker:
         executor: Executor,
         buffer_limit: int | None = None,
         latency: Callable[[Message], float] | None = None,
-        tp_agree: Callable[[Action], bool] | None = None,
+        tp: TPContext | None = None,
         all_reduce: Callable[[float], float] = float,
     ) -> tuple[list[OpEvent], StageStats]:
-        """Run every action of this stage for one iteration; returns its events and stats."""
+        """Run every action of this stage for one iteration; returns its events and stats.
+
+        With `tp`, this worker is one rank of its stage's TP group, and the ranks agree on
+        every op before running it (`rrfp_ray.agreement`)."""
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
         with self._cond:
             self._raise_if_failed()
@@ -116,6 +120,7 @@ class StageWorker:
             self._ready_at = {}
             self._cond.notify_all()
         events: list[OpEvent] = []
+        agreement = None if tp is None else Agreement(tp=tp)
         tp_ms = 0.0
         executor.begin(iteration=iteration)
         try:
@@ -123,15 +128,14 @@ class StageWorker:
                 with self._cond:
                     if arbiter.finished:
                         break
-                    action, overtook = self._wait_for_action(arbiter)
+                    if agreement is None:
+                        action, overtook = self._wait_for_action(arbiter)
+                if agreement is not None:
+                    action, overtook, coordinating = self._agree_on_action(arbiter, agreement)
+                    tp_ms += coordinating
+                with self._cond:
                     payload = self._take_input(layout, action)
                 start = self._now()
-                if tp_agree is not None:
-                    agreed = tp_agree(action)
-                    tp_ms += self._now() - start
-                    if not agreed:
-                        raise PipelineError(f"stage {self.stage}: TP ranks disagree on {action}")
-                    start = self._now()
                 output = executor.run(action=action, iteration=iteration, payload=payload, split=layout.split)
                 end = self._now()
                 events.append(
@@ -158,6 +162,9 @@ class StageWorker:
         wall_ms = self._now()
         step = executor.finish(iteration=iteration, all_reduce=all_reduce)
         stats = stage_stats(stage=self.stage, events=events, wall_ms=wall_ms, tp_ms=tp_ms)
+        if agreement is not None:
+            stats.tp_rounds, stats.tp_disagreements = agreement.rounds, agreement.disagreements
+            stats.tp_conflicts = agreement.conflicts
         if step is not None:
             stats.loss, stats.peak_bytes = step.loss, step.peak_bytes
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
@@ -197,6 +204,39 @@ class StageWorker:
                     f"iteration {self._iteration}: nothing eligible for {self.timeout_s:g} s; {arbiter.waiting_for()}"
                 )
             self._cond.wait(timeout=left)
+
+    def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
+        """Rounds with the other TP ranks until they agree on an action; starts it.
+
+        Also returns the ms spent coordinating: all of it but the waits while this rank had
+        nothing eligible (those are blocked time)."""
+        began = time.perf_counter()
+        idle = 0.0
+        deadline = time.monotonic() + self.timeout_s
+        agreed = True  # the last round decided (or none ran yet)
+        while True:
+            with self._cond:
+                self._raise_if_failed()
+                candidates = arbiter.candidates(agreement.tp.width)
+                if not candidates or not agreed:  # wait briefly for an arrival, then join the round
+                    waited = time.perf_counter()
+                    self._cond.wait(timeout=agreement.tp.poll_s)
+                    if not candidates:
+                        idle += time.perf_counter() - waited
+                    candidates = arbiter.candidates(agreement.tp.width)
+            action = agreement.round(candidates)
+            if action is not None:
+                with self._cond:
+                    overtook = arbiter.start(action)
+                    self._cond.notify_all()  # a consumed message frees receive-buffer room
+                return action, overtook, (time.perf_counter() - began - idle) * 1e3
+            agreed = False
+            if time.monotonic() > deadline:
+                with self._cond:
+                    raise PipelineError(
+                        f"iteration {self._iteration}: TP rank {agreement.tp.rank} agreed on nothing for "
+                        f"{self.timeout_s:g} s; {arbiter.waiting_for()}"
+                    )
 
     def _take_input(self, layout: Layout, action: Action) -> torch.Tensor | None:
         message = layout.message_need(action)

@@ -1,0 +1,113 @@
+"""What readiness agreement costs: PP x TP in one process on the synthetic (sleep) workload.
+
+    python jobs/bench_tp.py
+
+For each protocol (`first`, `common`) and jitter model, runs --iterations iterations of
+LocalPipeline(tp=--tp) over SleepExecutor (t_f = --t-f ms, lognormal --sigma) and prints the
+TP-coordination time (agreement rounds and the waits after a failed round, not the waits
+of a rank with nothing eligible) as a fraction of the ranks' wall time, the disagreement rate (rounds
+that decided nothing although some rank offered an op, per round and per op run), conflicts
+per op (disagreements where every rank offered an op: the only kind `common` can avoid), rounds
+per op (idle rounds, where no rank had an op, included) and the median makespan, next to
+the same pipeline without TP. Jitter models: `shared`, every rank of a stage replays the same
+trace; `per-rank`, each TP rank its own seed (its own GPU's jitter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rrfp_ray.arbiter import Cap
+from rrfp_ray.deps import Layout
+from rrfp_ray.local import LocalPipeline
+from rrfp_ray.policy import make_policy
+from rrfp_ray.synthetic import SyntheticWorkload
+from rrfp_ray.telemetry import IterationReport
+from rrfp_ray.variability import generate
+
+
+def _runs(args: argparse.Namespace, *, tp: int, protocol: str, per_rank: bool) -> list[IterationReport]:
+    policy = make_policy(name=args.policy, stages=args.stages, chunks=1, microbatches=args.microbatches)
+    layout = Layout(stages=args.stages, chunks=1, microbatches=args.microbatches, split=policy.split)
+    reports = []
+    with LocalPipeline(layout=layout, timeout_s=60, tp=tp) as pipeline:
+        for i in range(args.iterations):
+            executors = []
+            for s in range(args.stages):
+                for t in range(tp):
+                    seed = args.seed + 1000 * i + (t if per_rank else 0)
+                    trace = generate(
+                        scenario="lognormal",
+                        stages=args.stages,
+                        microbatches=args.microbatches,
+                        chunks=1,
+                        seed=seed,
+                        t_f=args.t_f,
+                        sigma=args.sigma,
+                    )
+                    executors.append(SyntheticWorkload(trace=trace).executor(stage=s, layout=layout))
+            reports.append(
+                pipeline.run_iteration(
+                    iteration=i,
+                    policy=policy,
+                    cap=Cap.parse(args.cap),
+                    executors=executors,
+                    protocol=protocol,
+                    k=args.k,
+                )
+            )
+    return reports
+
+
+def _row(name: str, reports: list[IterationReport], *, ops: int) -> str:
+    stages = [s for r in reports for s in r.stages]
+    wall = sum(s.wall_ms for s in stages)
+    rounds = sum(s.tp_rounds for s in stages)
+    disagreements = sum(s.tp_disagreements for s in stages)
+    conflicts = sum(s.tp_conflicts for s in stages)
+    tp_fraction = sum(s.tp_ms for s in stages) / wall if wall else 0.0
+    executed = ops * len(stages)
+    makespan = statistics.median(r.makespan_ms for r in reports)
+    return (
+        f"| {name} | {tp_fraction:.2%} | {disagreements / rounds if rounds else 0.0:.2%} | "
+        f"{disagreements / executed:.3f} | {conflicts / executed:.3f} | {rounds / executed:.2f} | {makespan:.0f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--policy", default="bf")
+    parser.add_argument("--cap", default="2x")
+    parser.add_argument("--t-f", type=float, default=20.0)
+    parser.add_argument("--sigma", type=float, default=0.3)
+    parser.add_argument("--k", type=int, default=4, help="ops each rank offers per round under 'common'")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    ops = 2 * args.microbatches
+    print(
+        f"PP={args.stages} x TP={args.tp}, M={args.microbatches}, {args.policy}, cap {args.cap}, "
+        f"t_f={args.t_f:g} ms, lognormal sigma={args.sigma:g}, {args.iterations} iterations"
+    )
+    print(
+        "| run | tp time / wall | disagreements / rounds | disagreements per op | conflicts per op | rounds per op "
+        "| median makespan ms |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    print(_row("no TP", _runs(args, tp=1, protocol="first", per_rank=False), ops=ops))
+    for per_rank in (False, True):
+        for protocol in ("first", "common"):
+            name = f"{protocol}, {'per-rank' if per_rank else 'shared'} jitter"
+            print(_row(name, _runs(args, tp=args.tp, protocol=protocol, per_rank=per_rank), ops=ops), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Readiness agreement among the tensor-parallel ranks of one stage.
+
+The ranks of a TP group hold the same arbiter state but receive messages at different
+times, so their ready sets can differ; their collectives only match if they run the same
+op in the same order. Before each op they run rounds of an all-gather of op ids until a
+round decides one:
+
+- `first` (the paper's): each rank offers its first choice (-1: none); the op runs when
+  every rank offered it, else every rank defers and arbitrates again in a new round.
+- `common`: each rank offers its `k` best eligible ops, best first (-1 pads); the op run is
+  the first of rank 0's list that is in every rank's list; none common: a new round.
+
+Both decide from the gathered lists alone, so every rank decides the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rrfp_ray.actions import Action, Kind
+
+PROTOCOLS = ("first", "common")
+NONE = -1
+_KINDS = (Kind.F, Kind.B, Kind.W)
+_CHUNK_BITS = 16
+
+
+def op_id(action: Action) -> int:
+    """A stable int for an action of one stage: microbatch, chunk and kind."""
+    if not 0 <= action.chunk < 1 << _CHUNK_BITS:
+        raise ValueError(f"action.chunk must be in [0, {1 << _CHUNK_BITS}), got {action.chunk}")
+    return ((action.microbatch << _CHUNK_BITS) | action.chunk) * len(_KINDS) + _KINDS.index(action.kind)
+
+
+@dataclass(frozen=True)
+class TPContext:
+    """One rank's view of its stage's TP group."""
+
+    rank: int
+    size: int
+    all_gather: Callable[[list[int]], list[list[int]]]  # every rank's list, in rank order
+    all_reduce: Callable[[Tensor], Tensor]  # sum over the group, for the TP layers
+    protocol: str = "first"
+    k: int = 4  # ops each rank offers per round under `common`
+    poll_s: float = 0.002  # how long a rank with nothing eligible waits for an arrival before a round
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1, got {self.size}")
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"rank must be in [0, {self.size}), got {self.rank}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0, got {self.poll_s}")
+
+    @property
+    def width(self) -> int:
+        """How many op ids each rank offers per round."""
+        return 1 if self.protocol == "first" else self.k
+
+
+def offer(*, candidates: list[Action], width: int) -> list[int]:
+    """The op ids a rank contributes to a round: its `width` best, padded with -1."""
+    ids = [op_id(action) for action in candidates[:width]]
+    return ids + [NONE] * (width - len(ids))
+
+
+def decide(*, protocol: str, gathered: list[list[int]]) -> int | None:
+    """The op every rank runs after this round, or None: another round."""
+    if protocol == "first":
+        firsts = {ids[0] for ids in gathered}
+        return firsts.pop() if len(firsts) == 1 and NONE not in firsts else None
+    if protocol == "common":
+        return next((op for op in gathered[0] if op != NONE and all(op in ids for ids in gathered[1:])), None)
+    raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+
+
+class Agreement:
+    """Runs rounds for one rank and counts them."""
+
+    def __init__(self, *, tp: TPContext) -> None:
+        self.tp = tp
+        self.rounds = 0
+        self.disagreements = 0  # rounds that decided nothing although some rank offered an op
+        self.conflicts = 0  # of those, rounds where every rank offered one (none had to wait for an arrival)
+
+    def round(self, candidates: list[Action]) -> Action | None:
+        """One round over this rank's candidates (best first); the agreed action, or None."""
+        gathered = self.tp.all_gather(offer(candidates=candidates, width=self.tp.width))
+        chosen = decide(protocol=self.tp.protocol, gathered=gathered)
+        self.rounds += 1
+        if chosen is None and any(ids[0] != NONE for ids in gathered):
+            self.disagreements += 1
+            self.conflicts += all(ids[0] != NONE for ids in gathered)
+        if chosen is None:
+            return None
+        action = next((a for a in candidates if op_id(a) == chosen), None)
+        if action is None:
+            raise ValueError(f"agreed op {chosen} is not among this rank's candidates {candidates}")
+        return action

@@ -1,0 +1,161 @@
+"""Megatron-style tensor parallelism for the GPT's blocks (`rrfp_ray.model` stays unsplit).
+
+A TP block on rank r of T holds slices of a built `Block`'s weights: attention heads
+r*H/T .. (r+1)*H/T (the query, key and value rows of `qkv`, column-parallel), the matching
+input columns of the attention output projection (row-parallel), rows r*4C/T .. of the MLP's
+`fc` (column-parallel) and the matching input columns of its `proj` (row-parallel). A
+row-parallel layer's partial outputs are summed over the group, then its bias added once.
+`f` (identity forward, all-reduce backward) enters each column-parallel layer and `g`
+(all-reduce forward, identity backward) leaves each row-parallel one, so every rank's
+activations, LayerNorm inputs and so LayerNorm gradients equal the unsplit block's, and each
+shard's gradient is the matching slice of the unsplit gradient. Every process builds the full
+model from the same seed and keeps its slices.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rrfp_ray.model import Block
+
+AllReduce = Callable[[Tensor], Tensor]
+
+
+class _Enter(torch.autograd.Function):
+    """`f`: identity forward; the input gradient summed over the group."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, all_reduce: AllReduce) -> Tensor:
+        ctx.all_reduce = all_reduce
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return ctx.all_reduce(grad.contiguous()), None
+
+
+class _Leave(torch.autograd.Function):
+    """`g`: the partial outputs summed over the group; identity backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, all_reduce: AllReduce) -> Tensor:
+        return all_reduce(x.contiguous())
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+def check_tp(*, n_head: int, n_embd: int, size: int) -> None:
+    """ValueError unless `size` ranks can split the heads and the MLP's hidden width."""
+    if size < 1:
+        raise ValueError(f"tp size must be >= 1, got {size}")
+    if n_head % size:
+        raise ValueError(f"n_head ({n_head}) must be a multiple of the tp size ({size})")
+    if (4 * n_embd) % size:
+        raise ValueError(
+            f"n_embd: the MLP's hidden width 4*n_embd ({4 * n_embd}) must be a multiple of the tp size ({size})"
+        )
+
+
+def shard_block_tensors(tensors: dict[str, Tensor], *, n_head: int, rank: int, size: int) -> dict[str, Tensor]:
+    """Rank `rank`'s slices of a `Block`'s parameters (or of their gradients), by name."""
+    width = tensors["attn.qkv.weight"].shape[1]
+    check_tp(n_head=n_head, n_embd=width, size=size)
+    heads = slice(rank * width // size, (rank + 1) * width // size)  # this rank's heads' columns of q, k or v
+    hidden = slice(rank * 4 * width // size, (rank + 1) * 4 * width // size)
+    out = {name: t for name, t in tensors.items() if not name.startswith(("attn.", "mlp."))}
+    for name in ("attn.qkv.weight", "attn.qkv.bias"):
+        if name in tensors:
+            out[name] = torch.cat([part[heads] for part in tensors[name].split(width)])
+    out["attn.proj.weight"] = tensors["attn.proj.weight"][:, heads]
+    out["mlp.fc.weight"] = tensors["mlp.fc.weight"][hidden]
+    if "mlp.fc.bias" in tensors:
+        out["mlp.fc.bias"] = tensors["mlp.fc.bias"][hidden]
+    out["mlp.proj.weight"] = tensors["mlp.proj.weight"][:, hidden]
+    for name in ("attn.proj.bias", "mlp.proj.bias"):  # added once, after the sum: replicated
+        if name in tensors:
+            out[name] = tensors[name]
+    return {name: t.clone() for name, t in out.items()}
+
+
+class _Attention(nn.Module):
+    def __init__(self, *, width: int, heads: int, size: int, bias: bool, all_reduce: AllReduce) -> None:
+        super().__init__()
+        self.heads = heads // size
+        self.local = width // size
+        self.all_reduce = all_reduce
+        self.qkv = nn.Linear(width, 3 * self.local, bias=bias)
+        self.proj = nn.Linear(self.local, width, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(_Enter.apply(x, self.all_reduce)).split(self.local, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, self.local // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, length, self.local)
+        return _add_bias(_Leave.apply(F.linear(y, self.proj.weight), self.all_reduce), self.proj.bias)
+
+
+class _MLP(nn.Module):
+    def __init__(self, *, width: int, size: int, bias: bool, all_reduce: AllReduce) -> None:
+        super().__init__()
+        self.all_reduce = all_reduce
+        self.fc = nn.Linear(width, 4 * width // size, bias=bias)
+        self.proj = nn.Linear(4 * width // size, width, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = F.gelu(self.fc(_Enter.apply(x, self.all_reduce)))
+        return _add_bias(_Leave.apply(F.linear(hidden, self.proj.weight), self.all_reduce), self.proj.bias)
+
+
+def _add_bias(x: Tensor, bias: Tensor | None) -> Tensor:
+    return x if bias is None else x + bias
+
+
+class TPBlock(nn.Module):
+    """Rank `rank`'s share of `block`; its parameters have `block`'s names, in `block`'s order."""
+
+    def __init__(self, block: Block, *, rank: int, size: int, all_reduce: AllReduce) -> None:
+        super().__init__()
+        width, n_head = block.attn.qkv.in_features, block.attn.n_head
+        check_tp(n_head=n_head, n_embd=width, size=size)
+        bias = block.attn.qkv.bias is not None
+        self.ln_1 = copy.deepcopy(block.ln_1)
+        self.attn = _Attention(width=width, heads=n_head, size=size, bias=bias, all_reduce=all_reduce)
+        self.ln_2 = copy.deepcopy(block.ln_2)
+        self.mlp = _MLP(width=width, size=size, bias=bias, all_reduce=all_reduce)
+        state = {name: p.detach() for name, p in block.named_parameters()}
+        self.load_state_dict(shard_block_tensors(state, n_head=n_head, rank=rank, size=size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+@dataclass(frozen=True)
+class TPLayers:
+    """A layer-list builder whose `Block`s become rank `rank`'s `TPBlock`s; the rest stay replicated."""
+
+    layers: Callable[[], Sequence[nn.Module]]
+    rank: int
+    size: int
+    all_reduce: AllReduce
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"rank must be in [0, {self.size}), got {self.rank}")
+
+    def __call__(self) -> list[nn.Module]:
+        return [
+            TPBlock(layer, rank=self.rank, size=self.size, all_reduce=self.all_reduce)
+            if isinstance(layer, Block)
+            else layer
+            for layer in self.layers()
+        ]
