@@ -230,8 +230,10 @@ class StageRunner:
         self._peak = 0
 
     def grad_sq_norm(self) -> float:
-        """Sum of squared gradient entries over this runner's parameters."""
-        squares = [grad.detach().double().square().sum() for grad in self._grads()]
+        """Sum of squared gradient entries over this runner's parameters, less tensor-parallel
+        replicas (parameters with a true `tp_replica` attribute; rank 0 counts them)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None and not getattr(p, "tp_replica", False)]
+        squares = [grad.detach().double().square().sum() for grad in grads]
         return float(torch.stack(squares).sum()) if squares else 0.0
 
     def step(self, *, clip_coef: float, lr: float | None) -> None:

@@ -86,6 +86,10 @@ def shard_block_tensors(tensors: dict[str, Tensor], *, n_head: int, rank: int, s
     return {name: t.clone() for name, t in out.items()}
 
 
+REPLICA = "tp_replica"  # parameter attribute: a copy of rank 0's, left out of the gradient norm
+REPLICATED_IN_BLOCK = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.proj.bias", "mlp.proj.bias")
+
+
 class _Attention(nn.Module):
     def __init__(self, *, width: int, heads: int, size: int, bias: bool, all_reduce: AllReduce) -> None:
         super().__init__()
@@ -153,9 +157,15 @@ class TPLayers:
             raise ValueError(f"rank must be in [0, {self.size}), got {self.rank}")
 
     def __call__(self) -> list[nn.Module]:
-        return [
+        layers = [
             TPBlock(layer, rank=self.rank, size=self.size, all_reduce=self.all_reduce)
             if isinstance(layer, Block)
             else layer
             for layer in self.layers()
         ]
+        if self.rank > 0:  # every rank holds these whole: the global gradient norm counts them on rank 0 only
+            for layer in layers:
+                for name, param in layer.named_parameters():
+                    if not isinstance(layer, TPBlock) or name in REPLICATED_IN_BLOCK:
+                        setattr(param, REPLICA, True)
+        return layers

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 from gradients import GradCapture, gpt_reference
+from torch import nn
 
 from rrfp_ray.actions import Action, Kind
 from rrfp_ray.agreement import Agreement, TPContext, decide, offer, op_id
@@ -17,9 +18,9 @@ from rrfp_ray.config import RunConfig
 from rrfp_ray.deps import Layout
 from rrfp_ray.gpt import gpt_workload
 from rrfp_ray.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
-from rrfp_ray.model import GPT, Block, GPTConfig
+from rrfp_ray.model import GPT, Block, GPTConfig, lm_loss
 from rrfp_ray.policy import make_policy
-from rrfp_ray.stage import partition
+from rrfp_ray.stage import StageRunner, partition
 from rrfp_ray.tp import TPBlock, TPLayers, check_tp, shard_block_tensors
 
 TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}
@@ -298,3 +299,23 @@ def test_bad_tp_arguments_are_rejected():
         LocalPipeline(layout=Layout(stages=2, chunks=1, microbatches=2, split=False), tp=0)
     with pytest.raises(ValueError, match="k"):
         _arbiter("bf").candidates(0)
+
+
+def test_the_global_gradient_norm_counts_replicated_parameters_once():
+    config = GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8)
+    x = torch.randint(0, 256, (2, 8))
+    ranks = []
+    for rank in range(2):
+        layers = TPLayers(layers=GPT(config, seed=0).layers, rank=rank, size=2, all_reduce=lambda t: t)()
+        runner = StageRunner(
+            chunks={0: nn.Sequential(*layers)}, first_chunk=0, last_chunk=0, loss_fn=lm_loss, loss_scale=1.0,
+            optimizer_factory=lambda params: torch.optim.SGD(params, lr=0.0),
+        )
+        runner.forward(chunk=0, microbatch=0, inputs=x, targets=x)
+        runner.backward(chunk=0, microbatch=0, grad=None)
+        ranks.append(runner)
+    sharded = sum(float(p.grad.square().sum()) for p in ranks[1].parameters() if not getattr(p, "tp_replica", False))
+    replicas = sum(float(p.grad.square().sum()) for p in ranks[1].parameters() if getattr(p, "tp_replica", False))
+    assert replicas > 0
+    assert ranks[1].grad_sq_norm() == pytest.approx(sharded)
+    assert ranks[0].grad_sq_norm() == pytest.approx(sum(float(p.grad.square().sum()) for p in ranks[0].parameters()))
