@@ -45,7 +45,7 @@ class PipelineDriver:
         self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
         gpus = self.gpus_per_stage
         bundle = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}
-        stages = self.pipeline.stages
+        stages = self.pipeline.stages * self.pipeline.tp  # one actor per (stage, TP rank)
         if gpus and ray.cluster_resources().get("GPU", 0) < stages * gpus:
             raise ValueError(
                 f"{stages} stages x {gpus:g} GPU each need {stages * gpus:g} GPUs; "
@@ -61,7 +61,13 @@ class PipelineDriver:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=s
                 ),
-            ).remote(stage=s, timeout_s=self.timeout_s, link_timeout_s=self.pipeline.link_timeout_s)
+            ).remote(
+                stage=s // self.pipeline.tp,
+                tp_rank=s % self.pipeline.tp,
+                tp_size=self.pipeline.tp,
+                timeout_s=self.timeout_s,
+                link_timeout_s=self.pipeline.link_timeout_s,
+            )
             for s in range(stages)
         ]
         self._gather([a.ping.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s)
@@ -91,27 +97,46 @@ class PipelineDriver:
         self._gather([a.set_workload.remote(workload=workload, layout=self.layout) for a in self.stages], what="set_workload")
 
     def _wire(self) -> None:
-        prefix = uuid.uuid4().hex[:8]
-        groups = {link: f"{prefix}-{link.kind.value}{link.src}-{link.dst}" for link in self.layout.links()}
-        members = {name: (link.src, link.dst) for link, name in groups.items()}
+        """A 2-rank group per link and TP rank, a TP group per stage (T > 1), and one group of all actors."""
+        prefix, tp = uuid.uuid4().hex[:8], self.pipeline.tp
+        links = {
+            (link, t): f"{prefix}-{link.kind.value}{link.src}-{link.dst}-t{t}" for link in self.layout.links() for t in range(tp)
+        }
+        members = {name: (link.src * tp + t, link.dst * tp + t) for (link, t), name in links.items()}
+        tp_groups = {s: f"{prefix}-tp{s}" for s in range(self.layout.stages)} if tp > 1 else {}
+        members |= {name: tuple(range(s * tp, (s + 1) * tp)) for s, name in tp_groups.items()}
         everyone = f"{prefix}-all"
         members[everyone] = tuple(range(len(self.stages)))
         addresses = self._gather(
             [self.stages[ranks[0]].host_group.remote(name=name) for name, ranks in members.items()],
             what="group stores",
-            labels=[f"stage {ranks[0]}" for ranks in members.values()],
+            labels=[self._label(ranks[0]) for ranks in members.values()],
         )
         joins, labels = [], []
         for (name, ranks), address in zip(members.items(), addresses):
-            for rank, stage in enumerate(ranks):
+            for rank, actor in enumerate(ranks):
                 joins.append(
-                    self.stages[stage].join_group.remote(
+                    self.stages[actor].join_group.remote(
                         name=name, address=address, rank=rank, world_size=len(ranks), backend=self.backend
                     )
                 )
-                labels.append(f"stage {stage} (group {name})")
+                labels.append(f"{self._label(actor)} (group {name})")
         self._gather(joins, what="collective groups to form", labels=labels)
-        self._gather([a.connect.remote(groups=groups, everyone=everyone) for a in self.stages], what="channels to open")
+        self._gather(
+            [
+                a.connect.remote(
+                    groups={link: name for (link, t), name in links.items() if t == i % tp},
+                    everyone=everyone,
+                    tp_group=tp_groups.get(i // tp),
+                )
+                for i, a in enumerate(self.stages)
+            ],
+            what="channels to open",
+        )
+
+    def _label(self, actor: int) -> str:
+        stage, rank = divmod(actor, self.pipeline.tp)
+        return f"stage {stage}" + (f" TP rank {rank}" if self.pipeline.tp > 1 else "")
 
     def run_iteration(self, *, iteration: int, policy: Policy, cap: Cap | None = None) -> IterationReport:
         layout = Layout(
@@ -124,6 +149,7 @@ class PipelineDriver:
                 policy=policy,
                 cap=cap or self.pipeline.parsed_cap,
                 buffer_limit=self.pipeline.buffer_limit,
+                tp_protocol=self.pipeline.tp_protocol,
             )
             for a in self.stages
         ]
@@ -132,18 +158,21 @@ class PipelineDriver:
         except PipelineError:
             self._failed = True
             raise
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results)
+        # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage
+        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results[:: self.pipeline.tp])
 
     def evaluate(self, *, microbatches: int) -> float:
         """Mean validation loss; activations pass stage to stage as object refs, not through the driver."""
-        finals = []
+        finals, tp = [], self.pipeline.tp
         for index in range(microbatches):
-            ref = None
-            for vs in range(self.layout.virtual_stages):
-                stage, chunk = place(virtual_stage=vs, stages=self.layout.stages)
-                ref = self.stages[stage].evaluate.remote(chunk=chunk, inputs=ref, index=index)
-            finals.append(ref)
-        losses = self._gather(finals, what="validation", labels=[f"validation microbatch {i}" for i in range(microbatches)])
+            for rank in range(tp):
+                ref = None
+                for vs in range(self.layout.virtual_stages):
+                    stage, chunk = place(virtual_stage=vs, stages=self.layout.stages)
+                    ref = self.stages[stage * tp + rank].evaluate.remote(chunk=chunk, inputs=ref, index=index)
+                finals.append(ref)
+        labels = [f"validation microbatch {i // tp}" for i in range(len(finals))]
+        losses = self._gather(finals, what="validation", labels=labels)[::tp]
         return float(sum(float(loss) for loss in losses) / len(losses))
 
     def startup_seconds(self) -> float:
@@ -177,7 +206,7 @@ class PipelineDriver:
         actors first: a killed stage also breaks its neighbours' links, and the dead one is the cause.
         """
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        labels = labels or [f"stage {i}" for i in range(len(refs))]
+        labels = labels or [self._label(i) for i in range(len(refs))]
         owners = dict(zip(refs, labels))
         deadline = time.monotonic() + timeout_s + 5.0
         pending = list(refs)

@@ -9,6 +9,7 @@ import torch
 
 from actors import collective
 from actors.dashboard import ProfiledExecutor, StageMetrics
+from rrfp_ray.agreement import TPContext
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.checkpoint import StageFile
 from rrfp_ray.deps import Layout, Link
@@ -19,10 +20,13 @@ from rrfp_ray.worker import Executor, StageWorker, Workload
 
 @ray.remote
 class StageActor:
-    def __init__(self, *, stage: int, timeout_s: float, link_timeout_s: float) -> None:
+    def __init__(self, *, stage: int, tp_rank: int, tp_size: int, timeout_s: float, link_timeout_s: float) -> None:
         torch.set_num_threads(1)
         collective.register_backends()
         self.stage = stage
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self._tp_group: str | None = None
         self.timeout_s = timeout_s
         self.link_timeout_s = link_timeout_s
         self._worker: StageWorker | None = None
@@ -39,7 +43,7 @@ class StageActor:
             name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
         )
 
-    def connect(self, *, groups: dict[Link, str], everyone: str) -> None:
+    def connect(self, *, groups: dict[Link, str], everyone: str, tp_group: str | None) -> None:
         """Open a channel on every link this stage sends or receives on; start the threads."""
 
         def channel(link: Link) -> collective.Channel:
@@ -47,6 +51,7 @@ class StageActor:
             return collective.Channel(group=groups[link], peer=peer, timeout_s=self.link_timeout_s, name=str(link))
 
         self._everyone = everyone
+        self._tp_group = tp_group
         self._worker = StageWorker(
             stage=self.stage,
             inbound={link: channel(link) for link in groups if link.dst == self.stage},
@@ -55,11 +60,13 @@ class StageActor:
         )
 
     def set_workload(self, *, workload: Workload, layout: Layout) -> None:
+        if self._tp_group is not None:
+            workload = workload.with_tp(rank=self.tp_rank, size=self.tp_size, all_reduce=self._tp_all_reduce)
         self._workload = workload
         self._executor = ProfiledExecutor(workload.executor(stage=self.stage, layout=layout), stage=self.stage)
 
     def run_iteration(
-        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int
+        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int, tp_protocol: str
     ) -> tuple[list[OpEvent], StageStats]:
         if self._worker is None or self._workload is None or self._executor is None:
             raise RuntimeError(f"stage {self.stage}: run_iteration before connect() and set_workload()")
@@ -72,6 +79,7 @@ class StageActor:
             buffer_limit=buffer_limit,
             latency=self._workload.latency,
             all_reduce=self._all_reduce,
+            tp=None if self._tp_group is None else self._tp_context(protocol=tp_protocol),
         )
         self._metrics.record(stats)
         return events, stats
@@ -81,11 +89,32 @@ class StageActor:
         collective.all_reduce_sum(group=self._everyone, tensor=tensor)
         return float(tensor)
 
+    def _tp_context(self, *, protocol: str) -> TPContext:
+        return TPContext(
+            rank=self.tp_rank,
+            size=self.tp_size,
+            all_gather=self._tp_all_gather,
+            all_reduce=self._tp_all_reduce,
+            protocol=protocol,
+        )
+
+    def _tp_all_gather(self, values: list[int]) -> list[list[int]]:
+        """Every TP rank's list (all the same length), as one all-reduce of a rank x length table."""
+        table = torch.zeros(self.tp_size, len(values), dtype=torch.int64)
+        table[self.tp_rank] = torch.tensor(values, dtype=torch.int64)
+        collective.all_reduce_sum(group=self._tp_group, tensor=table)
+        return table.tolist()
+
+    def _tp_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        total = tensor.detach().clone()
+        collective.all_reduce_sum(group=self._tp_group, tensor=total)
+        return total
+
     def evaluate(self, *, chunk: int, inputs: torch.Tensor | None, index: int) -> torch.Tensor:
         return self._executor.evaluate(chunk=chunk, inputs=inputs, index=index)
 
     def save(self, *, directory: str, iteration: int) -> StageFile:
-        return self._executor.save(directory=Path(directory), iteration=iteration)
+        return self._executor.save(directory=Path(directory), iteration=iteration, shard=self.stage * self.tp_size + self.tp_rank)
 
     def load(self, *, directory: str, file: StageFile) -> None:
         self._executor.load(directory=Path(directory), file=file)

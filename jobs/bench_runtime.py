@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli import add_scenario_flags, config_error, start_ray, variability
+from cli import add_scenario_flags, config_error, start_ray, variability, write_pictures
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from rrfp_ray.variability import Trace
 
 FLAGS = {
+    "tp": "--tp",
+    "tp_protocol": "--tp-protocol",
     "stages": "--stages",
     "chunks": "--chunks",
     "microbatches": "--microbatches",
@@ -44,6 +46,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     pipe.add_argument("--chunks", type=int, default=1)
     pipe.add_argument("--microbatches", type=int, default=16)
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
+    pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
+    pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
     pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
     bench = parser.add_argument_group("benchmark")
     bench.add_argument(
@@ -52,6 +56,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     bench.add_argument("--payload-elems", type=int, default=4096, help="float32 elements per message")
     bench.add_argument("--iterations", type=int, default=5, help="per policy; the first is a warm-up when > 1")
     bench.add_argument("--json", default=None, metavar="OUT", help="write the per-policy figures here")
+    bench.add_argument("--out", default=None, metavar="DIR", help="write a Perfetto trace and a diagram per policy here")
     add_scenario_flags(parser, default="lognormal")
     args = parser.parse_args(argv)
     if args.iterations < 1:
@@ -69,6 +74,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
             policy=baseline,
             cap=args.cap,
             timeout_s=args.timeout,
+            tp=args.tp,
+            tp_protocol=args.tp_protocol,
         )
         trace = VariabilityConfig(**variability(args)).trace(pipeline=pipeline)
     except ValidationError as error:
@@ -83,25 +90,23 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     return args, pipeline, trace, names
 
 
-def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str, list[float]]:
-    """Iteration times per policy; policies take turns so drift hits all of them alike."""
+def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str, list]:
+    """Iteration reports per policy (the first dropped as warm-up when there are more);
+    policies take turns so drift hits all of them alike."""
     import ray
 
-    times: dict[str, list[float]] = {name: [] for name in names}
+    reports: dict[str, list] = {name: [] for name in names}
     policies = {name: pipeline.resolved_policy(name) for name in names}
     iteration = 0
     for _ in range(iterations):
         for name in names:
-            report = ray.get(driver.run_iteration.remote(iteration=iteration, policy=policies[name]))
-            times[name].append(report.makespan_ms)
+            reports[name].append(ray.get(driver.run_iteration.remote(iteration=iteration, policy=policies[name])))
             iteration += 1
-    return times
+    return {name: runs[1:] if len(runs) > 1 else runs for name, runs in reports.items()}
 
 
-def summarize(
-    *, times: dict[str, list[float]], simulated: dict[str, float], baseline: str
-) -> dict[str, dict[str, float]]:
-    measured = {name: statistics.median(ts[1:] if len(ts) > 1 else ts) for name, ts in times.items()}
+def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline: str) -> dict[str, dict[str, float]]:
+    measured = {name: statistics.median(r.makespan_ms for r in runs) for name, runs in reports.items()}
     return {
         name: {
             "measured_ms": measured[name],
@@ -109,8 +114,12 @@ def summarize(
             "ratio": measured[name] / simulated[name],
             "speedup_measured": measured[baseline] / measured[name],
             "speedup_predicted": simulated[baseline] / simulated[name],
+            "tp_coord_fraction": statistics.median(
+                sum(s.tp_ms for s in r.stages) / sum(s.wall_ms for s in r.stages) for r in runs
+            ),
+            "tp_disagreements": statistics.mean(sum(s.tp_disagreements for s in r.stages) for r in runs),
         }
-        for name in times
+        for name, runs in reports.items()
     }
 
 
@@ -129,28 +138,32 @@ def main(argv: list[str] | None = None) -> dict:
         ).makespan_ms
         for name in names
     }
-    print(start_ray(num_cpus=max(2, pipeline.stages)))
+    print(start_ray(num_cpus=max(2, pipeline.stages * pipeline.tp)))
     driver = PipelineDriver.remote(
         pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=args.payload_elems)
     )
     try:
         print(f"{pipeline.stages} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
-        times = measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
+        reports = measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
         ray.get(driver.shutdown.remote())
     finally:
         ray.kill(driver)
-    results = summarize(times=times, simulated=simulated, baseline=names[0])
+    results = summarize(reports=reports, simulated=simulated, baseline=names[0])
+    if args.out:
+        write_pictures(out=Path(args.out), runs=reports)
     print(
-        f"\nP={pipeline.stages} v={pipeline.chunks} M={pipeline.microbatches} cap={pipeline.cap} "
+        f"\nP={pipeline.stages} v={pipeline.chunks} T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
         f"scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)"
     )
     print(
         f"{'policy':<12} {'measured ms':>11} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} {'predicted':>9} {'meas/pred':>9}"
+        + (f" {'TP coord':>8} {'disagree':>8}" if pipeline.tp > 1 else "")
     )
     for name, r in results.items():
         print(
             f"{name:<12} {r['measured_ms']:11.1f} {r['sim_ms']:9.1f} {r['ratio']:8.3f} "
             f"{r['speedup_measured']:8.3f} {r['speedup_predicted']:9.3f} {r['speedup_measured'] / r['speedup_predicted']:9.3f}"
+            + (f" {r['tp_coord_fraction']:8.2%} {r['tp_disagreements']:8.1f}" if pipeline.tp > 1 else "")
         )
     summary = {"policies": results}
     if args.json:

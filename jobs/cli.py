@@ -55,6 +55,25 @@ def config_error(parser: argparse.ArgumentParser, error: ValidationError, *, fla
     parser.error("\n  ".join(lines))
 
 
+def median_report(reports: list):
+    return sorted(reports, key=lambda r: r.makespan_ms)[len(reports) // 2]
+
+
+def write_pictures(*, out: Path, runs: dict[str, list]) -> None:
+    """A Perfetto trace and a pipeline diagram per run; one comparison diagram for two runs."""
+    from rrfp_ray.diagram import compare_png, pipeline_png
+    from rrfp_ray.perfetto import write_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+
+    for name, reports in runs.items():
+        write_trace(out / f"trace-{name}.json", reports)
+        pipeline_png(out / f"pipeline-{name}.png", median_report(reports))
+    if len(runs) == 2:
+        top, bottom = (median_report(reports) for reports in runs.values())
+        compare_png(out / "compare.png", top, bottom)
+
+
 def start_ray(*, num_cpus: int) -> str:
     """Attach to a running cluster (as under `ray job submit`), else start an embedded local Ray."""
     import os

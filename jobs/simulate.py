@@ -16,8 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from cli import write_pictures  # puts the repository on sys.path
 from rrfp_ray.actions import Action  # noqa: E402
 from rrfp_ray.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy import Policy, make_policy  # noqa: E402
@@ -54,18 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"baseline": baseline, "cap": str(cap), "policies": results}, indent=2))
     if args.out:
-        write_pictures(out=Path(args.out), reports=reports)
-
-
-def write_pictures(*, out: Path, reports: dict[str, IterationReport]) -> None:
-    from rrfp_ray.diagram import pipeline_png
-    from rrfp_ray.perfetto import write_trace
-
-    out.mkdir(parents=True, exist_ok=True)
-    for name, report in reports.items():
-        write_trace(out / f"trace-{name}.json", [report])
-        pipeline_png(out / f"pipeline-{name}.png", report)
-    print(f"wrote traces and diagrams to {out}/")
+        write_pictures(out=Path(args.out), runs={name: [report] for name, report in reports.items()})
+        print(f"wrote traces and diagrams to {args.out}/")
 
 
 def build_parser() -> argparse.ArgumentParser:

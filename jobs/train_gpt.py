@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from cli import add_scenario_flags, config_error, start_ray, variability
+from cli import add_scenario_flags, config_error, start_ray, variability, write_pictures
 from pydantic import ValidationError
 
 FLAGS = {
@@ -33,6 +33,8 @@ FLAGS = {
     "pipeline.backend": "--backend",
     "pipeline.timeout_s": "--timeout",
     "pipeline.hint": "--hint",
+    "pipeline.tp": "--tp",
+    "pipeline.tp_protocol": "--tp-protocol",
     "train.iterations": "--iterations",
     "train.micro_batch_size": "--micro-batch-size",
     "train.seq_len": "--seq-len",
@@ -66,6 +68,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
     pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]}: the order for policies hint / ready-hint")
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
+    pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
     pipe.add_argument(
         "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
@@ -110,6 +114,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig
                 "backend": args.backend,
                 "timeout_s": args.timeout,
                 "hint": json.loads(Path(args.hint).read_text()) if args.hint else None,
+                "tp": args.tp,
+                "tp_protocol": args.tp_protocol,
             },
             variability=variability(args),
             train={
@@ -192,23 +198,6 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
     return summary, reports
 
 
-def median_report(reports: list):
-    return sorted(reports, key=lambda r: r.makespan_ms)[len(reports) // 2]
-
-
-def write_pictures(*, out: Path, runs: dict[str, list]) -> None:
-    """A Perfetto trace and a pipeline diagram per run; one comparison diagram for two runs."""
-    from rrfp_ray.diagram import compare_png, pipeline_png
-    from rrfp_ray.perfetto import write_trace
-
-    for name, reports in runs.items():
-        write_trace(out / f"trace-{name}.json", reports)
-        pipeline_png(out / f"pipeline-{name}.png", median_report(reports))
-    if len(runs) == 2:
-        top, bottom = (median_report(reports) for reports in runs.values())
-        compare_png(out / "compare.png", top, bottom)
-
-
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
     from actors.backend import RayBackend
@@ -216,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(start_ray(num_cpus=max(2, run.pipeline.stages)))
+    print(start_ray(num_cpus=max(2, run.pipeline.stages * run.pipeline.tp)))
     started = time.perf_counter()
     with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
         print(f"{run.pipeline.stages} stage actors up in {trainer.backend.startup_s:.1f} s")

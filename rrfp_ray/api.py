@@ -139,7 +139,7 @@ class Trainer:
             pipeline=pipeline,
         )
         self.fingerprint = fingerprint(
-            pipeline.stages, pipeline.chunks, [tuple(p.shape) for m in self.workload.layers() for p in m.parameters()]
+            pipeline.stages, pipeline.chunks, pipeline.tp, [tuple(p.shape) for m in self.workload.layers() for p in m.parameters()]
         )
         resume = self._latest() if checkpoints is not None and checkpoints.resume else None
         if checkpoints is not None and checkpoints.resume and resume is None:

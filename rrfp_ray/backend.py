@@ -7,6 +7,7 @@ The Ray backend (stage actors under a driver actor) is `actors.backend.RayBacken
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -60,7 +61,7 @@ class LocalBackend:
             raise RuntimeError("this LocalBackend has already started; use one backend per Trainer")
         self._config = pipeline
         self._pipeline = LocalPipeline(
-            layout=pipeline.layout, timeout_s=pipeline.timeout_s, link_timeout_s=pipeline.link_timeout_s
+            layout=pipeline.layout, timeout_s=pipeline.timeout_s, link_timeout_s=pipeline.link_timeout_s, tp=pipeline.tp
         )
         try:
             self.set_workload(workload=workload)
@@ -69,9 +70,16 @@ class LocalBackend:
             raise
 
     def set_workload(self, *, workload: ModelWorkload) -> None:
-        layout = self._started().layout
+        config = self._started()
         self._workload = workload
-        self.executors = [workload.executor(stage=s, layout=layout) for s in range(layout.stages)]
+        self.executors = []
+        for stage in range(config.stages):
+            for rank in range(config.tp):
+                shard = workload
+                if config.tp > 1:
+                    all_reduce = self._pipeline.tp_all_reduce(stage=stage, rank=rank)
+                    shard = workload.with_tp(rank=rank, size=config.tp, all_reduce=all_reduce)
+                self.executors.append(shard.executor(stage=stage, layout=config.layout))
 
     def run_iteration(self, *, iteration: int, policy: Policy) -> IterationReport:
         config = self._started()
@@ -82,22 +90,26 @@ class LocalBackend:
             executors=self.executors,
             buffer_limit=config.buffer_limit,
             latency=self._workload.latency,
+            protocol=config.tp_protocol,
         )
 
     def evaluate(self, *, microbatches: int) -> float:
-        layout = self._started().layout
-        losses = []
-        for index in range(microbatches):
+        config = self._started()
+
+        def chain(index: int, rank: int) -> float:
             out = None
-            for vs in range(layout.virtual_stages):
-                stage, chunk = place(virtual_stage=vs, stages=layout.stages)
-                out = self.executors[stage].evaluate(chunk=chunk, inputs=out, index=index)
-            losses.append(float(out))
+            for vs in range(config.layout.virtual_stages):
+                stage, chunk = place(virtual_stage=vs, stages=config.stages)
+                out = self.executors[stage * config.tp + rank].evaluate(chunk=chunk, inputs=out, index=index)
+            return float(out)
+
+        with ThreadPoolExecutor(max_workers=config.tp) as pool:  # TP ranks meet in their all-reduces
+            losses = [list(pool.map(lambda rank, i=index: chain(i, rank), range(config.tp)))[0] for index in range(microbatches)]
         return sum(losses) / len(losses)
 
     def save(self, *, directory: Path, iteration: int) -> dict[int, StageFile]:
         self._started()
-        return {s: e.save(directory=directory, iteration=iteration) for s, e in enumerate(self.executors)}
+        return {s: e.save(directory=directory, iteration=iteration, shard=s) for s, e in enumerate(self.executors)}
 
     def load(self, *, directory: Path, manifest: Manifest) -> None:
         self._started()

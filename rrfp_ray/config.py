@@ -29,6 +29,10 @@ class PipelineConfig(BaseModel):
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
     link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collective backend for the links")
+    tp: int = Field(1, ge=1, description="T: tensor-parallel ranks (actors) per stage")
+    tp_protocol: Literal["first", "common"] = Field(
+        "common", description="TP agreement: all-gather each rank's first choice, or its k best and run the best common one"
+    )
     hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage, for policies hint/ready-hint")
 
     @field_validator("cap")
@@ -137,6 +141,11 @@ class RunConfig(BaseModel):
                 f"pipeline.stages x pipeline.chunks = {parts} is more than the model's {layers} layers "
                 f"(n_layer={self.model.n_layer} blocks + embedding + head)"
             )
+        if self.pipeline.tp > 1:
+            if self.model.n_head % self.pipeline.tp:
+                raise ValueError(f"pipeline.tp {self.pipeline.tp} does not divide model.n_head {self.model.n_head}")
+            if 4 * self.model.n_embd % self.pipeline.tp:
+                raise ValueError(f"pipeline.tp {self.pipeline.tp} does not divide the MLP width 4 x model.n_embd")
         if self.train.seq_len > self.model.block_size:
             raise ValueError(f"train.seq_len {self.train.seq_len} is over model.block_size {self.model.block_size}")
         return self

@@ -27,6 +27,9 @@ class SyntheticWorkload:
     def latency(self, message: Message) -> float:
         return self.trace.latency(message)
 
+    def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> SyntheticWorkload:
+        return self  # every TP rank replays the same trace
+
 
 class SleepExecutor:
     def __init__(self, *, trace: Trace, layout: Layout, payload_elems: int) -> None:

@@ -14,7 +14,7 @@ import math
 import time
 from pathlib import Path
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +24,7 @@ from rrfp_ray.actions import Action, Kind
 from rrfp_ray.checkpoint import StageFile, load_stage, save_stage
 from rrfp_ray.deps import Layout, Message
 from rrfp_ray.stage import LossFn, StageRunner, build_stage, clip_coef, lr_at
+from rrfp_ray.tp import TPLayers
 from rrfp_ray.variability import Trace
 
 
@@ -122,6 +123,10 @@ class ModelWorkload:
     def latency(self, message: Message) -> float:
         return 0.0 if self.injected is None else self.injected.latency(message)
 
+    def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[Tensor], Tensor]) -> ModelWorkload:
+        """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
+        return replace(self, layers=TPLayers(layers=self.layers, rank=rank, size=size, all_reduce=all_reduce))
+
 
 class ModelExecutor:
     def __init__(self, *, stage: int, runner: StageRunner, layout: Layout, workload: ModelWorkload) -> None:
@@ -170,9 +175,9 @@ class ModelExecutor:
             peak_bytes=self.runner.peak_held_bytes,
         )
 
-    def save(self, *, directory: Path, iteration: int) -> StageFile:
-        """Write this stage's chunks and optimizer state atomically; the driver commits the manifest."""
-        return save_stage(directory=directory, iteration=iteration, stage=self.stage, state=self.runner.state_dict())
+    def save(self, *, directory: Path, iteration: int, shard: int) -> StageFile:
+        """Write this stage's (TP shard's) chunks and optimizer state atomically; the driver commits the manifest."""
+        return save_stage(directory=directory, iteration=iteration, stage=shard, state=self.runner.state_dict())
 
     def load(self, *, directory: Path, file: StageFile) -> None:
         self.runner.load_state_dict(load_stage(directory=directory, file=file))

@@ -51,6 +51,10 @@ class Workload(Protocol):
         """Injected communication latency in ms before a message is handed over (0 for real work)."""
         ...
 
+    def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> Workload:
+        """This workload as TP rank `rank` of `size` runs it (its tensor-parallel layers sum over `all_reduce`)."""
+        ...
+
 
 class PipelineError(RuntimeError):
     pass

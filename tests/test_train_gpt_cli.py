@@ -49,3 +49,9 @@ def test_a_hint_that_deadlocks_is_refused_with_the_grid(tmp_path, capsys):
         train_gpt.parse(["--stages", "2", "--microbatches", "2", "--policy", "hint", "--hint", str(hint)])
     err = capsys.readouterr().err
     assert "invalid pipeline order" in err and ">1B0<" in err
+
+
+def test_tp_that_does_not_divide_the_heads_is_named(capsys):
+    with pytest.raises(SystemExit):
+        train_gpt.parse(["--tp", "3"])
+    assert "--tp 3 does not divide --n-head 4" in capsys.readouterr().err
