@@ -20,9 +20,13 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli import add_scenario_flags, config_error, start_ray, variability, write_pictures
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from rrfp_ray.config import RunConfig
 
 FLAGS = {
     "pipeline.stages": "--stages",
@@ -56,7 +60,7 @@ FLAGS = {
 }
 
 
-def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, "RunConfig"]:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
     from rrfp_ray.config import RunConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
