@@ -137,6 +137,8 @@ class ModelExecutor:
 
     def begin(self, *, iteration: int) -> None:
         self.runner.reset_iteration()
+        if self._workload.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
 
     def run(self, *, action: Action, iteration: int, payload: Tensor | None, split: bool) -> Tensor | None:
         vs = self._layout.vs(action)
@@ -172,7 +174,9 @@ class ModelExecutor:
             loss=sum(losses) / len(losses) if losses else None,
             grad_norm=total**0.5,
             lr=lr,
-            peak_bytes=self.runner.peak_held_bytes,
+            peak_bytes=(
+                torch.cuda.max_memory_allocated() if self._workload.device.startswith("cuda") else self.runner.peak_held_bytes
+            ),
         )
 
     def save(self, *, directory: Path, iteration: int, shard: int) -> StageFile:
