@@ -17,6 +17,7 @@ _EXPORTS = {
     "InMemoryData": "rrfp_ray.api",
     "make_workload": "rrfp_ray.api",
     "Backend": "rrfp_ray.backend",
+    "Checkpointing": "rrfp_ray.checkpoint",
     "LocalBackend": "rrfp_ray.backend",
     "PipelineConfig": "rrfp_ray.config",
     "DataSource": "rrfp_ray.training",
@@ -27,6 +28,7 @@ _EXPORTS = {
 
 __all__ = [
     "Backend",
+    "Checkpointing",
     "DataSource",
     "FactoryOptim",
     "InMemoryData",
@@ -41,6 +43,7 @@ __all__ = [
 if TYPE_CHECKING:
     from rrfp_ray.api import InMemoryData, Trainer, make_workload
     from rrfp_ray.backend import Backend, LocalBackend
+    from rrfp_ray.checkpoint import Checkpointing
     from rrfp_ray.config import PipelineConfig
     from rrfp_ray.telemetry import IterationReport
     from rrfp_ray.training import DataSource, FactoryOptim, Optim

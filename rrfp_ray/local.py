@@ -118,7 +118,8 @@ class LocalPipeline:
         if failures:
             raise PipelineError(f"iteration {iteration} failed:\n" + "\n".join(failures))
         results: list[tuple[list[OpEvent], StageStats]] = [f.result() for f in futures]
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results)
+        # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage
+        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results[:: self.tp])
 
     def close(self) -> None:
         list(self._pool.map(lambda worker: worker.close(), self.workers))
