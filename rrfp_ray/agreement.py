@@ -15,6 +15,8 @@ Both decide from the gathered lists alone, so every rank decides the same.
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,7 +47,8 @@ class TPContext:
     all_reduce: Callable[[Tensor], Tensor]  # sum over the group, for the TP layers
     protocol: str = "first"
     k: int = 4  # ops each rank offers per round under `common`
-    poll_s: float = 0.002  # how long a rank with nothing eligible waits for an arrival before a round
+    poll_s: float = 0.002  # after a round that decided nothing: how long to wait for an arrival before the next
+    idle_s: float = 0.05  # with nothing eligible: the longest wait for an arrival before joining a round anyway
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -56,8 +59,8 @@ class TPContext:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
-        if self.poll_s <= 0:
-            raise ValueError(f"poll_s must be > 0, got {self.poll_s}")
+        if self.poll_s <= 0 or self.idle_s <= 0:
+            raise ValueError(f"poll_s and idle_s must be > 0, got {self.poll_s}, {self.idle_s}")
 
     @property
     def width(self) -> int:
@@ -82,17 +85,26 @@ def decide(*, protocol: str, gathered: list[list[int]]) -> int | None:
 
 
 class Agreement:
-    """Runs rounds for one rank and counts them."""
+    """Runs rounds for one rank and counts them.
+
+    `cost_ms` is what the protocol itself costs: per round, the time from the moment the
+    last rank joined it until the result is back. Waiting for a slower rank to join is not
+    in it: that wait is the stage being blocked, and a TP collective inside the op would
+    wait for that rank all the same. Each rank's joining time travels in its offer.
+    """
 
     def __init__(self, *, tp: TPContext) -> None:
         self.tp = tp
+        self.cost_ms = 0.0
         self.rounds = 0
         self.disagreements = 0  # rounds that decided nothing although some rank offered an op
         self.conflicts = 0  # of those, rounds where every rank offered one (none had to wait for an arrival)
 
     def round(self, candidates: list[Action]) -> Action | None:
         """One round over this rank's candidates (best first); the agreed action, or None."""
-        gathered = self.tp.all_gather(offer(candidates=candidates, width=self.tp.width))
+        rows = self.tp.all_gather([*offer(candidates=candidates, width=self.tp.width), time.time_ns() // 1000])
+        self.cost_ms += max(0.0, time.time() * 1e3 - max(row[-1] for row in rows) / 1e3)
+        gathered = [row[:-1] for row in rows]
         chosen = decide(protocol=self.tp.protocol, gathered=gathered)
         self.rounds += 1
         if chosen is None and any(ids[0] != NONE for ids in gathered):

@@ -212,28 +212,24 @@ class StageWorker:
     def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
         """Rounds with the other TP ranks until they agree on an action; starts it.
 
-        Also returns the ms spent coordinating: all of it but the waits while this rank had
-        nothing eligible (those are blocked time)."""
-        began = time.perf_counter()
-        idle = 0.0
+        Also returns the ms the protocol itself cost (`Agreement.cost_ms`); waits for an
+        arrival or for a slower rank are blocked time."""
+        cost = agreement.cost_ms
         deadline = time.monotonic() + self.timeout_s
         agreed = True  # the last round decided (or none ran yet)
         while True:
             with self._cond:
                 self._raise_if_failed()
                 candidates = arbiter.candidates(agreement.tp.width)
-                if not candidates or not agreed:  # wait briefly for an arrival, then join the round
-                    waited = time.perf_counter()
-                    self._cond.wait(timeout=agreement.tp.poll_s)
-                    if not candidates:
-                        idle += time.perf_counter() - waited
+                if not candidates or not agreed:  # wait for an arrival (an arrival wakes it), then join the round
+                    self._cond.wait(timeout=agreement.tp.idle_s if not candidates else agreement.tp.poll_s)
                     candidates = arbiter.candidates(agreement.tp.width)
             action = agreement.round(candidates)
             if action is not None:
                 with self._cond:
                     overtook = arbiter.start(action)
                     self._cond.notify_all()  # a consumed message frees receive-buffer room
-                return action, overtook, (time.perf_counter() - began - idle) * 1e3
+                return action, overtook, agreement.cost_ms - cost
             agreed = False
             if time.monotonic() > deadline:
                 with self._cond:
