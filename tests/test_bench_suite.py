@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import bench_suite, results
+from jobs import bench_suite, results, results_claims
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.policy import make_policy
 from rrfp_ray.simulator import simulate
@@ -138,13 +138,13 @@ def fake_runtime(data: dict, *, ours: dict[str, float], theirs: dict[str, float]
 )
 def test_target_compares_our_best_within_2x_memory_with_pytorch_best(quick: Path, ours: dict, verdict: str) -> None:
     data = fake_runtime(json.loads(quick.read_text()), ours=ours, theirs={"none": 1000.0, "multimodal+comm": 1000.0})
-    suite = results.Suite(data)
-    rows = {r["scenario"]: r for r in results.target_rows(suite)}
+    suite = results_claims.Suite(data)
+    rows = {r["scenario"]: r for r in results_claims.target_rows(suite)}
     for scenario, ms in ours.items():  # bfw@inf is faster still but holds 4x 1F1B's memory: not counted
         assert rows[scenario]["ours"]["run"] == "bfw@2x"
         assert rows[scenario]["peer"]["schedule"] == "zb-h1"
         assert rows[scenario]["ratio"] == pytest.approx(ms / 1000.0)
-    assert results.target_claim(suite).verdict == verdict
+    assert results_claims.target_claim(suite).verdict == verdict
     text = results.render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
     assert "| multimodal+comm | 1200 | 1000 |" in text  # the side-by-side table, PyTorch 1f1b then zb-h1
 
