@@ -295,26 +295,6 @@ def all_reduce_sum(*, group: str, tensor: torch.Tensor) -> None:
     _settle_collective(handle=handle, tensor=tensor)
 
 
-def all_gather_scalar(*, group: str, value: int, world_size: int) -> list[int]:
-    """Every rank's ``value``, in rank order."""
-    handle = col.get_group_handle(group)
-    if world_size != handle.world_size:
-        raise ValueError(
-            f"world_size must be the size of group {group!r} "
-            f"({handle.world_size}), got {world_size}"
-        )
-    device = (
-        torch.device("cpu")
-        if isinstance(handle, GlooGroup)
-        else torch.device("cuda", torch.cuda.current_device())
-    )
-    mine = torch.tensor([value], dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    handle.allgather([gathered], [mine], types.AllGatherOptions())
-    _settle_collective(handle=handle, tensor=mine)
-    return [int(t.item()) for t in gathered]
-
-
 def _gloo_transfer(
     *,
     group: dist.ProcessGroupGloo,

@@ -97,7 +97,8 @@ class PipelineDriver:
         self._gather([a.set_workload.remote(workload=workload, layout=self.layout) for a in self.stages], what="set_workload")
 
     def _wire(self) -> None:
-        """A 2-rank group per link and TP rank, a TP group per stage (T > 1), and one group of all actors."""
+        """A 2-rank group per link and TP rank, a TP group per stage (T > 1) with its agreement
+        connections, and one group of all actors."""
         prefix, tp = uuid.uuid4().hex[:8], self.pipeline.tp
         links = {
             (link, t): f"{prefix}-{link.kind.value}{link.src}-{link.dst}-t{t}" for link in self.layout.links() for t in range(tp)
@@ -122,12 +123,14 @@ class PipelineDriver:
                 )
                 labels.append(f"{self._label(actor)} (group {name})")
         self._gather(joins, what="collective groups to form", labels=labels)
+        agreement = self._gather([a.listen_agreement.remote() for a in self.stages], what="agreement listeners") if tp > 1 else []
         self._gather(
             [
                 a.connect.remote(
                     groups={link: name for (link, t), name in links.items() if t == i % tp},
                     everyone=everyone,
                     tp_group=tp_groups.get(i // tp),
+                    agreement=agreement[i - i % tp : i - i % tp + tp] if tp > 1 else None,
                 )
                 for i, a in enumerate(self.stages)
             ],

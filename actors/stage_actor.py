@@ -14,6 +14,7 @@ from rrfp_ray.arbiter import Cap
 from rrfp_ray.checkpoint import StageFile
 from rrfp_ray.deps import Layout, Link
 from rrfp_ray.policy import Policy
+from rrfp_ray.tcp_gather import TcpGather
 from rrfp_ray.telemetry import OpEvent, StageStats
 from rrfp_ray.worker import Executor, StageWorker, Workload
 
@@ -27,6 +28,7 @@ class StageActor:
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self._tp_group: str | None = None
+        self._agreement: TcpGather | None = None
         self.timeout_s = timeout_s
         self.link_timeout_s = link_timeout_s
         self._worker: StageWorker | None = None
@@ -43,8 +45,18 @@ class StageActor:
             name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
         )
 
-    def connect(self, *, groups: dict[Link, str], everyone: str, tp_group: str | None) -> None:
-        """Open a channel on every link this stage sends or receives on; start the threads."""
+    def listen_agreement(self) -> str:
+        """Open this TP rank's end of its stage's agreement connections; returns its address."""
+        self._agreement = TcpGather(
+            rank=self.tp_rank, size=self.tp_size, host=ray.util.get_node_ip_address(), timeout_s=self.timeout_s
+        )
+        return self._agreement.address
+
+    def connect(
+        self, *, groups: dict[Link, str], everyone: str, tp_group: str | None, agreement: list[str] | None
+    ) -> None:
+        """Open a channel on every link this stage sends or receives on and, with TP, the
+        agreement connections to the other ranks (`agreement`: every rank's address); start the threads."""
 
         def channel(link: Link) -> collective.Channel:
             peer = 1 if link.src == self.stage else 0
@@ -52,6 +64,10 @@ class StageActor:
 
         self._everyone = everyone
         self._tp_group = tp_group
+        if agreement is not None:
+            if self._agreement is None:
+                raise RuntimeError(f"stage {self.stage}: connect() with agreement addresses before listen_agreement()")
+            self._agreement.connect(addresses=agreement)
         self._worker = StageWorker(
             stage=self.stage,
             inbound={link: channel(link) for link in groups if link.dst == self.stage},
@@ -93,17 +109,10 @@ class StageActor:
         return TPContext(
             rank=self.tp_rank,
             size=self.tp_size,
-            all_gather=self._tp_all_gather,
+            all_gather=self._agreement.all_gather,
             all_reduce=self._tp_all_reduce,
             protocol=protocol,
         )
-
-    def _tp_all_gather(self, values: list[int]) -> list[list[int]]:
-        """Every TP rank's list (all the same length), as one all-reduce of a rank x length table."""
-        table = torch.zeros(self.tp_size, len(values), dtype=torch.int64)
-        table[self.tp_rank] = torch.tensor(values, dtype=torch.int64)
-        collective.all_reduce_sum(group=self._tp_group, tensor=table)
-        return table.tolist()
 
     def _tp_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         total = tensor.detach().clone()
@@ -133,3 +142,6 @@ class StageActor:
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+        if self._agreement is not None:
+            self._agreement.close()
+            self._agreement = None

@@ -6,6 +6,12 @@ prints the median measured iteration time, the simulated one, their ratio, and t
 over the fixed baseline (1f1b, or interleaved when --chunks > 1), measured and predicted:
 
     python jobs/bench_runtime.py --scenario lognormal --sigma 0.3 --microbatches 16
+
+With --tp T each stage is T actors that agree on their ops (`rrfp_ray.agreement`); it also
+prints the TP-coordination share of the stages' time, the disagreements, rounds per
+iteration (summed over stages; rank 0 of each) and ms per round:
+
+    python jobs/bench_runtime.py --stages 2 --tp 2 --microbatches 8 --scenario lognormal --sigma 0.3
 """
 
 from __future__ import annotations
@@ -118,6 +124,9 @@ def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline
                 sum(s.tp_ms for s in r.stages) / sum(s.wall_ms for s in r.stages) for r in runs
             ),
             "tp_disagreements": statistics.mean(sum(s.tp_disagreements for s in r.stages) for r in runs),
+            "tp_rounds": statistics.mean(sum(s.tp_rounds for s in r.stages) for r in runs),
+            "tp_ms_per_round": sum(s.tp_ms for r in runs for s in r.stages)
+            / max(1, sum(s.tp_rounds for r in runs for s in r.stages)),
         }
         for name, runs in reports.items()
     }
@@ -157,13 +166,17 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(
         f"{'policy':<12} {'measured ms':>11} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} {'predicted':>9} {'meas/pred':>9}"
-        + (f" {'TP coord':>8} {'disagree':>8}" if pipeline.tp > 1 else "")
+        + (f" {'TP coord':>8} {'disagree':>8} {'rounds':>6} {'ms/round':>8}" if pipeline.tp > 1 else "")
     )
     for name, r in results.items():
         print(
             f"{name:<12} {r['measured_ms']:11.1f} {r['sim_ms']:9.1f} {r['ratio']:8.3f} "
             f"{r['speedup_measured']:8.3f} {r['speedup_predicted']:9.3f} {r['speedup_measured'] / r['speedup_predicted']:9.3f}"
-            + (f" {r['tp_coord_fraction']:8.2%} {r['tp_disagreements']:8.1f}" if pipeline.tp > 1 else "")
+            + (
+                f" {r['tp_coord_fraction']:8.2%} {r['tp_disagreements']:8.1f} {r['tp_rounds']:6.1f} {r['tp_ms_per_round']:8.3f}"
+                if pipeline.tp > 1
+                else ""
+            )
         )
     summary = {"policies": results}
     if args.json:
