@@ -9,9 +9,11 @@ over the fixed baseline (1f1b, or interleaved when --chunks > 1), measured and p
 
 With --tp T each stage is T actors that agree on their ops (`rrfp_ray.agreement`); it also
 prints the TP-coordination share of the stages' time, the disagreements, rounds per
-iteration (summed over stages; rank 0 of each) and ms per round:
+iteration (summed over stages; rank 0 of each) and ms per round. --rank-comm gives each TP
+rank its own message latencies (the simulator then sees rank 0's):
 
     python jobs/bench_runtime.py --stages 2 --tp 2 --microbatches 8 --scenario lognormal --sigma 0.3
+    python jobs/bench_runtime.py --stages 2 --tp 2 --microbatches 8 --scenario comm --comm-ms 2 --rank-comm
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ FLAGS = {
 }
 
 
-def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, Trace, list[str]]:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
+    """The flags, the pipeline, the trace of each TP rank (one unless --rank-comm) and the policies."""
     from rrfp_ray.config import PipelineConfig, VariabilityConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,6 +57,11 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
+    pipe.add_argument(
+        "--rank-comm",
+        action="store_true",
+        help="with --tp: each TP rank's messages take their own latencies (the scenario drawn with seed + rank)",
+    )
     pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
     bench = parser.add_argument_group("benchmark")
     bench.add_argument(
@@ -69,6 +77,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         parser.error(f"--iterations must be >= 1, got {args.iterations}")
     if args.payload_elems < 1:
         parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
+    if args.rank_comm and (args.tp < 2 or args.trace):
+        parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
     baseline = "1f1b" if args.chunks == 1 else "interleaved"
     names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
     names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
@@ -83,7 +93,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
             tp=args.tp,
             tp_protocol=args.tp_protocol,
         )
-        trace = VariabilityConfig(**variability(args)).trace(pipeline=pipeline)
+        seeds = range(args.variability_seed, args.variability_seed + (args.tp if args.rank_comm else 1))
+        traces = [VariabilityConfig(**{**variability(args), "seed": seed}).trace(pipeline=pipeline) for seed in seeds]
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
     except ValueError as error:
@@ -93,7 +104,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
             pipeline.resolved_policy(name)
         except ValueError as error:
             parser.error(f"--policies: {error}")
-    return args, pipeline, trace, names
+    return args, pipeline, traces, names
 
 
 def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str, list]:
@@ -133,7 +144,8 @@ def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args, pipeline, trace, names = parse(argv)
+    args, pipeline, traces, names = parse(argv)
+    trace = traces[0]
     import ray
 
     from actors.driver import PipelineDriver
@@ -149,7 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(start_ray(num_cpus=max(2, pipeline.stages * pipeline.tp)))
     driver = PipelineDriver.remote(
-        pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=args.payload_elems)
+        pipeline=pipeline,
+        workload=SyntheticWorkload(
+            trace=trace, payload_elems=args.payload_elems, rank_comm=tuple(traces) if args.rank_comm else ()
+        ),
     )
     try:
         print(f"{pipeline.stages} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")

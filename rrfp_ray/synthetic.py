@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,6 +20,7 @@ class SyntheticWorkload:
 
     trace: Trace
     payload_elems: int = 4096
+    rank_comm: tuple[Trace, ...] = ()  # with TP: rank t's messages take rank_comm[t]'s latencies
 
     def executor(self, *, stage: int, layout: Layout) -> SleepExecutor:
         return SleepExecutor(trace=self.trace, layout=layout, payload_elems=self.payload_elems)
@@ -28,7 +29,21 @@ class SyntheticWorkload:
         return self.trace.latency(message)
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> SyntheticWorkload:
-        return self  # every TP rank replays the same trace
+        """Every TP rank replays the same op durations (inside real ops, their collectives keep
+        them in step). With `rank_comm`, each rank's messages take their own latencies, as over
+        links of their own, so the ranks' ready sets differ."""
+        if not self.rank_comm:
+            return self
+        if len(self.rank_comm) != size:
+            raise ValueError(f"rank_comm holds {len(self.rank_comm)} traces, the TP group has {size} ranks")
+        comm = self.rank_comm[rank]
+        shape = (comm.stages, comm.microbatches, comm.chunks)
+        if shape != (self.trace.stages, self.trace.microbatches, self.trace.chunks):
+            raise ValueError(
+                f"rank_comm[{rank}] is shaped (stages, microbatches, chunks) = {shape}, the trace "
+                f"{(self.trace.stages, self.trace.microbatches, self.trace.chunks)}"
+            )
+        return replace(self, trace=replace(self.trace, commF=comm.commF, commB=comm.commB), rank_comm=())
 
 
 class SleepExecutor:

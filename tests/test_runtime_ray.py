@@ -24,12 +24,12 @@ def _alive(ray, ids: set[str]) -> set[str]:
 
 
 @contextmanager
-def _driver(ray, *, stages: int = P, chunks: int = 1, t_f: float = 2.0, timeout_s: float = 20.0):
+def _driver(ray, *, stages: int = P, chunks: int = 1, t_f: float = 2.0, timeout_s: float = 20.0, tp: int = 1):
     """A driver over a synthetic pipeline; on exit it is shut down, its actors are dead and their CPUs free."""
     from actors.driver import PipelineDriver
 
     cpus = ray.available_resources().get("CPU", 0.0)
-    pipeline = PipelineConfig(stages=stages, chunks=chunks, microbatches=M, timeout_s=timeout_s)
+    pipeline = PipelineConfig(stages=stages, chunks=chunks, microbatches=M, timeout_s=timeout_s, tp=tp)
     trace = generate(scenario="lognormal", stages=stages, microbatches=M, chunks=chunks, seed=1, t_f=t_f)
     driver = PipelineDriver.remote(pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=64))
     ids = {driver._actor_id.hex()}
@@ -75,3 +75,16 @@ def test_eight_stage_actors_start_and_a_killed_one_is_named_within_the_timeout(r
         ray.kill(stages[2])
         with pytest.raises(PipelineError, match="stage 2 died during iteration 0"):
             ray.get(pending, timeout=2 * pipeline.timeout_s)  # a hang guard: the driver's own bound is timeout_s
+
+
+def test_a_killed_tp_rank_is_named_and_its_peer_does_not_hang(ray_session):
+    ray = ray_session
+    with _driver(ray, stages=2, t_f=50.0, timeout_s=10.0, tp=2) as (pipeline, driver):
+        stages = ray.get(driver.stage_actors.remote())
+        pending = driver.run_iteration.remote(iteration=0, policy=pipeline.resolved_policy("bf"))
+        time.sleep(0.5)  # mid-iteration: one takes about (M + 1) * 3 t_f = 1.35 s
+        ray.kill(stages[3])
+        started = time.monotonic()
+        with pytest.raises(PipelineError, match="stage 1 TP rank 1 died during iteration 0"):
+            ray.get(pending, timeout=2 * pipeline.timeout_s)
+        assert time.monotonic() - started < pipeline.timeout_s  # its TP peer failed fast: the connection closed

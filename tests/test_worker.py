@@ -107,3 +107,22 @@ def test_a_message_that_never_arrives_raises_naming_link_and_action():
     executors = [workload.executor(stage=s, layout=layout) for s in range(2)]
     with pytest.raises(PipelineError, match=r"1F1 \(needs activations 0->1 for microbatch 1\)"):
         pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors)
+
+
+def test_tp_ranks_replay_one_trace_with_their_own_message_latencies():
+    def trace(seed: int, stages: int = 2):
+        return generate(scenario="lognormal+comm", stages=stages, microbatches=4, chunks=1, seed=seed, t_f=2.0)
+
+    shared = SyntheticWorkload(trace=trace(0))
+    assert shared.with_tp(rank=1, size=2, all_reduce=torch.clone) is shared
+    workload = SyntheticWorkload(trace=trace(0), rank_comm=(trace(0), trace(1)))
+    rank0, rank1 = (workload.with_tp(rank=t, size=2, all_reduce=torch.clone).trace for t in range(2))
+    assert rank0 == trace(0)
+    assert (rank1.F, rank1.B, rank1.W) == (rank0.F, rank0.B, rank0.W)
+    assert (rank1.commF, rank1.commB) == (trace(1).commF, trace(1).commB) != (rank0.commF, rank0.commB)
+    with pytest.raises(ValueError, match="rank_comm holds 2 traces, the TP group has 4 ranks"):
+        workload.with_tp(rank=0, size=4, all_reduce=torch.clone)
+    with pytest.raises(ValueError, match=r"rank_comm\[1\] is shaped"):
+        SyntheticWorkload(trace=trace(0), rank_comm=(trace(0), trace(1, stages=3))).with_tp(
+            rank=1, size=2, all_reduce=torch.clone
+        )
