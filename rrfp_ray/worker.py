@@ -113,8 +113,8 @@ class StageWorker:
         """Run every action of this stage for one iteration; returns its events and stats.
 
         With `tp`, this worker is one rank of its stage's TP group, and the ranks agree on
-        every op before running it (`rrfp_ray.agreement`), except under a fixed policy:
-        there every rank runs the same list in order already."""
+        each op that calls TP collectives before running it (`rrfp_ray.agreement`), unless
+        the policy is fixed: then every rank runs the same list in order already."""
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
         with self._cond:
             self._raise_if_failed()
