@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from rrfp_ray.actions import Action
-from rrfp_ray.agreement import Agreement, TPContext, needs_agreement
+from rrfp_ray.agreement import Agreement, TPContext
 from rrfp_ray.arbiter import Arbiter, Cap
 from rrfp_ray.deps import Layout, Link, Message
 from rrfp_ray.policy import Policy
@@ -113,8 +113,8 @@ class StageWorker:
         """Run every action of this stage for one iteration; returns its events and stats.
 
         With `tp`, this worker is one rank of its stage's TP group, and the ranks agree on
-        each op that calls TP collectives before running it (`rrfp_ray.agreement`), unless
-        the policy is fixed: then every rank runs the same list in order already."""
+        every op before running it (`rrfp_ray.agreement`), unless the policy is fixed: then
+        every rank runs the same list in order already."""
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
         with self._cond:
             self._raise_if_failed()
@@ -211,9 +211,7 @@ class StageWorker:
             self._cond.wait(timeout=left)
 
     def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
-        """Rounds with the other TP ranks until they agree on an action; starts it. An op that
-        calls no TP collective (`needs_agreement`) starts without a round when it is this
-        rank's best.
+        """Rounds with the other TP ranks until they agree on an action; starts it.
 
         Also returns the ms the protocol itself cost (`Agreement.cost_ms`); waits for an
         arrival or for a slower rank are blocked time."""
@@ -227,11 +225,8 @@ class StageWorker:
                 if not candidates or not agreed:  # wait for an arrival (an arrival wakes it), then join the round
                     self._cond.wait(timeout=agreement.tp.idle_s if not candidates else agreement.tp.poll_s)
                     candidates = arbiter.candidates(agreement.tp.width)
-                if candidates and not needs_agreement(candidates[0], layout=arbiter.layout):
-                    overtook = arbiter.start(candidates[0])
-                    return candidates[0], overtook, agreement.cost_ms - cost
             try:
-                action = agreement.round([a for a in candidates if needs_agreement(a, layout=arbiter.layout)])
+                action = agreement.round(candidates)
             except (ConnectionError, TimeoutError) as error:
                 raise PipelineError(f"stage {self.stage}, iteration {self._iteration}: TP agreement failed: {error}") from error
             if action is not None:

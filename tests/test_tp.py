@@ -11,8 +11,8 @@ import torch
 from gradients import GradCapture, gpt_reference
 from torch import nn
 
-from rrfp_ray.actions import Action, Kind, parse_action
-from rrfp_ray.agreement import Agreement, TPContext, decide, needs_agreement, offer, op_id
+from rrfp_ray.actions import Action, Kind
+from rrfp_ray.agreement import Agreement, TPContext, decide, offer, op_id
 from rrfp_ray.arbiter import Arbiter, Cap
 from rrfp_ray.config import RunConfig
 from rrfp_ray.deps import Layout
@@ -56,18 +56,6 @@ def test_common_protocol_runs_rank_zeros_best_op_that_every_rank_has():
 def test_offer_pads_to_the_round_width():
     assert offer(candidates=[_f(0), _f(1), _f(2)], width=2) == [op_id(_f(0)), op_id(_f(1))]
     assert offer(candidates=[], width=3) == [-1, -1, -1]
-
-
-def test_rounds_are_needed_by_the_ops_that_run_tp_layers():
-    split = Layout(stages=2, chunks=2, microbatches=2, split=True)
-
-    def needs(text: str, layout: Layout = split) -> bool:
-        return needs_agreement(parse_action(text), layout=layout)
-
-    assert needs("0F0") and needs("1F0c1")
-    assert needs("0W0") and not needs("0B0")  # virtual stage 0: the whole backward waits for W
-    assert needs("0B0c1") and not needs("0W0c1") and needs("1B0") and not needs("1W0")
-    assert needs("0B0", replace(split, split=False))
 
 
 def test_tp_context_rejects_bad_fields():
@@ -198,7 +186,6 @@ class _Traced(GradCapture):
     def __init__(self, inner) -> None:
         super().__init__(inner)
         self.order: list[Action] = []
-        self.collective_kinds: set[Kind] = set()  # kinds of the ops that called a TP all-reduce
 
     def run(self, *, action: Action, **kwargs):
         self.order.append(action)
@@ -218,19 +205,19 @@ def _tp_pipeline(*, policy_name: str, protocol: str, slow_rank: int | None, tp: 
     def wrap(rank, channel):
         return _Slow(channel, 0.01) if rank == slow_rank else channel
 
-    def traced(pipeline: LocalPipeline, *, stage: int, rank: int) -> _Traced:
-        executor, inner = _Traced(None), pipeline.tp_all_reduce(stage=stage, rank=rank)
-
-        def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-            executor.collective_kinds.add(executor.order[-1].kind)
-            return inner(tensor)
-
-        layers = TPLayers(layers=workload.layers, rank=rank, size=tp, all_reduce=all_reduce)
-        executor.inner = replace(workload, layers=layers).executor(stage=stage, layout=layout)
-        return executor
-
     with LocalPipeline(layout=layout, timeout_s=30, tp=tp, wrap=wrap) as pipeline:
-        executors = [traced(pipeline, stage=s, rank=t) for s in range(layout.stages) for t in range(tp)]
+        executors = [
+            _Traced(
+                replace(
+                    workload,
+                    layers=TPLayers(
+                        layers=workload.layers, rank=t, size=tp, all_reduce=pipeline.tp_all_reduce(stage=s, rank=t)
+                    ),
+                ).executor(stage=s, layout=layout)
+            )
+            for s in range(layout.stages)
+            for t in range(tp)
+        ]
         report = pipeline.run_iteration(
             iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, protocol=protocol
         )
@@ -277,17 +264,6 @@ def test_a_fixed_policy_runs_the_same_list_on_every_rank_without_rounds():
     for stage in range(2):
         assert executors[2 * stage].order == executors[2 * stage + 1].order
     assert all(s.tp_rounds == 0 and s.tp_ms == 0 for s in report.stages)
-    _assert_tp_gradients(run, executors, tp=2)
-
-
-def test_weight_passes_call_no_tp_collective_and_run_without_rounds():
-    run, report, executors = _tp_pipeline(policy_name="bfw", protocol="common", slow_rank=1)
-    # stage 0 has no input gradient: its B defers everything, so its W calls the collectives
-    assert [e.collective_kinds for e in executors] == [{Kind.F, Kind.W}] * 2 + [{Kind.F, Kind.B}] * 2
-    for stage, unagreed in ((0, Kind.B), (1, Kind.W)):
-        first, second = ([a for a in executors[2 * stage + t].order if a.kind is not unagreed] for t in range(2))
-        assert first == second
-    assert all(8 <= s.tp_rounds < 12 for s in report.stages)  # 8 ops per stage need a round
     _assert_tp_gradients(run, executors, tp=2)
 
 
