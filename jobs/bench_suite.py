@@ -1,7 +1,7 @@
 """The results suite: every scenario x schedule x in-flight cap, in the simulator, on the Ray
 runtime and against PyTorch's own schedules, into one JSON that `jobs/results.py` renders.
 
-    python jobs/bench_suite.py                      # all three parts -> docs/results/suite.json
+    python jobs/bench_suite.py                      # all four parts -> docs/results/suite.json
     python jobs/bench_suite.py --parts peers        # re-measure one part, keep the others' sections
     python jobs/bench_suite.py --quick --json OUT   # simulator only: P=4, one seed, two scenarios
 
@@ -16,6 +16,11 @@ runtime and against PyTorch's own schedules, into one JSON that `jobs/results.py
    the simulator's prediction for the very same trace and cap.
 3. peers: PyTorch's Schedule1F1B, ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble
    (benchmarks/peers/torch_pipelining.py) on the same P=4 traces.
+4. tp: the Ray runtime at PP=2 x TP=2, M=8 on lognormal-0.3, comm and multimodal+comm: 1f1b,
+   bf@2x and bfw@2x under each TP agreement protocol (first, common) and without TP (tp1),
+   one driver each, a warm-up and then --iterations timed iterations per run; the median, and
+   what the agreement cost (rank 0 of each stage). On lognormal-0.3 both TP ranks replay the
+   seed-0 trace; on the comm scenarios rank t's messages take the latencies drawn with seed t.
 
 Interleaved (v=2) runs the same model: its trace is the v=1 trace with every op cut into two
 equal halves, one per chunk (so each stage does exactly the same work per microbatch, and
@@ -26,6 +31,7 @@ of the same scenario with the same seed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -34,7 +40,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +58,7 @@ from rrfp_ray.telemetry import IterationReport, OpEvent  # noqa: E402
 from rrfp_ray.variability import Trace, generate  # noqa: E402
 
 T_F = 20.0
-PARTS = ("sim", "runtime", "peers")
+PARTS = ("sim", "runtime", "peers", "tp")
 CAPS = ("1x", "2x", "inf")
 FIXED = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
 PEER_GROUPS = ((("1f1b", "zb-h1"), 1), (("interleaved",), 2))
@@ -60,6 +66,10 @@ BUFFER_SCENARIO = "multimodal+comm"
 BUFFER_LIMITS = (2, 4, 8, 16, 32, None)
 BUFFER_CAPS = ("2x", "inf")
 DEFAULT_JSON = ROOT / "docs" / "results" / "suite.json"
+TP = 2
+TP_SCENARIOS = ("lognormal-0.3", "comm", "multimodal+comm")
+TP_RANK_COMM = ("comm", "multimodal+comm")  # each TP rank's messages take their own latencies
+TP_PROTOCOLS = ("first", "common")
 
 
 @dataclass(frozen=True)
@@ -281,6 +291,46 @@ def runtime_runs(*, rules: Sequence[str]) -> list[Run]:
     return fixed + [Run(r, 1, cap) for r in rules for cap in CAPS]
 
 
+@dataclass
+class RayPart:
+    """A part measured on Ray: per driver and scenario a warm-up and then timed iterations of every
+    run; what its drivers measured stays when one of them fails."""
+
+    warmup: int
+    iterations: int
+    rows: list[dict] = field(default_factory=list)
+    startup_s: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    counter: Iterator[int] = field(default_factory=itertools.count)  # numbers the iterations of all its drivers
+
+    def drive(
+        self, *, name: str, pipeline: Any, group: Sequence[Run], workloads: Sequence[tuple[Scenario, Any]]
+    ) -> Iterator[tuple[Scenario, dict[str, list]]]:
+        """One driver for `pipeline` over the scenarios, each with its workload, the runs taking
+        turns; yields each scenario's timed reports by run. A failure ends it, in `errors`."""
+        import ray
+
+        from actors.driver import PipelineDriver
+
+        driver = PipelineDriver.remote(pipeline=pipeline, workload=workloads[0][1])
+        try:
+            self.startup_s[name] = ray.get(driver.startup_seconds.remote())
+            for spec, workload in workloads:
+                ray.get(driver.set_workload.remote(workload=workload))
+                rounds = self.warmup + self.iterations
+                reports = _turns(driver=driver, group=group, pipeline=pipeline, counter=self.counter, rounds=rounds)
+                yield spec, {label: runs[self.warmup :] for label, runs in reports.items()}
+            ray.get(driver.shutdown.remote())
+        except Exception as error:  # keep what was measured; the report says what failed
+            self.errors.append(f"{name}: {type(error).__name__}: {error}")
+            print(f"driver {name} failed: {error}", file=sys.stderr, flush=True)
+        finally:
+            ray.kill(driver)
+
+    def section(self) -> dict[str, Any]:
+        return {"rows": self.rows, "startup_s": self.startup_s, "errors": self.errors}
+
+
 def runtime_part(
     *, scenarios: Sequence[Scenario], runs: Sequence[Run], stages: int, microbatches: int, warmup: int, iterations: int
 ) -> dict[str, Any]:
@@ -288,60 +338,123 @@ def runtime_part(
     import ray
     from cli import start_ray
 
-    from actors.driver import PipelineDriver
     from rrfp_ray.config import PipelineConfig
     from rrfp_ray.synthetic import SyntheticWorkload
 
     print(start_ray(num_cpus=max(2, stages)), flush=True)
     traces = {spec.label: spec.traces(stages=stages, microbatches=microbatches, seed=0) for spec in scenarios}
-    rows, startup, errors, counter = [], {}, [], iter(range(10**9))
+    part = RayPart(warmup=warmup, iterations=iterations)
     try:
         for chunks in sorted({run.chunks for run in runs}):
             group = [run for run in runs if run.chunks == chunks]
             pipeline = PipelineConfig(
                 stages=stages, chunks=chunks, microbatches=microbatches, policy=group[0].policy, timeout_s=120.0
             )
-            first = traces[scenarios[0].label][chunks]
-            driver = PipelineDriver.remote(pipeline=pipeline, workload=SyntheticWorkload(trace=first))
-            try:
-                startup[f"v={chunks}"] = ray.get(driver.startup_seconds.remote())
-                for spec in scenarios:
-                    trace = traces[spec.label][chunks]
-                    ray.get(driver.set_workload.remote(workload=SyntheticWorkload(trace=trace)))
-                    reports = _turns(
-                        driver=driver, group=group, pipeline=pipeline, counter=counter, rounds=warmup + iterations
+            workloads = [(spec, SyntheticWorkload(trace=traces[spec.label][chunks])) for spec in scenarios]
+            for spec, reports in part.drive(name=f"v={chunks}", pipeline=pipeline, group=group, workloads=workloads):
+                trace = traces[spec.label][chunks]
+                for run in group:
+                    policy = pipeline.resolved_policy(run.policy)
+                    predicted = simulate(
+                        policy=policy, trace=trace, cap=run.parsed_cap, buffer_limit=pipeline.buffer_limit
                     )
-                    for run in group:
-                        policy = pipeline.resolved_policy(run.policy)
-                        timed = reports[run.label][warmup:]
-                        predicted = simulate(
-                            policy=policy, trace=trace, cap=run.parsed_cap, buffer_limit=pipeline.buffer_limit
-                        )
-                        cells = [figures(report=r, policy=policy, trace=trace) for r in timed]
-                        row = {
-                            **_where(spec, run, stages=stages, microbatches=microbatches),
-                            "runs_ms": [c["makespan_ms"] for c in cells],
-                            "measured_ms": statistics.median(c["makespan_ms"] for c in cells),
-                            "sim_ms": predicted.makespan_ms,
-                            "blocked_fraction": statistics.median(c["blocked_fraction"] for c in cells),
-                            "peak_inflight": max(c["peak_inflight"] for c in cells),
-                            "memory_x": max(c["memory_x"] for c in cells),
-                        }
-                        rows.append(row)
-                        print(
-                            f"runtime {spec.label:>16} {run.label:<12} {row['measured_ms']:8.1f} ms "
-                            f"(sim {row['sim_ms']:8.1f}, memory {row['memory_x']:.2f}x)",
-                            flush=True,
-                        )
-                ray.get(driver.shutdown.remote())
-            except Exception as error:  # keep what was measured; the report says what failed
-                errors.append(f"v={chunks}: {type(error).__name__}: {error}")
-                print(f"runtime v={chunks} failed: {error}", file=sys.stderr, flush=True)
-            finally:
-                ray.kill(driver)
+                    cells = [figures(report=r, policy=policy, trace=trace) for r in reports[run.label]]
+                    row = {
+                        **_where(spec, run, stages=stages, microbatches=microbatches),
+                        "runs_ms": [c["makespan_ms"] for c in cells],
+                        "measured_ms": statistics.median(c["makespan_ms"] for c in cells),
+                        "sim_ms": predicted.makespan_ms,
+                        "blocked_fraction": statistics.median(c["blocked_fraction"] for c in cells),
+                        "peak_inflight": max(c["peak_inflight"] for c in cells),
+                        "memory_x": max(c["memory_x"] for c in cells),
+                    }
+                    part.rows.append(row)
+                    print(
+                        f"runtime {spec.label:>16} {run.label:<12} {row['measured_ms']:8.1f} ms "
+                        f"(sim {row['sim_ms']:8.1f}, memory {row['memory_x']:.2f}x)",
+                        flush=True,
+                    )
     finally:
         ray.shutdown()
-    return {"rows": rows, "startup_s": startup, "errors": errors}
+    return part.section()
+
+
+TP_RUNS = (Run("1f1b", 1, None), Run("bf", 1, "2x"), Run("bfw", 1, "2x"))
+
+
+def tp_workload(*, spec: Scenario, tp: int, stages: int, microbatches: int) -> Any:
+    """Every rank computes the seed-0 trace; under TP on the comm scenarios rank t's messages
+    take the latencies of the trace drawn with seed t (rank 0's are the seed-0 trace's)."""
+    from rrfp_ray.synthetic import SyntheticWorkload
+
+    traces = tuple(spec.traces(stages=stages, microbatches=microbatches, seed=t)[1] for t in range(tp))
+    return SyntheticWorkload(trace=traces[0], rank_comm=traces if tp > 1 and spec.label in TP_RANK_COMM else ())
+
+
+def tp_figures(*, reports: Sequence[IterationReport]) -> dict[str, Any]:
+    """What the timed iterations of one run show: each iteration summed over the stages (rank 0
+    of each), then the median or mean over iterations; ops per iteration over the stages too."""
+
+    def per_iteration(key: str) -> list[float]:
+        return [sum(getattr(s, key) for s in r.stages) for r in reports]
+
+    tp_ms, wall_ms = per_iteration("tp_ms"), per_iteration("wall_ms")
+    rounds, disagreements = per_iteration("tp_rounds"), per_iteration("tp_disagreements")
+    return {
+        "runs_ms": [r.makespan_ms for r in reports],
+        "measured_ms": statistics.median(r.makespan_ms for r in reports),
+        "tp_coord_fraction": statistics.median(t / w for t, w in zip(tp_ms, wall_ms)),
+        "tp_rounds": statistics.mean(rounds),
+        "tp_ms_per_round": sum(tp_ms) / max(1, sum(rounds)),
+        "tp_disagreements": statistics.mean(disagreements),
+        "disagreements_per_round": sum(disagreements) / max(1, sum(rounds)),
+        "tp_conflicts": statistics.mean(per_iteration("tp_conflicts")),
+        "ops": len(reports[0].events),
+    }
+
+
+def tp_part(
+    *, scenarios: Sequence[Scenario], stages: int, microbatches: int, warmup: int, iterations: int
+) -> dict[str, Any]:
+    """Per scenario, run and TP agreement protocol: measured iteration times on Ray and what the
+    agreement cost; protocol tp1 is the same pipeline without TP, the baseline of vs_tp1."""
+    import ray
+    from cli import start_ray
+
+    from rrfp_ray.config import PipelineConfig
+
+    print(start_ray(num_cpus=stages * TP), flush=True)
+    part = RayPart(warmup=warmup, iterations=iterations)
+    try:
+        for protocol in ("tp1", *TP_PROTOCOLS):
+            tp, agreement = (1, {}) if protocol == "tp1" else (TP, {"tp_protocol": protocol})
+            pipeline = PipelineConfig(
+                stages=stages, microbatches=microbatches, policy=TP_RUNS[0].policy, timeout_s=120.0, tp=tp, **agreement
+            )
+            shape = {"tp": tp, "stages": stages, "microbatches": microbatches}
+            workloads = [(spec, tp_workload(spec=spec, **shape)) for spec in scenarios]
+            for spec, reports in part.drive(name=protocol, pipeline=pipeline, group=TP_RUNS, workloads=workloads):
+                for run in TP_RUNS:
+                    row = {
+                        **_where(spec, run, stages=stages, microbatches=microbatches),
+                        "tp": tp,
+                        "protocol": protocol,
+                        **tp_figures(reports=reports[run.label]),
+                    }
+                    part.rows.append(row)
+                    print(
+                        f"tp {spec.label:>16} {run.label:<7} {protocol:<6} {row['measured_ms']:8.1f} ms, coordination "
+                        f"{row['tp_coord_fraction']:.2%} over {row['tp_rounds']:.0f} rounds "
+                        f"({row['tp_ms_per_round']:.3f} ms each)",
+                        flush=True,
+                    )
+    finally:
+        ray.shutdown()
+    baseline = {(r["scenario"], r["run"]): r["measured_ms"] for r in part.rows if r["protocol"] == "tp1"}
+    for row in part.rows:
+        tp1_ms = baseline.get((row["scenario"], row["run"]))
+        row["vs_tp1"] = row["measured_ms"] / tp1_ms if tp1_ms else None
+    return part.section()
 
 
 def _turns(*, driver: Any, group: Sequence[Run], pipeline: Any, counter: Any, rounds: int) -> dict[str, list]:
@@ -460,6 +573,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if "peers" in args.parts:
         data["peers"] = timed("peers", lambda: peers_part(scenarios=scenarios, **shape))
         data["peers"].update(stages=4, microbatches=16, warmup=1, iterations=args.iterations)
+    if "tp" in args.parts:
+        tp_shape = {"stages": 2, "microbatches": 8, "warmup": 1, "iterations": args.iterations}
+        tp_scenarios = [s for s in SCENARIOS if s.label in TP_SCENARIOS]
+        data["tp"] = timed("tp", lambda: tp_part(scenarios=tp_scenarios, **tp_shape))
+        data["tp"].update(tp=TP, **tp_shape)
     data["meta"]["wall_s"] = time.perf_counter() - started
     data["meta"]["parts_run"] = args.parts
     out.write_text(json.dumps(data, indent=1))

@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, also w
 from results_claims import DEFAULTS, ROOT, SUITE, Suite, claims, missing, pct, target_rows, x  # noqa: E402
 from results_plots import plots  # noqa: E402
 
+PARTS = ("sim", "buffer", "runtime", "peers", "tp")  # the JSON's sections, in the order they run
+
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -141,6 +143,58 @@ def runtime_section(suite: Suite) -> list[str]:
     return lines + table(header, body)
 
 
+def tp_section(suite: Suite) -> list[str]:
+    if not suite.tp:
+        return []
+    section = suite.data["tp"]
+    lines = [
+        "## TP agreement (PP=2 x TP=2, M=8, t_f=20 ms)",
+        "",
+        (
+            f"Ray, synthetic sleep workload, {section['warmup']} warm-up + {section['iterations']} timed iterations per "
+            "run, runs taking turns; one driver per protocol and one without TP (TP=1); median ms. Telemetry of rank 0 "
+            "of each stage. Coordination: per agreement round, the time from the last rank joining it to the result, "
+            "over the stages' wall time (median over iterations); fixed 1f1b runs the same list on every rank and "
+            "needs no rounds. Every rank computes the seed-0 trace; on lognormal-0.3 both ranks also share its "
+            "message latencies, on the comm scenarios each rank's messages take their own (rank t's drawn with seed "
+            "t), so the ranks' ready sets can differ. A disagreement is a round that decided nothing although a rank "
+            "offered an op."
+        ),
+        "",
+    ]
+    if section.get("errors"):
+        lines += ["Failures: " + "; ".join(section["errors"]), ""]
+    cells = list(dict.fromkeys((r["scenario"], r["run"]) for r in suite.tp))
+    body = []
+    for r in sorted(suite.tp, key=lambda r: cells.index((r["scenario"], r["run"]))):  # the protocols of a run together
+        agreed, tp = r["tp_rounds"] > 0, r["tp"] > 1
+        body.append(
+            [
+                r["scenario"],
+                r["run"],
+                r["protocol"] if tp else "TP=1",
+                f"{r['measured_ms']:.0f}",
+                "-" if r["vs_tp1"] is None else x(r["vs_tp1"]),
+                pct(r["tp_coord_fraction"], digits=2) if tp else "-",
+                f"{r['tp_rounds']:.1f}" if tp else "-",
+                f"{r['tp_ms_per_round']:.3f}" if agreed else "-",
+                f"{r['disagreements_per_round']:.3f}" if agreed else "-",
+            ]
+        )
+    header = (
+        "scenario",
+        "run",
+        "protocol",
+        "median ms",
+        "vs TP=1",
+        "coordination, % of stage time",
+        "rounds/iteration",
+        "ms/round",
+        "disagreements per round",
+    )
+    return lines + table(header, body)
+
+
 def sim_section(suite: Suite) -> list[str]:
     lines = ["## Simulator (M = 4P)", ""]
     if not suite.sim:
@@ -227,7 +281,7 @@ def setup_section(suite: Suite) -> list[str]:
 
 def run_log(suite: Suite) -> list[str]:
     body = []
-    for part in ("sim", "buffer", "runtime", "peers"):
+    for part in PARTS:
         section = suite.data.get(part)
         if section:
             load = " -> ".join(f"{v:.1f}" for v in section["load_avg_1min"])
@@ -244,7 +298,7 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
 
 def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> str:
     meta = suite.meta
-    total = sum(suite.data[p]["wall_s"] for p in ("sim", "buffer", "runtime", "peers") if p in suite.data)
+    total = sum(suite.data[p]["wall_s"] for p in PARTS if p in suite.data)
     quick = " (a `--quick` run: simulator only, P=4, one seed, two scenarios)" if meta["quick"] else ""
     head = [
         "# rrfp-ray: results",
@@ -253,11 +307,11 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         f"in {total / 60:.1f} min. To reproduce, from the repository root:",
         "",
         "```",
-        f"{SUITE}        # measure: simulator, Ray runtime, PyTorch peers -> docs/results/suite.json",
+        f"{SUITE}        # measure: simulator, Ray runtime, PyTorch peers, TP agreement -> docs/results/suite.json",
         "python jobs/results.py            # render this file and docs/results/*.png from that JSON (seconds)",
         "```",
         "",
-        f"`{SUITE} --parts runtime` (or sim, peers) re-measures one part and keeps the others.",
+        f"`{SUITE} --parts runtime` (or sim, peers, tp) re-measures one part and keeps the others.",
         "",
     ]
     sections = [
@@ -266,12 +320,13 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         target_section(suite),
         setup_section(suite),
         runtime_section(suite),
+        tp_section(suite),
         sim_section(suite),
         buffer_section(suite),
         plot_links(plots, out=out),
         run_log(suite),
     ]
-    return "\n".join(line for section in sections for line in [*section, ""]).rstrip() + "\n"
+    return "\n".join(line for section in sections if section for line in [*section, ""]).rstrip() + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> Path:

@@ -15,6 +15,7 @@ from jobs import bench_suite, results, results_claims
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.policy import make_policy
 from rrfp_ray.simulator import simulate
+from rrfp_ray.telemetry import IterationReport, OpEvent, StageStats
 from rrfp_ray.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +32,7 @@ CLAIMS = (
     "BFW gets closest to the lower bound",
     "Target: on every variability scenario",
 )
+SECTION = {"command": "x", "finished": "t", "wall_s": 1.0, "load_avg_1min": [0.0, 0.0], "warmup": 1, "iterations": 3}
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -82,7 +84,8 @@ def test_results_renders_every_claim_and_the_plots_from_the_json(quick: Path, tm
     for claim in CLAIMS:
         assert sum(claim in row for row in rows) == 1, claim
     tp = next(row for row in rows if "TP coordination" in row)
-    assert "not yet measured" in tp
+    assert results_claims.missing("tp") in tp and "| not measured |" in tp
+    assert "## TP agreement" not in text  # no tp part in a quick run: no section
     for row in rows:
         if "Up to 2.77x" in row:  # multimodal+comm is in the quick run: a measured row, not a placeholder
             assert "not measured" not in row and "bfw" in row
@@ -95,14 +98,6 @@ def test_results_renders_every_claim_and_the_plots_from_the_json(quick: Path, tm
 def fake_runtime(data: dict, *, ours: dict[str, float], theirs: dict[str, float]) -> dict:
     """The quick JSON plus runtime and peer sections: per scenario, our best and PyTorch's best times."""
     data = copy.deepcopy(data)
-    section = {
-        "command": "x",
-        "finished": "t",
-        "wall_s": 1.0,
-        "load_avg_1min": [0.0, 0.0],
-        "warmup": 1,
-        "iterations": 3,
-    }
     runtime, peers = [], []
     for scenario, ms in ours.items():
         for run, scale, memory in (("1f1b", 1.3, 1.0), ("bfw@2x", 1.0, 2.0), ("bfw@inf", 0.5, 4.0)):
@@ -123,8 +118,8 @@ def fake_runtime(data: dict, *, ours: dict[str, float], theirs: dict[str, float]
     for scenario, ms in theirs.items():
         for schedule, scale in (("1f1b", 1.2), ("zb-h1", 1.0)):
             peers.append({"scenario": scenario, "schedule": schedule, "measured_ms": ms * scale, "ideal_ms": ms * 0.9})
-    data["runtime"] = {**section, "rows": runtime}
-    data["peers"] = {**section, "rows": peers}
+    data["runtime"] = {**SECTION, "rows": runtime}
+    data["peers"] = {**SECTION, "rows": peers}
     return data
 
 
@@ -147,6 +142,110 @@ def test_target_compares_our_best_within_2x_memory_with_pytorch_best(quick: Path
     assert results_claims.target_claim(suite).verdict == verdict
     text = results.render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
     assert "| multimodal+comm | 1200 | 1000 |" in text  # the side-by-side table, PyTorch 1f1b then zb-h1
+
+
+def fake_tp(data: dict, *, common: float, worst: float, first: float) -> dict:
+    """The quick JSON plus a tp section: coordination shares of the agreeing runs under each protocol;
+    bf@2x on comm under common takes `worst`."""
+    data = copy.deepcopy(data)
+    rows = []
+    for scenario in ("lognormal-0.3", "comm"):
+        for run in ("1f1b", "bf@2x", "bfw@2x"):
+            policy, _, cap = run.partition("@")
+            for protocol, share in (("tp1", 0.0), ("first", first), ("common", common)):
+                agreed = policy != "1f1b" and protocol != "tp1"
+                if (scenario, run, protocol) == ("comm", "bf@2x", "common"):
+                    share = worst
+                rows.append(
+                    {
+                        "scenario": scenario,
+                        "run": run,
+                        "policy": policy,
+                        "cap": cap or None,
+                        "tp": 1 if protocol == "tp1" else 2,
+                        "protocol": protocol,
+                        "measured_ms": 1000.0 if protocol == "tp1" else 1020.0,
+                        "vs_tp1": 1.0 if protocol == "tp1" else 1.02,
+                        "tp_coord_fraction": share if agreed else 0.0,
+                        "tp_rounds": 33.0 if agreed else 0.0,
+                        "tp_ms_per_round": 0.15 if agreed else 0.0,
+                        "tp_disagreements": 1.0 if agreed else 0.0,
+                        "disagreements_per_round": 1 / 33 if agreed else 0.0,
+                        "tp_conflicts": 0.0,
+                        "ops": 32,
+                    }
+                )
+    data["tp"] = {**SECTION, "rows": rows, "tp": 2, "stages": 2, "microbatches": 8}
+    return data
+
+
+@pytest.mark.parametrize(
+    ("common", "worst", "verdict"),
+    [
+        (0.004, 0.0099, "**yes**"),
+        (0.004, 0.012, "**partly**: bfw under 1%; bf up to 1.20%."),
+        (0.011, 0.012, "**no**: up to 1.20% (bf@2x, comm)"),
+    ],
+)
+def test_tp_claim_holds_when_every_common_readiness_run_is_below_1pct(
+    quick: Path, common: float, worst: float, verdict: str
+) -> None:
+    data = fake_tp(json.loads(quick.read_text()), common=common, worst=worst, first=0.02)  # first's do not count
+    suite = results_claims.Suite(data)
+    claim = results_claims.tp_claim(suite)
+    assert claim.verdict.startswith(verdict)
+    assert f"common (default): **{100 * common:.2f}-{100 * worst:.2f}%**" in claim.result
+    assert "first: 2.00%" in claim.result
+    assert "3.0% of rounds under common" in claim.result
+    text = results.render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
+    assert text.index("## Ray runtime") < text.index("## TP agreement (PP=2 x TP=2, M=8, t_f=20 ms)")
+    assert text.index("## TP agreement") < text.index("## Simulator")
+    assert "| comm | bf@2x | TP=1 | 1000 | 1.00x | - | - | - | - |" in text
+    assert f"| comm | bf@2x | common | 1020 | 1.02x | {100 * worst:.2f}% | 33.0 | 0.150 | 0.030 |" in text
+    assert "| comm | 1f1b | first | 1020 | 1.02x | 0.00% | 0.0 | - | - |" in text  # fixed: no rounds
+
+
+def test_tp_workload_gives_each_rank_its_own_latencies_on_the_comm_scenarios_only() -> None:
+    specs = {s.label: s for s in bench_suite.SCENARIOS}
+    shape = {"stages": 2, "microbatches": 8}
+    shared = bench_suite.tp_workload(spec=specs["lognormal-0.3"], tp=2, **shape)
+    assert shared.rank_comm == () and shared.trace == specs["lognormal-0.3"].traces(seed=0, **shape)[1]
+    workload = bench_suite.tp_workload(spec=specs["comm"], tp=2, **shape)
+    seed0, seed1 = (specs["comm"].traces(seed=seed, **shape)[1] for seed in (0, 1))
+    rank1 = workload.with_tp(rank=1, size=2, all_reduce=lambda t: t).trace
+    assert workload.trace == seed0 and workload.with_tp(rank=0, size=2, all_reduce=lambda t: t).trace == seed0
+    assert (rank1.commF, rank1.commB) == (seed1.commF, seed1.commB) != (seed0.commF, seed0.commB)
+    assert (rank1.F, rank1.B, rank1.W) == (seed0.F, seed0.B, seed0.W)  # the same compute on both ranks
+    assert bench_suite.tp_workload(spec=specs["comm"], tp=1, **shape).rank_comm == ()
+
+
+def test_tp_figures_sum_the_stages_of_each_iteration_then_aggregate() -> None:
+    def report(*, tp_ms: float, rounds: int, disagreements: int) -> IterationReport:
+        stages = [
+            StageStats(
+                stage=s,
+                wall_ms=500.0,
+                compute_ms=400.0,
+                blocked_ms=0.0,
+                tp_ms=tp_ms,
+                tp_rounds=rounds,
+                tp_disagreements=disagreements,
+                tp_conflicts=1,
+            )
+            for s in range(2)
+        ]
+        events = [OpEvent(stage=0, action="0F0", start_ms=0, end_ms=1, ready_ms=0, hint_pos=0, overtook=False)] * 5
+        return IterationReport(iteration=0, policy="bf", makespan_ms=600.0 + tp_ms, stages=stages, events=events)
+
+    figures = bench_suite.tp_figures(
+        reports=[report(tp_ms=1.0, rounds=10, disagreements=0), report(tp_ms=4.0, rounds=30, disagreements=4)]
+    )
+    assert figures["runs_ms"] == [601.0, 604.0] and figures["measured_ms"] == 602.5
+    assert figures["tp_coord_fraction"] == pytest.approx((2 / 1000 + 8 / 1000) / 2)
+    assert figures["tp_rounds"] == 40 and figures["tp_disagreements"] == 4 and figures["tp_conflicts"] == 2
+    assert figures["tp_ms_per_round"] == pytest.approx(10 / 80)
+    assert figures["disagreements_per_round"] == pytest.approx(8 / 80)
+    assert figures["ops"] == 5
 
 
 def test_interleaved_trace_is_the_same_model_cut_in_two_chunks() -> None:
