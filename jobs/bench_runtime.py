@@ -131,9 +131,7 @@ def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline
             "ratio": measured[name] / simulated[name],
             "speedup_measured": measured[baseline] / measured[name],
             "speedup_predicted": simulated[baseline] / simulated[name],
-            "tp_coord_fraction": statistics.median(
-                sum(s.tp_ms for s in r.stages) / sum(s.wall_ms for s in r.stages) for r in runs
-            ),
+            "tp_coord_fraction": statistics.median(r.tp_fraction for r in runs),
             "tp_disagreements": statistics.mean(sum(s.tp_disagreements for s in r.stages) for r in runs),
             "tp_rounds": statistics.mean(sum(s.tp_rounds for s in r.stages) for r in runs),
             "tp_ms_per_round": sum(s.tp_ms for r in runs for s in r.stages)
@@ -167,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
         ),
     )
     try:
-        print(f"{pipeline.stages} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        print(f"{pipeline.stages * pipeline.tp} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
         reports = measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
         ray.get(driver.shutdown.remote())
     finally:

@@ -398,12 +398,11 @@ def tp_figures(*, reports: Sequence[IterationReport]) -> dict[str, Any]:
     def per_iteration(key: str) -> list[float]:
         return [sum(getattr(s, key) for s in r.stages) for r in reports]
 
-    tp_ms, wall_ms = per_iteration("tp_ms"), per_iteration("wall_ms")
-    rounds, disagreements = per_iteration("tp_rounds"), per_iteration("tp_disagreements")
+    tp_ms, rounds, disagreements = per_iteration("tp_ms"), per_iteration("tp_rounds"), per_iteration("tp_disagreements")
     return {
         "runs_ms": [r.makespan_ms for r in reports],
         "measured_ms": statistics.median(r.makespan_ms for r in reports),
-        "tp_coord_fraction": statistics.median(t / w for t, w in zip(tp_ms, wall_ms)),
+        "tp_coord_fraction": statistics.median(r.tp_fraction for r in reports),
         "tp_rounds": statistics.mean(rounds),
         "tp_ms_per_round": sum(tp_ms) / max(1, sum(rounds)),
         "tp_disagreements": statistics.mean(disagreements),

@@ -180,6 +180,8 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
             f"{tokens / report.makespan_ms * 1e3:8.0f} tok/s  bubble {report.bubble:5.1%}  "
             f"blocked {report.blocked_fraction:5.1%}"
         )
+        if run.pipeline.tp > 1:
+            line += f"  TP agreement {report.tp_fraction:4.2%}"
         every = run.train.val_every
         if every and (trainer.iteration % every == 0 or trainer.iteration == run.train.iterations):
             val_loss = trainer.evaluate()
@@ -199,6 +201,8 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
         "peak_inflight": max(r.peak_inflight for r in reports),
         "restarts": trainer.restarts,
     }
+    if run.pipeline.tp > 1:
+        summary["tp_coord_fraction"] = statistics.median(r.tp_fraction for r in reports)
     return summary, reports
 
 
@@ -212,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(start_ray(num_cpus=max(2, run.pipeline.stages * run.pipeline.tp)))
     started = time.perf_counter()
     with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
-        print(f"{run.pipeline.stages} stage actors up in {trainer.backend.startup_s:.1f} s")
+        print(f"{run.pipeline.stages * run.pipeline.tp} stage actors up in {trainer.backend.startup_s:.1f} s")
         summary, runs = {}, {}
         compare = args.compare and run.pipeline.policy != "1f1b" and run.train.checkpoint_dir is None
         if compare:

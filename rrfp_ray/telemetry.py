@@ -63,6 +63,12 @@ class IterationReport:
         return sum(s.blocked_ms for s in self.stages) / wall if wall > 0 else 0.0
 
     @property
+    def tp_fraction(self) -> float:
+        """TP-coordination time (agreement rounds) over the stages' wall time."""
+        wall = sum(s.wall_ms for s in self.stages)
+        return sum(s.tp_ms for s in self.stages) / wall if wall > 0 else 0.0
+
+    @property
     def peak_inflight(self) -> int:
         return max(s.peak_inflight for s in self.stages)
 
