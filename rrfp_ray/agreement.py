@@ -21,7 +21,6 @@ every rank runs the same list.
 from __future__ import annotations
 
 import time
-
 from collections.abc import Callable
 from dataclasses import dataclass
 

@@ -60,9 +60,11 @@ def test_a_closed_peer_fails_the_round_naming_it() -> None:
 def test_a_rank_that_never_connects_is_named() -> None:
     group = [TcpGather(rank=r, size=3, host="127.0.0.1", timeout_s=0.3) for r in range(3)]
     addresses = [g.address for g in group]
-    with pytest.raises(TimeoutError, match=r"TP rank 0: ranks \[2\] did not connect within 0.3 s"):
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            list(pool.map(lambda g: g.connect(addresses=addresses), group[:2]))
+    with (
+        pytest.raises(TimeoutError, match=r"TP rank 0: ranks \[2\] did not connect within 0.3 s"),
+        ThreadPoolExecutor(max_workers=2) as pool,
+    ):
+        list(pool.map(lambda g: g.connect(addresses=addresses), group[:2]))
 
 
 @pytest.mark.parametrize(
