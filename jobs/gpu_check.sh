@@ -11,14 +11,16 @@ python -m pip install --quiet "torch>=2.4" "ray[default]==2.60.0" "pydantic>=2.5
 python -m pip install --quiet --no-deps -e .
 nvidia-smi --query-gpu=name,memory.total --format=csv
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
-common=(--gpus-per-stage 0.25 --backend gloo --stages 4 --microbatches 16 --iterations 30 --val-every 10
+common=(--gpus-per-stage 0.25 --backend gloo --microbatches 16 --iterations 30 --val-every 10
         --n-layer 8 --n-embd 256 --n-head 8 --block-size 128 --seq-len 128 --micro-batch-size 16)
-python jobs/train_gpt.py "${common[@]}" --scenario none --out "$out/none"
-python jobs/train_gpt.py "${common[@]}" --scenario multimodal --t-f 5 --out "$out/multimodal"
+python jobs/train_gpt.py "${common[@]}" --stages 4 --scenario none --out "$out/none"
+python jobs/train_gpt.py "${common[@]}" --stages 4 --scenario multimodal --t-f 5 --out "$out/multimodal"
+# PP=2 x TP=2: the TP layers' all-reduces on CUDA tensors over gloo, the agreement over TCP
+python jobs/train_gpt.py "${common[@]}" --stages 2 --tp 2 --scenario multimodal --t-f 5 --out "$out/tp"
 python - "$out" <<'PY'
 import json, sys
-for name in ("none", "multimodal"):
+for name in ("none", "multimodal", "tp"):
     s = json.load(open(f"{sys.argv[1]}/{name}/summary.json"))
-    print(name, {k: s[k] for k in ("loss_first", "loss_last", "iteration_ms_median", "tokens_per_s")},
+    print(name, {k: s.get(k) for k in ("loss_first", "loss_last", "iteration_ms_median", "tokens_per_s", "tp_coord_fraction")},
           "speedup vs 1f1b", round(s.get("speedup_vs_1f1b", float("nan")), 3))
 PY
