@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -82,27 +84,33 @@ def test_messages_carry_kind_microbatch_chunk_and_shape():
     torch.testing.assert_close(got, payload)
 
 
-class _Dropping(LocalChannel):
-    """Loses every message after the first `keep` tensors."""
+class _Losing:
+    """An inbound channel that loses every message after its first `keep` tensors: a later recv
+    waits well past the pipeline's timeout, then gives up."""
 
-    def __init__(self, *, keep: int, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.keep = keep
+    def __init__(self, inner: LocalChannel, *, keep: int) -> None:
+        self.inner, self.keep = inner, keep
 
-    def send(self, tensor: torch.Tensor) -> None:
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def recv(self, tensor: torch.Tensor) -> None:
         if self.keep > 0:
             self.keep -= 1
-            super().send(tensor)
+            return self.inner.recv(tensor)
+        threading.Event().wait(5 * self.inner.timeout_s)
+        raise TimeoutError(f"channel {self.name}: nothing received")
 
 
 def test_a_message_that_never_arrives_raises_naming_link_and_action():
     policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
     layout = Layout(stages=2, chunks=1, microbatches=2)
-    pipeline = LocalPipeline(layout=layout, timeout_s=1.0)
     link = next(link for link in layout.links() if link.kind is Kind.F)
-    dropping = _Dropping(keep=2, name=str(link), timeout_s=1.0)  # header + payload of microbatch 0 only
-    pipeline.workers[0]._outbound[link] = dropping
-    pipeline.workers[1]._threads[0]._args = (link, dropping)
+
+    def wrap(rank: int, channel: LocalChannel):  # header + payload of microbatch 0 only
+        return _Losing(channel, keep=2) if channel.name == str(link) else channel
+
+    pipeline = LocalPipeline(layout=layout, timeout_s=1.0, wrap=wrap)
     workload = SyntheticWorkload(trace=generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0))
     executors = [workload.executor(stage=s, layout=layout) for s in range(2)]
     with pytest.raises(PipelineError, match=r"1F1 \(needs activations 0->1 for microbatch 1\)"):
