@@ -123,7 +123,9 @@ class PipelineDriver:
                 )
                 labels.append(f"{self._label(actor)} (group {name})")
         self._gather(joins, what="collective groups to form", labels=labels)
-        agreement = self._gather([a.listen_agreement.remote() for a in self.stages], what="agreement listeners") if tp > 1 else []
+        agreement = []
+        if tp > 1:
+            agreement = self._gather([a.listen_agreement.remote() for a in self.stages], what="agreement listeners")
         self._gather(
             [
                 a.connect.remote(

@@ -49,7 +49,9 @@ class TcpGather:
             try:
                 sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
             except OSError as error:
-                raise ConnectionError(f"TP rank {self.rank}: could not reach rank {peer} at {addresses[peer]}: {error}") from error
+                raise ConnectionError(
+                    f"TP rank {self.rank}: could not reach rank {peer} at {addresses[peer]}: {error}"
+                ) from error
             sock.sendall(_INT.pack(self.rank))
             self._add(peer=peer, sock=sock)
         for _ in range(self.rank + 1, self.size):
@@ -57,12 +59,16 @@ class TcpGather:
                 sock, _ = self._listener.accept()
             except TimeoutError:
                 missing = sorted(set(range(self.rank + 1, self.size)) - set(self._peers))
-                raise TimeoutError(f"TP rank {self.rank}: ranks {missing} did not connect within {self.timeout_s:g} s") from None
+                raise TimeoutError(
+                    f"TP rank {self.rank}: ranks {missing} did not connect within {self.timeout_s:g} s"
+                ) from None
             sock.settimeout(self.timeout_s)
             (peer,) = _INT.unpack(self._read(sock=sock, size=_INT.size, what="the rank of a connecting peer"))
             if not self.rank < peer < self.size or peer in self._peers:
                 sock.close()
-                raise ConnectionError(f"TP rank {self.rank}: a peer announced rank {peer}, expected one of the ranks above")
+                raise ConnectionError(
+                    f"TP rank {self.rank}: a peer announced rank {peer}, expected one of the ranks above"
+                )
             self._add(peer=peer, sock=sock)
         self._listener.close()
 
@@ -82,7 +88,8 @@ class TcpGather:
             (count,) = _INT.unpack(self._read(sock=self._peers[peer], size=_INT.size, what=what))
             if count != len(values):
                 raise ValueError(f"TP rank {self.rank}: rank {peer} gathered {count} values, this rank {len(values)}")
-            rows.append(list(struct.unpack(f"<{count}q", self._read(sock=self._peers[peer], size=count * _INT.size, what=what))))
+            body = self._read(sock=self._peers[peer], size=count * _INT.size, what=what)
+            rows.append(list(struct.unpack(f"<{count}q", body)))
         return rows
 
     def close(self) -> None:
