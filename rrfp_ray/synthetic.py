@@ -9,9 +9,28 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rrfp_ray.actions import Action
+from rrfp_ray.actions import Action, Kind
 from rrfp_ray.deps import Layout, Message
 from rrfp_ray.variability import Trace
+
+
+@dataclass(frozen=True)
+class InStep:
+    """How a synthetic op keeps its TP group in step. Inside a real F or B the TP layers'
+    collectives hold every rank until the last has reached them, so the op ends its
+    duration after the latest rank started it; a W calls no collective."""
+
+    rank: int
+    size: int
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]  # sum over the TP group
+
+    def start(self, *, action: Action, now: float) -> float:
+        """When `action`'s duration starts counting (wall-clock seconds; a stage's TP ranks share a node)."""
+        if action.kind is Kind.W:
+            return now
+        starts = torch.zeros(self.size, dtype=torch.float64)
+        starts[self.rank] = now
+        return float(self.all_reduce(starts).max())
 
 
 @dataclass(frozen=True)
@@ -21,19 +40,21 @@ class SyntheticWorkload:
     trace: Trace
     payload_elems: int = 4096
     rank_comm: tuple[Trace, ...] = ()  # with TP: rank t's messages take rank_comm[t]'s latencies
+    in_step: InStep | None = None  # set by with_tp
 
     def executor(self, *, stage: int, layout: Layout) -> SleepExecutor:
-        return SleepExecutor(trace=self.trace, layout=layout, payload_elems=self.payload_elems)
+        return SleepExecutor(trace=self.trace, layout=layout, payload_elems=self.payload_elems, in_step=self.in_step)
 
     def latency(self, message: Message) -> float:
         return self.trace.latency(message)
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> SyntheticWorkload:
-        """Every TP rank replays the same op durations (inside real ops, their collectives keep
-        them in step). With `rank_comm`, each rank's messages take their own latencies, as over
+        """Every TP rank replays the same op durations, its F and B ops in step with the group
+        (`InStep`). With `rank_comm`, each rank's messages take their own latencies, as over
         links of their own, so the ranks' ready sets differ."""
+        in_step = InStep(rank=rank, size=size, all_reduce=all_reduce)
         if not self.rank_comm:
-            return self
+            return replace(self, in_step=in_step)
         if len(self.rank_comm) != size:
             raise ValueError(f"rank_comm holds {len(self.rank_comm)} traces, the TP group has {size} ranks")
         comm = self.rank_comm[rank]
@@ -43,16 +64,18 @@ class SyntheticWorkload:
                 f"rank_comm[{rank}] is shaped (stages, microbatches, chunks) = {shape}, the trace "
                 f"{(self.trace.stages, self.trace.microbatches, self.trace.chunks)}"
             )
-        return replace(self, trace=replace(self.trace, commF=comm.commF, commB=comm.commB), rank_comm=())
+        trace = replace(self.trace, commF=comm.commF, commB=comm.commB)
+        return replace(self, trace=trace, rank_comm=(), in_step=in_step)
 
 
 class SleepExecutor:
-    def __init__(self, *, trace: Trace, layout: Layout, payload_elems: int) -> None:
+    def __init__(self, *, trace: Trace, layout: Layout, payload_elems: int, in_step: InStep | None = None) -> None:
         if payload_elems < 1:
             raise ValueError(f"payload_elems must be >= 1, got {payload_elems}")
         self._trace = trace
         self._layout = layout
         self._payload = torch.zeros(payload_elems)
+        self._in_step = in_step
 
     def begin(self, *, iteration: int) -> None:
         pass
@@ -61,8 +84,11 @@ class SleepExecutor:
         return None
 
     def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
-        deadline = time.perf_counter() + self._trace.duration(action, split=split) / 1e3
-        while (left := deadline - time.perf_counter()) > 0:
+        start = time.time()
+        if self._in_step is not None:
+            start = self._in_step.start(action=action, now=start)
+        deadline = start + self._trace.duration(action, split=split) / 1e3
+        while (left := deadline - time.time()) > 0:
             time.sleep(left)
         if self._layout.sends(action) is None:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from rrfp_ray.actions import Kind, parse_action
 from rrfp_ray.arbiter import Cap
 from rrfp_ray.deps import Layout
-from rrfp_ray.local import LocalPipeline
+from rrfp_ray.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
 from rrfp_ray.policy import make_policy
 from rrfp_ray.synthetic import SyntheticWorkload
 from rrfp_ray.transport import Header, LocalChannel, recv_message, send_message
@@ -122,7 +123,7 @@ def test_tp_ranks_replay_one_trace_with_their_own_message_latencies():
         return generate(scenario="lognormal+comm", stages=stages, microbatches=4, chunks=1, seed=seed, t_f=2.0)
 
     shared = SyntheticWorkload(trace=trace(0))
-    assert shared.with_tp(rank=1, size=2, all_reduce=torch.clone) is shared
+    assert shared.with_tp(rank=1, size=2, all_reduce=torch.clone).trace == shared.trace
     workload = SyntheticWorkload(trace=trace(0), rank_comm=(trace(0), trace(1)))
     rank0, rank1 = (workload.with_tp(rank=t, size=2, all_reduce=torch.clone).trace for t in range(2))
     assert rank0 == trace(0)
@@ -134,3 +135,39 @@ def test_tp_ranks_replay_one_trace_with_their_own_message_latencies():
         SyntheticWorkload(trace=trace(0), rank_comm=(trace(0), trace(1, stages=3))).with_tp(
             rank=1, size=2, all_reduce=torch.clone
         )
+
+
+def _timed_tp_run(
+    *, action: str, ranks: int, late_s: float, running: tuple[int, ...] | None = None
+) -> dict[int, float]:
+    """Seconds each running TP rank's `action` (20 ms in the trace) took; rank r starts it r * late_s late."""
+    layout = Layout(stages=2, chunks=1, microbatches=1, split=True)
+    workload = SyntheticWorkload(trace=generate(scenario="none", stages=2, microbatches=1, chunks=1, seed=0, t_f=20.0))
+    gather = ThreadAllGather(parties=ranks, timeout_s=5.0)
+    took: dict[int, float] = {}
+
+    def run(rank: int) -> None:
+        time.sleep(late_s * rank)
+        tp = workload.with_tp(rank=rank, size=ranks, all_reduce=tensor_all_reduce(gather.member(rank)))
+        began = time.perf_counter()
+        tp.executor(stage=0, layout=layout).run(action=parse_action(action), iteration=0, payload=None, split=True)
+        took[rank] = time.perf_counter() - began
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in (running or range(ranks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=5.0)
+    return took
+
+
+@pytest.mark.parametrize("action", ["0F0", "0B0"])
+def test_synthetic_tp_forward_and_backward_end_after_the_later_rank_started(action: str):
+    """As the TP collectives inside real F and B ops make them: rank 0 waits for rank 1, then runs."""
+    took = _timed_tp_run(action=action, ranks=2, late_s=0.2)
+    assert took[0] >= 0.2 + 0.02 - 0.005
+
+
+def test_a_synthetic_weight_pass_calls_no_tp_collective():
+    took = _timed_tp_run(action="0W0", ranks=2, late_s=0.0, running=(0,))
+    assert took[0] < 0.2  # rank 1 never runs it: a collective would have held rank 0 for the 5 s barrier timeout
