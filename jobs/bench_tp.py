@@ -10,7 +10,8 @@ that decided nothing although some rank offered an op, per round and per op run)
 per op (disagreements where every rank offered an op: the only kind `common` can avoid), rounds
 per op (idle rounds, where no rank had an op, included) and the median makespan, next to
 the same pipeline without TP. Jitter models: `shared`, every rank of a stage replays the same
-trace; `per-rank`, each TP rank its own seed (its own GPU's jitter).
+trace; `per-rank`, each TP rank its own seed (its own GPU's jitter). Either way an F or B ends
+its duration after the later rank of its stage started it (`rrfp_ray.synthetic.InStep`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _runs(args: argparse.Namespace, *, tp: int, protocol: str, per_rank: bool) -
                         t_f=args.t_f,
                         sigma=args.sigma,
                     )
-                    executors.append(SyntheticWorkload(trace=trace).executor(stage=s, layout=layout))
+                    workload = SyntheticWorkload(trace=trace)
+                    if tp > 1:
+                        workload = workload.with_tp(rank=t, size=tp, all_reduce=pipeline.tp_all_reduce(stage=s, rank=t))
+                    executors.append(workload.executor(stage=s, layout=layout))
             reports.append(
                 pipeline.run_iteration(
                     iteration=i,
