@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 from cli import add_scenario_flags, config_error, start_ray, variability, write_pictures
 from pydantic import ValidationError
 
+from rrfp_ray.telemetry import tp_summary
+
 if TYPE_CHECKING:
     from rrfp_ray.config import PipelineConfig
     from rrfp_ray.variability import Trace
@@ -131,11 +133,7 @@ def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline
             "ratio": measured[name] / simulated[name],
             "speedup_measured": measured[baseline] / measured[name],
             "speedup_predicted": simulated[baseline] / simulated[name],
-            "tp_coord_fraction": statistics.median(r.tp_fraction for r in runs),
-            "tp_disagreements": statistics.mean(sum(s.tp_disagreements for s in r.stages) for r in runs),
-            "tp_rounds": statistics.mean(sum(s.tp_rounds for s in r.stages) for r in runs),
-            "tp_ms_per_round": sum(s.tp_ms for r in runs for s in r.stages)
-            / max(1, sum(s.tp_rounds for r in runs for s in r.stages)),
+            **tp_summary(runs),
         }
         for name, runs in reports.items()
     }

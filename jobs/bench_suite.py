@@ -54,7 +54,7 @@ from rrfp_ray.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy import Policy, make_policy, policy_names  # noqa: E402
 from rrfp_ray.schedules import SCHEDULES  # noqa: E402
 from rrfp_ray.simulator import DeadlockError, bounds, simulate  # noqa: E402
-from rrfp_ray.telemetry import IterationReport, OpEvent  # noqa: E402
+from rrfp_ray.telemetry import IterationReport, OpEvent, tp_summary  # noqa: E402
 from rrfp_ray.variability import Trace, generate  # noqa: E402
 
 T_F = 20.0
@@ -392,22 +392,12 @@ def tp_workload(*, spec: Scenario, tp: int, stages: int, microbatches: int) -> A
 
 
 def tp_figures(*, reports: Sequence[IterationReport]) -> dict[str, Any]:
-    """What the timed iterations of one run show: each iteration summed over the stages (rank 0
-    of each), then the median or mean over iterations; ops per iteration over the stages too."""
-
-    def per_iteration(key: str) -> list[float]:
-        return [sum(getattr(s, key) for s in r.stages) for r in reports]
-
-    tp_ms, rounds, disagreements = per_iteration("tp_ms"), per_iteration("tp_rounds"), per_iteration("tp_disagreements")
+    """What the timed iterations of one run show (`tp_summary`: rank 0 of each stage), and ops per
+    iteration over the stages."""
     return {
         "runs_ms": [r.makespan_ms for r in reports],
         "measured_ms": statistics.median(r.makespan_ms for r in reports),
-        "tp_coord_fraction": statistics.median(r.tp_fraction for r in reports),
-        "tp_rounds": statistics.mean(rounds),
-        "tp_ms_per_round": sum(tp_ms) / max(1, sum(rounds)),
-        "tp_disagreements": statistics.mean(disagreements),
-        "disagreements_per_round": sum(disagreements) / max(1, sum(rounds)),
-        "tp_conflicts": statistics.mean(per_iteration("tp_conflicts")),
+        **tp_summary(list(reports)),
         "ops": len(reports[0].events),
     }
 

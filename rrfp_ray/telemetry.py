@@ -118,6 +118,24 @@ def merge_stage_reports(
     return IterationReport(iteration=iteration, policy=policy, makespan_ms=makespan, stages=stages, events=events, loss=loss)
 
 
+def tp_summary(reports: list[IterationReport]) -> dict[str, float]:
+    """What TP agreement cost over some iterations: each iteration summed over its stages, then
+    the median (coordination share) or mean (counts) over iterations; per-round figures pooled."""
+
+    def per_iteration(key: str) -> list[float]:
+        return [sum(getattr(s, key) for s in r.stages) for r in reports]
+
+    rounds, disagreements = sum(per_iteration("tp_rounds")), sum(per_iteration("tp_disagreements"))
+    return {
+        "tp_coord_fraction": statistics.median(r.tp_fraction for r in reports),
+        "tp_rounds": statistics.mean(per_iteration("tp_rounds")),
+        "tp_ms_per_round": sum(per_iteration("tp_ms")) / max(1, rounds),
+        "tp_disagreements": statistics.mean(per_iteration("tp_disagreements")),
+        "disagreements_per_round": disagreements / max(1, rounds),
+        "tp_conflicts": statistics.mean(per_iteration("tp_conflicts")),
+    }
+
+
 def median_makespan(reports: list[IterationReport]) -> float:
     return statistics.median(r.makespan_ms for r in reports)
 
