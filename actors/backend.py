@@ -19,12 +19,12 @@ import ray
 
 from actors.driver import PipelineDriver
 from actors.local_ray import init_ray
-from rrfp_ray.checkpoint import Manifest, StageFile
-from rrfp_ray.config import PipelineConfig
-from rrfp_ray.policy import Policy
-from rrfp_ray.telemetry import IterationReport
-from rrfp_ray.training import ModelWorkload
-from rrfp_ray.worker import PipelineError
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.train.checkpoint import Manifest, StageFile
+from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.workload import ModelWorkload
 
 
 class RayBackend:

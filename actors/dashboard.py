@@ -7,9 +7,9 @@ import torch
 from ray._private import profiling  # the only way to add spans to `ray timeline`; our own trace does not need it
 from ray.util.metrics import Gauge
 
-from rrfp_ray.actions import Action
-from rrfp_ray.telemetry import StageStats
-from rrfp_ray.worker import Executor
+from rrfp_ray.observe.telemetry import StageStats
+from rrfp_ray.runtime.worker import Executor
+from rrfp_ray.schedule.actions import Action
 
 _COLOURS = {"F": "thread_state_running", "B": "rail_response", "W": "good"}
 

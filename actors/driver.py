@@ -13,14 +13,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
 from actors.stage_actor import StageActor
-from rrfp_ray.actions import place
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.checkpoint import Manifest, StageFile
-from rrfp_ray.config import PipelineConfig
-from rrfp_ray.deps import Layout
-from rrfp_ray.policy import Policy
-from rrfp_ray.telemetry import IterationReport, merge_stage_reports
-from rrfp_ray.worker import PipelineError, Workload
+from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.worker import PipelineError, Workload
+from rrfp_ray.schedule.actions import place
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.train.checkpoint import Manifest, StageFile
+from rrfp_ray.train.config import PipelineConfig
 
 _GRACE_S = 1.0  # how long to wait for the other stages' errors once one has failed
 _SPAWN_S = 120.0  # the least time placement and actor processes get to start, whatever timeout_s is

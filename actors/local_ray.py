@@ -27,3 +27,10 @@ def init_ray(*, num_cpus: int, log_to_driver: bool = True) -> bool:
         return False
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver, runtime_env={"env_vars": WORKER_ENV})
     return True
+
+
+def start_ray(*, num_cpus: int) -> str:
+    """Attach to a running cluster (as under `ray job submit`), else start an embedded local Ray."""
+    if init_ray(num_cpus=num_cpus):
+        return f"embedded local Ray ({num_cpus} logical CPUs)"
+    return f"attached to {os.environ.get('RAY_ADDRESS', 'the running Ray')}"

@@ -9,14 +9,14 @@ import torch
 
 from actors import collective
 from actors.dashboard import ProfiledExecutor, StageMetrics
-from rrfp_ray.agreement import TPContext
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.checkpoint import StageFile
-from rrfp_ray.deps import Layout, Link
-from rrfp_ray.policy import Policy
-from rrfp_ray.tcp_gather import TcpGather
-from rrfp_ray.telemetry import OpEvent, StageStats
-from rrfp_ray.worker import Executor, StageWorker, Workload
+from rrfp_ray.observe.telemetry import OpEvent, StageStats
+from rrfp_ray.policy.agreement import TPContext
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.tcp_gather import TcpGather
+from rrfp_ray.runtime.worker import Executor, StageWorker, Workload
+from rrfp_ray.schedule.deps import Layout, Link
+from rrfp_ray.train.checkpoint import StageFile
 
 
 @ray.remote

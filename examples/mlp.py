@@ -7,14 +7,10 @@ python examples/mlp.py --ray    # every stage a Ray actor (starts a local Ray)
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from rrfp_ray import PipelineConfig, Trainer
 

@@ -15,15 +15,11 @@ The model is one module, split by `split_points` into 2 stages x 2 chunks.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from rrfp_ray import Optim, PipelineConfig, Trainer
 

@@ -4,7 +4,7 @@
 
 1. For every scenario below at P=--stages, M=--microbatches, v=1, cap --cap, seeds 0..--seeds-1:
    per policy the means of makespan / stage-window bound, makespan / best bound (both from
-   `rrfp_ray.simulator.bounds` for the policy's layout), speedup over fixed 1f1b, and peak
+   `rrfp_ray.sim.simulator.bounds` for the policy's layout), speedup over fixed 1f1b, and peak
    in-flight over 1f1b's; then cpw against bfw seed by seed.
 2. cpw against bfw where memory is tighter or the pipeline deeper: caps 1x, 1.5x, 2x at P and 2P.
 """
@@ -19,12 +19,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.policy import Policy, make_policy
-from rrfp_ray.simulator import bounds, simulate
-from rrfp_ray.variability import Trace, generate
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.sim.simulator import bounds, simulate
+from rrfp_ray.sim.variability import Trace, generate
 
 POLICIES = ("1f1b", "bf", "bfw", "cpw")
 BASELINE = "1f1b"

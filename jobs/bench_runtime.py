@@ -7,7 +7,7 @@ over the fixed baseline (1f1b, or interleaved when --chunks > 1), measured and p
 
     python jobs/bench_runtime.py --scenario lognormal --sigma 0.3 --microbatches 16
 
-With --tp T each stage is T actors that agree on their ops (`rrfp_ray.agreement`); it also
+With --tp T each stage is T actors that agree on their ops (`rrfp_ray.policy.agreement`); it also
 prints the TP-coordination share of the stages' time, the disagreements, rounds per
 iteration (summed over stages; rank 0 of each) and ms per round. --rank-comm gives each TP
 rank its own message latencies (the simulator then sees rank 0's):
@@ -24,14 +24,15 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli import add_scenario_flags, config_error, start_ray, variability, write_pictures
 from pydantic import ValidationError
 
-from rrfp_ray.telemetry import tp_summary
+from actors.local_ray import start_ray
+from rrfp_ray.cli import add_scenario_flags, config_error, variability, write_pictures
+from rrfp_ray.observe.telemetry import tp_summary
 
 if TYPE_CHECKING:
-    from rrfp_ray.config import PipelineConfig
-    from rrfp_ray.variability import Trace
+    from rrfp_ray.sim.variability import Trace
+    from rrfp_ray.train.config import PipelineConfig
 
 FLAGS = {
     "tp": "--tp",
@@ -49,7 +50,7 @@ FLAGS = {
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
     """The flags, the pipeline, the trace of each TP rank (one unless --rank-comm) and the policies."""
-    from rrfp_ray.config import PipelineConfig, VariabilityConfig
+    from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
@@ -145,8 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     from actors.driver import PipelineDriver
-    from rrfp_ray.simulator import simulate
-    from rrfp_ray.synthetic import SyntheticWorkload
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.sim.simulator import simulate
 
     cap = pipeline.parsed_cap
     simulated = {

@@ -18,12 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rrfp_ray.arbiter import Cap  # noqa: E402
-from rrfp_ray.policy import make_policy  # noqa: E402
-from rrfp_ray.simulator import bounds, simulate  # noqa: E402
-from rrfp_ray.variability import generate  # noqa: E402
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.sim.simulator import bounds, simulate
+from rrfp_ray.sim.variability import generate
 
 SCENARIOS = ("none", "lognormal", "straggler", "imbalance", "comm", "multimodal", "multimodal+comm")
 POLICIES = ("1f1b", "bf", "bfw")
@@ -102,7 +100,7 @@ def markdown(*, timing: str, rows: list[dict], cap: Cap, seeds: int) -> str:
         "",
         timing,
         "",
-        f"Speedup = fixed 1f1b makespan / policy makespan; LB = `rrfp_ray.simulator.bounds(...).best_ms`, "
+        f"Speedup = fixed 1f1b makespan / policy makespan; LB = `rrfp_ray.sim.simulator.bounds(...).best_ms`, "
         f"the largest of max stage work, critical path and stage window (for bfw with the B/W split). "
         f"v=1, M=4P, cap {cap} for all policies (fixed 1f1b ignores caps), t_f=20 ms, B+W=40 ms, "
         f"scenario parameters at their defaults; means over seeds 0..{seeds - 1}.",

@@ -49,13 +49,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rrfp_ray.actions import Kind, parse_action  # noqa: E402
-from rrfp_ray.arbiter import Cap  # noqa: E402
-from rrfp_ray.policy import Policy, make_policy, policy_names  # noqa: E402
-from rrfp_ray.schedules import SCHEDULES  # noqa: E402
-from rrfp_ray.simulator import DeadlockError, bounds, simulate  # noqa: E402
-from rrfp_ray.telemetry import IterationReport, OpEvent, tp_summary  # noqa: E402
-from rrfp_ray.variability import Trace, generate  # noqa: E402
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, tp_summary  # noqa: E402
+from rrfp_ray.policy.arbiter import Cap  # noqa: E402
+from rrfp_ray.policy.pickers import Policy, make_policy, policy_names  # noqa: E402
+from rrfp_ray.schedule.actions import Kind, parse_action  # noqa: E402
+from rrfp_ray.schedule.generators import SCHEDULES  # noqa: E402
+from rrfp_ray.sim.simulator import DeadlockError, bounds, simulate  # noqa: E402
+from rrfp_ray.sim.variability import Trace, generate  # noqa: E402
 
 T_F = 20.0
 PARTS = ("sim", "runtime", "peers", "tp")
@@ -336,10 +336,10 @@ def runtime_part(
 ) -> dict[str, Any]:
     """Per scenario and run: measured iteration times on Ray, and the simulator's for the same trace."""
     import ray
-    from cli import start_ray
 
-    from rrfp_ray.config import PipelineConfig
-    from rrfp_ray.synthetic import SyntheticWorkload
+    from actors.local_ray import start_ray
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.train.config import PipelineConfig
 
     print(start_ray(num_cpus=max(2, stages)), flush=True)
     traces = {spec.label: spec.traces(stages=stages, microbatches=microbatches, seed=0) for spec in scenarios}
@@ -385,7 +385,7 @@ TP_RUNS = (Run("1f1b", 1, None), Run("bf", 1, "2x"), Run("bfw", 1, "2x"))
 def tp_workload(*, spec: Scenario, tp: int, stages: int, microbatches: int) -> Any:
     """Every rank computes the seed-0 trace; under TP on the comm scenarios rank t's messages
     take the latencies of the trace drawn with seed t (rank 0's are the seed-0 trace's)."""
-    from rrfp_ray.synthetic import SyntheticWorkload
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
 
     traces = tuple(spec.traces(stages=stages, microbatches=microbatches, seed=t)[1] for t in range(tp))
     return SyntheticWorkload(trace=traces[0], rank_comm=traces if tp > 1 and spec.label in TP_RANK_COMM else ())
@@ -408,9 +408,9 @@ def tp_part(
     """Per scenario, run and TP agreement protocol: measured iteration times on Ray and what the
     agreement cost; protocol tp1 is the same pipeline without TP, the baseline of vs_tp1."""
     import ray
-    from cli import start_ray
 
-    from rrfp_ray.config import PipelineConfig
+    from actors.local_ray import start_ray
+    from rrfp_ray.train.config import PipelineConfig
 
     print(start_ray(num_cpus=stages * TP), flush=True)
     part = RayPart(warmup=warmup, iterations=iterations)

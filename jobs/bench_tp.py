@@ -11,25 +11,21 @@ per op (disagreements where every rank offered an op: the only kind `common` can
 per op (idle rounds, where no rank had an op, included) and the median makespan, next to
 the same pipeline without TP. Jitter models: `shared`, every rank of a stage replays the same
 trace; `per-rank`, each TP rank its own seed (its own GPU's jitter). Either way an F or B ends
-its duration after the later rank of its stage started it (`rrfp_ray.synthetic.InStep`).
+its duration after the later rank of its stage started it (`rrfp_ray.runtime.synthetic.InStep`).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.deps import Layout
-from rrfp_ray.local import LocalPipeline
-from rrfp_ray.policy import make_policy
-from rrfp_ray.synthetic import SyntheticWorkload
-from rrfp_ray.telemetry import IterationReport
-from rrfp_ray.variability import generate
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.sim.variability import generate
 
 
 def _runs(args: argparse.Namespace, *, tp: int, protocol: str, per_rank: bool) -> list[IterationReport]:

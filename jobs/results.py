@@ -236,7 +236,7 @@ def buffer_section(suite: Suite) -> list[str]:
     lines += [
         f"Makespan with each stage's receive buffer limited to N messages / unbounded, on "
         f"{suite.buffer[0]['scenario']}; mean (max) over seeds; *deadlock* counts seeds that deadlock. The "
-        "arbiter's rule (rrfp_ray/arbiter.py) says bf over 1f1b needs 3 at cap 2x and 1 at inf.",
+        "arbiter's rule (rrfp_ray/policy/arbiter.py) says bf over 1f1b needs 3 at cap 2x and 1 at inf.",
         "",
     ]
     body = []
@@ -265,7 +265,7 @@ def setup_section(suite: Suite) -> list[str]:
         "## Setup",
         "",
         f"- Work per op: forward t_f = {meta['t_f_ms']:g} ms per stage, backward B + W = {meta['b_ratio']:g} t_f "
-        f"(W is {meta['w_split']:g} of it), before the scenario scales it (`rrfp_ray/variability.py`).",
+        f"(W is {meta['w_split']:g} of it), before the scenario scales it (`rrfp_ray/sim/variability.py`).",
         "- Fixed schedules (only the next op of the list may run): gpipe, 1f1b, interleaved (v=2), zb-h1. "
         f"Readiness policies: {', '.join(suite.rules)}, at in-flight caps {', '.join(meta['caps'])} "
         "(a multiple of the reference schedule's own per-stage peak, so 1x = fixed 1F1B's activation memory).",
@@ -274,7 +274,7 @@ def setup_section(suite: Suite) -> list[str]:
         "draws); only the latencies of its 2P-1 links are fresh draws of the same scenario and seed.",
         "- Memory: the most activations any stage holds, a microbatch-chunk counting 1/v from its forward's start "
         "to the end of its last backward op (W under the B/W split), over fixed 1F1B's peak (P).",
-        "- Lower bound: `rrfp_ray.simulator.bounds(...).best_ms` (with the B/W split for the policies that split "
+        "- Lower bound: `rrfp_ray.sim.simulator.bounds(...).best_ms` (with the B/W split for the policies that split "
         "the backward: zb-h1, bfw, cpw).",
         "",
         *table(("scenario", "generator", "parameters"), scen),

@@ -8,7 +8,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 from results_claims import FIXED_COLORS, RULE_COLORS, Suite, rule_style  # noqa: E402
 
 

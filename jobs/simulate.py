@@ -4,7 +4,7 @@
     python jobs/simulate.py --scenario multimodal+comm --policies 1f1b,bf --cap 1x --json out.json
 
 Speedups are against fixed 1f1b, or fixed interleaved when --chunks > 1; the lower bound is
-`rrfp_ray.simulator.bounds` for the policy's layout (with or without the B/W split).
+`rrfp_ray.sim.simulator.bounds` for the policy's layout (with or without the B/W split).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli import write_pictures  # puts the repository on sys.path
-from rrfp_ray.actions import Action  # noqa: E402
-from rrfp_ray.arbiter import Cap  # noqa: E402
-from rrfp_ray.policy import Policy, make_policy  # noqa: E402
-from rrfp_ray.simulator import bounds, simulate  # noqa: E402
-from rrfp_ray.telemetry import IterationReport  # noqa: E402
-from rrfp_ray.validate import parse_order  # noqa: E402
-from rrfp_ray.variability import SCENARIOS, Trace, describe, generate, scenario_params  # noqa: E402
+from rrfp_ray.cli import write_pictures
+from rrfp_ray.observe.telemetry import IterationReport  # noqa: E402
+from rrfp_ray.policy.arbiter import Cap  # noqa: E402
+from rrfp_ray.policy.pickers import Policy, make_policy  # noqa: E402
+from rrfp_ray.schedule.actions import Action  # noqa: E402
+from rrfp_ray.schedule.validate import parse_order  # noqa: E402
+from rrfp_ray.sim.simulator import bounds, simulate  # noqa: E402
+from rrfp_ray.sim.variability import SCENARIOS, Trace, describe, generate, scenario_params  # noqa: E402
 
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from cli import start_ray
+from actors.local_ray import start_ray
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -27,9 +27,9 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     from actors.driver import PipelineDriver
-    from rrfp_ray.config import PipelineConfig
-    from rrfp_ray.synthetic import SyntheticWorkload
-    from rrfp_ray.variability import generate
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.sim.variability import generate
+    from rrfp_ray.train.config import PipelineConfig
 
     pipeline = PipelineConfig(stages=args.stages, microbatches=args.microbatches, timeout_s=30)
     policies = [pipeline.resolved_policy(name) for name in args.policies.split(",")]

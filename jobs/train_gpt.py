@@ -22,11 +22,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli import add_scenario_flags, config_error, start_ray, variability, write_pictures
 from pydantic import ValidationError
 
+from actors.local_ray import start_ray
+from rrfp_ray.cli import add_scenario_flags, config_error, variability, write_pictures
+
 if TYPE_CHECKING:
-    from rrfp_ray.config import RunConfig
+    from rrfp_ray.train.config import RunConfig
 
 FLAGS = {
     "pipeline.stages": "--stages",
@@ -61,7 +63,7 @@ FLAGS = {
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
-    from rrfp_ray.config import RunConfig
+    from rrfp_ray.train.config import RunConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
@@ -137,7 +139,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
                 "device": "cuda" if gpus_per_stage(args) else "cpu",
             },
         )
-        from rrfp_ray.gpt import corpus_source
+        from rrfp_ray.train.gpt_workload import corpus_source
 
         corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
     except ValidationError as error:
@@ -163,7 +165,7 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
     """Train to run.train.iterations (from wherever the trainer is: a resumed run starts later)."""
     from tqdm import tqdm
 
-    from rrfp_ray.telemetry import append_jsonl
+    from rrfp_ray.observe.telemetry import append_jsonl
 
     tokens = run.pipeline.microbatches * run.train.micro_batch_size * run.train.seq_len
     reports, val_loss = [], None
@@ -209,7 +211,7 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
     from actors.backend import RayBackend
-    from rrfp_ray.gpt import gpt_trainer
+    from rrfp_ray.train.gpt_workload import gpt_trainer
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     from rrfp_ray import PipelineConfig, Trainer
 
-Names are imported on first use, so `import rrfp_ray.simulator` (or any light module)
+Names are imported on first use, so `import rrfp_ray.sim.simulator` (or any light module)
 does not pay for torch. Nothing here imports ray: the Ray backend is
 `actors.backend.RayBackend`.
 """
@@ -13,17 +13,17 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
-    "Trainer": "rrfp_ray.api",
-    "InMemoryData": "rrfp_ray.api",
-    "make_workload": "rrfp_ray.api",
-    "Backend": "rrfp_ray.backend",
-    "Checkpointing": "rrfp_ray.checkpoint",
-    "LocalBackend": "rrfp_ray.backend",
-    "PipelineConfig": "rrfp_ray.config",
-    "DataSource": "rrfp_ray.training",
-    "Optim": "rrfp_ray.training",
-    "FactoryOptim": "rrfp_ray.training",
-    "IterationReport": "rrfp_ray.telemetry",
+    "Trainer": "rrfp_ray.train.api",
+    "InMemoryData": "rrfp_ray.train.api",
+    "make_workload": "rrfp_ray.train.api",
+    "Backend": "rrfp_ray.train.backend",
+    "Checkpointing": "rrfp_ray.train.checkpoint",
+    "LocalBackend": "rrfp_ray.train.backend",
+    "PipelineConfig": "rrfp_ray.train.config",
+    "DataSource": "rrfp_ray.train.workload",
+    "Optim": "rrfp_ray.train.workload",
+    "FactoryOptim": "rrfp_ray.train.workload",
+    "IterationReport": "rrfp_ray.observe.telemetry",
 }
 
 __all__ = [
@@ -41,12 +41,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from rrfp_ray.api import InMemoryData, Trainer, make_workload
-    from rrfp_ray.backend import Backend, LocalBackend
-    from rrfp_ray.checkpoint import Checkpointing
-    from rrfp_ray.config import PipelineConfig
-    from rrfp_ray.telemetry import IterationReport
-    from rrfp_ray.training import DataSource, FactoryOptim, Optim
+    from rrfp_ray.observe.telemetry import IterationReport
+    from rrfp_ray.train.api import InMemoryData, Trainer, make_workload
+    from rrfp_ray.train.backend import Backend, LocalBackend
+    from rrfp_ray.train.checkpoint import Checkpointing
+    from rrfp_ray.train.config import PipelineConfig
+    from rrfp_ray.train.workload import DataSource, FactoryOptim, Optim
 
 
 def __getattr__(name: str) -> object:

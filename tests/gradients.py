@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from rrfp_ray.config import RunConfig
-from rrfp_ray.gpt import gpt_workload
-from rrfp_ray.model import GPT
+from rrfp_ray.models.gpt import GPT
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import gpt_workload
 
 
 class GradCapture:

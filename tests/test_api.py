@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from examples.mlp import Regression, mlp
 from examples.multimodal import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from rrfp_ray import FactoryOptim, InMemoryData, LocalBackend, Optim, PipelineConfig, Trainer
-from rrfp_ray.layers import to_layers
-from rrfp_ray.stage import partition
+from rrfp_ray.train.layers import to_layers
+from rrfp_ray.train.runner import partition
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -280,7 +280,7 @@ def test_the_readme_example_runs_as_printed():
 
 def test_the_library_imports_no_ray():
     code = (
-        "import sys, rrfp_ray; from rrfp_ray import Trainer, LocalBackend; import rrfp_ray.gpt, rrfp_ray.dryrun; "
+        "import sys, rrfp_ray; from rrfp_ray import Trainer, LocalBackend; import rrfp_ray.train.gpt_workload, rrfp_ray.train.dryrun; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'actors')); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from jobs import bench_suite, results, results_claims
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.policy import make_policy
-from rrfp_ray.simulator import simulate
-from rrfp_ray.telemetry import IterationReport, OpEvent, StageStats
-from rrfp_ray.variability import generate
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = (

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rrfp_ray.checkpoint import Manifest, commit, fingerprint, latest, load_stage, save_stage
+from rrfp_ray.train.checkpoint import Manifest, commit, fingerprint, latest, load_stage, save_stage
 
 FP = fingerprint("model", 2, 1)
 

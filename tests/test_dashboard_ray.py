@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from actors.driver import PipelineDriver
-from rrfp_ray.config import PipelineConfig
-from rrfp_ray.synthetic import SyntheticWorkload
-from rrfp_ray.variability import generate
+from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.sim.variability import generate
+from rrfp_ray.train.config import PipelineConfig
 
 
 def test_every_action_is_a_span_on_the_ray_timeline(ray_session):

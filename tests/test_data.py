@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrfp_ray.data import STDLIB_BYTES, Corpus
+from rrfp_ray.train.data import STDLIB_BYTES, Corpus
 
 ARGS = {
     "split": "train",

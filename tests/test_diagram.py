@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.diagram import compare_png, pipeline_png
-from rrfp_ray.policy import make_policy
-from rrfp_ray.simulator import simulate
-from rrfp_ray.telemetry import IterationReport, StageStats
-from rrfp_ray.variability import generate
+from rrfp_ray.observe.diagram import compare_png, pipeline_png
+from rrfp_ray.observe.telemetry import IterationReport, StageStats
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def pixel_size(fig) -> tuple[int, int]:
 
 
 def test_importing_the_module_does_not_import_matplotlib():
-    code = "import sys, rrfp_ray.diagram; print('matplotlib' in sys.modules)"
+    code = "import sys, rrfp_ray.observe.diagram; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

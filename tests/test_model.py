@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rrfp_ray.model import GPT, GPTConfig, lm_loss
+from rrfp_ray.models.gpt import GPT, GPTConfig, lm_loss
 
 TINY = GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=16)
 

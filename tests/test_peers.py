@@ -6,10 +6,10 @@ import pytest
 
 from benchmarks.peers.sleep_module import stage_costs
 from benchmarks.peers.torch_pipelining import KEYS, measure, measure_all
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.policy import make_policy
-from rrfp_ray.simulator import simulate
-from rrfp_ray.variability import generate
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate
 
 
 def test_pytorch_schedules_run_our_order_and_no_faster_than_its_makespan() -> None:

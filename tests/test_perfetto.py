@@ -7,13 +7,13 @@ from collections import Counter
 
 import pytest
 
-from rrfp_ray.actions import parse_action
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.perfetto import BLOCKED, COMPUTE, RECV, SEND, blocked_spans, chrome_trace, write_trace
-from rrfp_ray.policy import make_policy
-from rrfp_ray.simulator import simulate
-from rrfp_ray.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports, stage_stats
-from rrfp_ray.variability import generate
+from rrfp_ray.observe.perfetto import BLOCKED, COMPUTE, RECV, SEND, blocked_spans, chrome_trace, write_trace
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports, stage_stats
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.schedule.actions import parse_action
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate
 
 CASES = (("bf", 1), ("bfw", 1), ("1f1b", 1), ("interleaved", 2))
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rrfp_ray.actions import Action, parse_action
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.policy import RULES, SPLIT_RULES, BFPicker, FixedPicker, ListPicker, make_policy, policy_names
-from rrfp_ray.schedules import build
-from rrfp_ray.simulator import simulate
-from rrfp_ray.telemetry import IterationReport
-from rrfp_ray.variability import generate
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import RULES, SPLIT_RULES, BFPicker, FixedPicker, ListPicker, make_policy, policy_names
+from rrfp_ray.schedule.actions import Action, parse_action
+from rrfp_ray.schedule.generators import build
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate
 
 
 def acts(text: str) -> list[Action]:

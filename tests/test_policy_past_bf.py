@@ -9,15 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_simulator import bf_choice, builds, readiness, traces
 
-from rrfp_ray.actions import Action, Kind, parse_action
-from rrfp_ray.arbiter import Arbiter, Cap
-from rrfp_ray.deps import Layout
-from rrfp_ray.local import LocalPipeline
-from rrfp_ray.policy import BFPicker, CPWPicker, Policy, make_policy
-from rrfp_ray.simulator import layout_for, simulate
-from rrfp_ray.synthetic import SyntheticWorkload
-from rrfp_ray.telemetry import IterationReport
-from rrfp_ray.variability import Trace, generate
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.pickers import BFPicker, CPWPicker, Policy, make_policy
+from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.schedule.actions import Action, Kind, parse_action
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.sim.simulator import layout_for, simulate
+from rrfp_ray.sim.variability import Trace, generate
 
 
 def acts(text: str) -> list[Action]:

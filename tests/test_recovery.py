@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from rrfp_ray import InMemoryData, PipelineConfig, Trainer
-from rrfp_ray.checkpoint import Checkpointing, latest
-from rrfp_ray.worker import PipelineError
+from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.train.checkpoint import Checkpointing, latest
 
 ITERATIONS = 6
 

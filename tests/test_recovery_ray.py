@@ -13,9 +13,9 @@ import ray
 import torch
 
 from actors.backend import RayBackend
-from rrfp_ray.checkpoint import latest, load_stage
-from rrfp_ray.config import RunConfig
-from rrfp_ray.gpt import gpt_trainer
+from rrfp_ray.train.checkpoint import latest, load_stage
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import gpt_trainer
 
 ITERATIONS = 6
 

@@ -7,11 +7,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from rrfp_ray.config import PipelineConfig
-from rrfp_ray.deps import Layout
-from rrfp_ray.synthetic import SyntheticWorkload
-from rrfp_ray.variability import generate
-from rrfp_ray.worker import PipelineError
+from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.sim.variability import generate
+from rrfp_ray.train.config import PipelineConfig
 
 P, M = 4, 8
 SETTLE_S = 30.0  # longest wait for Ray to end the actors and free their CPUs after a shutdown

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from rrfp_ray.actions import Action, Kind, parse_action, place
-from rrfp_ray.deps import Layout
-from rrfp_ray.schedules import SCHEDULES, build, peak_inflight, peak_inflight_fb, splits
-from rrfp_ray.validate import format_grid, unit_steps, validate
+from rrfp_ray.schedule.actions import Action, Kind, parse_action, place
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.generators import SCHEDULES, build, peak_inflight, peak_inflight_fb, splits
+from rrfp_ray.schedule.validate import format_grid, unit_steps, validate
 
 _KINDS = {"F": Kind.F, "B": Kind.B, "I": Kind.B, "W": Kind.W}  # PyTorch's I (input grad) is our split B
 

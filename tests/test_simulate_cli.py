@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rrfp_ray.variability import Trace
+from rrfp_ray.sim.variability import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rrfp_ray.actions import Action, Kind, parse_action
-from rrfp_ray.arbiter import Arbiter, Cap
-from rrfp_ray.deps import Layout
-from rrfp_ray.policy import Policy, make_policy
-from rrfp_ray.simulator import DeadlockError, bf_bound, bounds, layout_for, simulate
-from rrfp_ray.telemetry import IterationReport, OpEvent
-from rrfp_ray.variability import SCENARIOS, Trace, generate
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent
+from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.schedule.actions import Action, Kind, parse_action
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.sim.simulator import DeadlockError, bf_bound, bounds, layout_for, simulate
+from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
 
 T_F = 20.0  # generate's defaults then give B + W = 2 t_f, and B = W = t_f under the split
 T_B = 2 * T_F
@@ -220,7 +220,7 @@ def list_choice(eligible: list[Action], *, arbiter: Arbiter) -> Action:
 
 
 def bf_choice(eligible: list[Action], *, done: list[Action]) -> Action:
-    """The paper's BF (see rrfp_ray.policy): B turn after an F (or at the start), W only when idle."""
+    """The paper's BF (see rrfp_ray.policy.pickers): B turn after an F (or at the start), W only when idle."""
     backwards = sorted((a for a in eligible if a.kind is Kind.B), key=lambda a: (-a.chunk, a.microbatch))
     later = sorted((a for a in eligible if a.kind is Kind.F and a.chunk > 0), key=lambda a: (a.chunk, a.microbatch))
     admissions = sorted((a for a in eligible if admits(a)), key=lambda a: a.microbatch)
@@ -359,7 +359,7 @@ def test_bf_bound_rejects_chunks_and_comm() -> None:
 
 
 def min_buffer(*, policy: Policy, trace: Trace, cap: Cap) -> int:
-    """The rule in rrfp_ray/arbiter.py: 1 + the largest cap drop into a stage whose chunk 0 waits for gradients."""
+    """The rule in rrfp_ray/policy/arbiter.py: 1 + the largest cap drop into a stage whose chunk 0 waits for gradients."""
     layout = layout_for(policy=policy, trace=trace)
     caps = [Arbiter(layout=layout, stage=s, policy=policy, cap=cap).cap_fb for s in range(layout.stages)]
     drops = [

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from rrfp_ray.data import Corpus
-from rrfp_ray.model import GPT, GPTConfig, lm_loss
-from rrfp_ray.stage import StageRunner, build_stage, clip_coef, lr_at, partition, stage_chunks
+from rrfp_ray.models.gpt import GPT, GPTConfig, lm_loss
+from rrfp_ray.train.data import Corpus
+from rrfp_ray.train.runner import StageRunner, build_stage, clip_coef, lr_at, partition, stage_chunks
 
 CONFIG = GPTConfig(block_size=16, n_layer=4, n_head=4, n_embd=32)
 M = 4

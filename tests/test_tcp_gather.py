@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rrfp_ray.tcp_gather import TcpGather
+from rrfp_ray.runtime.tcp_gather import TcpGather
 
 
 def _group(size: int, *, timeout_s: float = 10.0) -> list[TcpGather]:

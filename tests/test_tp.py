@@ -11,17 +11,17 @@ import torch
 from gradients import GradCapture, gpt_reference
 from torch import nn
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.agreement import Agreement, TPContext, decide, offer, op_id
-from rrfp_ray.arbiter import Arbiter, Cap
-from rrfp_ray.config import RunConfig
-from rrfp_ray.deps import Layout
-from rrfp_ray.gpt import gpt_workload
-from rrfp_ray.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
-from rrfp_ray.model import GPT, Block, GPTConfig, lm_loss
-from rrfp_ray.policy import make_policy
-from rrfp_ray.stage import StageRunner, partition
-from rrfp_ray.tp import TPBlock, TPLayers, check_tp, shard_block_tensors
+from rrfp_ray.models.gpt import GPT, Block, GPTConfig, lm_loss
+from rrfp_ray.models.tp import TPBlock, TPLayers, check_tp, shard_block_tensors
+from rrfp_ray.policy.agreement import Agreement, TPContext, decide, offer, op_id
+from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.runtime.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import gpt_workload
+from rrfp_ray.train.runner import StageRunner, partition
 
 TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}
 

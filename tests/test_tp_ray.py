@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from actors.backend import RayBackend
-from rrfp_ray.config import RunConfig
-from rrfp_ray.gpt import gpt_trainer
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import gpt_trainer
 
 
 def _run(tp: int, protocol: str = "common") -> tuple[list[float], float, list]:

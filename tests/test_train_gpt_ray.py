@@ -13,10 +13,10 @@ import pytest
 import torch
 from gradients import gpt_reference
 
-from rrfp_ray.config import RunConfig
-from rrfp_ray.gpt import gpt_workload
-from rrfp_ray.stage import partition
-from rrfp_ray.training import ModelExecutor, ModelWorkload
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import gpt_workload
+from rrfp_ray.train.runner import partition
+from rrfp_ray.train.workload import ModelExecutor, ModelWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}

@@ -8,11 +8,11 @@ import pytest
 import torch
 from gradients import GradCapture, gpt_reference
 
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.config import RunConfig
-from rrfp_ray.gpt import gpt_workload
-from rrfp_ray.local import LocalPipeline
-from rrfp_ray.stage import partition
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import gpt_workload
+from rrfp_ray.train.runner import partition
 
 TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}
 

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.deps import Layout, Message
-from rrfp_ray.variability import SCENARIOS, Trace, describe, generate, scenario_params
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.sim.variability import SCENARIOS, Trace, describe, generate, scenario_params
 
 RANDOM = ("lognormal", "straggler", "comm", "multimodal")
 SEEDS = (0, 1, 7, 123)

@@ -8,15 +8,15 @@ import time
 import pytest
 import torch
 
-from rrfp_ray.actions import Kind, parse_action
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.deps import Layout
-from rrfp_ray.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
-from rrfp_ray.policy import make_policy
-from rrfp_ray.synthetic import SyntheticWorkload
-from rrfp_ray.transport import Header, LocalChannel, recv_message, send_message
-from rrfp_ray.variability import generate
-from rrfp_ray.worker import PipelineError
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.runtime.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
+from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.runtime.transport import Header, LocalChannel, recv_message, send_message
+from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.schedule.actions import Kind, parse_action
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.sim.variability import generate
 
 P, M = 4, 8
 

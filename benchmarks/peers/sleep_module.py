@@ -1,6 +1,6 @@
 """A stage module for PyTorch's pipelining whose passes SLEEP a duration trace's times.
 
-Each op sleeps what :class:`rrfp_ray.variability.Trace` gives it (standing in for GPU kernel
+Each op sleeps what :class:`rrfp_ray.sim.variability.Trace` gives it (standing in for GPU kernel
 time) and moves a small real tensor. Which microbatch is running is read from the data: column
 0 of the activation holds the microbatch index, set in the input batch and passed through
 unchanged by every stage, so the sleeps do not depend on the order PyTorch calls the stage in.
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rrfp_ray.actions import Action, Kind, place
-from rrfp_ray.deps import Message
-from rrfp_ray.variability import Trace
+from rrfp_ray.schedule.actions import Action, Kind, place
+from rrfp_ray.schedule.deps import Message
+from rrfp_ray.sim.variability import Trace
 
 
 @dataclass(frozen=True)

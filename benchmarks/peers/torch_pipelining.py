@@ -11,7 +11,7 @@ sleeps land in PyTorch's passes and how message latency is modelled). Every time
 ``schedule.step`` follows a barrier; its time is the pipeline's makespan, from the first rank's
 start to the last rank's end on the machine's monotonic clock.
 
-The ideal is the simulated makespan (``rrfp_ray.simulator``, no memory cap, no transport cost)
+The ideal is the simulated makespan (``rrfp_ray.sim.simulator``, no memory cap, no transport cost)
 of the order PyTorch executed, as the sleeps logged it, on the same trace. The measured time
 cannot be below it: every op sleeps at least its trace time after what it depends on.
 ``order_matches`` says whether that order is our schedule of the same name for the same P, v, M.
@@ -47,11 +47,11 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch.distributed import pipelining  # noqa: E402
 
 from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs  # noqa: E402
-from rrfp_ray.actions import Action, Kind, parse_action, place  # noqa: E402
-from rrfp_ray.arbiter import Cap  # noqa: E402
-from rrfp_ray.policy import make_policy  # noqa: E402
-from rrfp_ray.simulator import simulate  # noqa: E402
-from rrfp_ray.variability import SCENARIOS, Trace, generate, scenario_params  # noqa: E402
+from rrfp_ray.policy.arbiter import Cap  # noqa: E402
+from rrfp_ray.policy.pickers import make_policy  # noqa: E402
+from rrfp_ray.schedule.actions import Action, Kind, parse_action, place  # noqa: E402
+from rrfp_ray.sim.simulator import simulate  # noqa: E402
+from rrfp_ray.sim.variability import SCENARIOS, Trace, generate, scenario_params  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from rrfp_ray.actions import parse_action
-from rrfp_ray.telemetry import IterationReport, OpEvent, StageStats
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
+from rrfp_ray.schedule.actions import parse_action
 
 COMPUTE, BLOCKED, SEND, RECV = 0, 1, 2, 3
 TRACK_NAMES = {COMPUTE: "compute", BLOCKED: "blocked", SEND: "send", RECV: "recv"}

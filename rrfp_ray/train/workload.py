@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.checkpoint import StageFile, load_stage, save_stage
-from rrfp_ray.deps import Layout, Message
-from rrfp_ray.stage import LossFn, StageRunner, build_stage, clip_coef, lr_at
-from rrfp_ray.tp import TPLayers
-from rrfp_ray.variability import Trace
+from rrfp_ray.models.tp import TPLayers
+from rrfp_ray.runtime.worker import StepResult
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.sim.variability import Trace
+from rrfp_ray.train.checkpoint import StageFile, load_stage, save_stage
+from rrfp_ray.train.runner import LossFn, StageRunner, build_stage, clip_coef, lr_at
 
 
 class DataSource(Protocol):
@@ -87,14 +88,6 @@ class OptimSpec(Protocol):
     def lr_at(self, step: int) -> float | None:
         """The learning rate of every group at `step`; None: the optimizer keeps its own rates."""
         ...
-
-
-@dataclass(frozen=True)
-class StepResult:
-    loss: float | None  # mean training loss of the iteration (last stage only)
-    grad_norm: float
-    lr: float | None  # None: the optimizer's own rates
-    peak_bytes: int
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ deadlock. `bf` with v > 1 ranks an admission after every runnable later-chunk fo
 an already admitted microbatch ("finish what you started"); see `BFPicker`.
 
 `ranked` lists a picker's best few actions without taking them and `take` takes any one of
-them, for callers that must agree with others before starting one (`rrfp_ray.agreement`).
+them, for callers that must agree with others before starting one (`rrfp_ray.policy.agreement`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import copy
 import heapq
 from dataclasses import dataclass, field
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.schedules import SCHEDULES, build, splits
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.generators import SCHEDULES, build, splits
 
 RULES = ("bf", "bfw", "cpw")
 SPLIT_RULES = ("bfw", "cpw")

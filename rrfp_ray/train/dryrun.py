@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rrfp_ray.config import PipelineConfig
-from rrfp_ray.layers import ModelLayers, to_layers
-from rrfp_ray.stage import LossFn, partition
-from rrfp_ray.training import DataSource, OptimSpec
+from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.layers import ModelLayers, to_layers
+from rrfp_ray.train.runner import LossFn, partition
+from rrfp_ray.train.workload import DataSource, OptimSpec
 
 DRY_RUN_SEED = 0  # dropout draws the same masks in the split and the whole forward
 

@@ -7,12 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.deps import Layout
-from rrfp_ray.model import GPTConfig
-from rrfp_ray.policy import Policy, make_policy
-from rrfp_ray.validate import parse_order
-from rrfp_ray.variability import SCENARIOS, Trace, generate
+from rrfp_ray.models.gpt import GPTConfig
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.validate import parse_order
+from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 

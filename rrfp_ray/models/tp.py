@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism for the GPT's blocks (`rrfp_ray.model` stays unsplit).
+"""Megatron-style tensor parallelism for the GPT's blocks (`rrfp_ray.models.gpt` stays unsplit).
 
 A TP block on rank r of T holds slices of a built `Block`'s weights: attention heads
 r*H/T .. (r+1)*H/T (the query, key and value rows of `qkv`, column-parallel), the matching
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rrfp_ray.model import Block
+from rrfp_ray.models.gpt import Block
 
 AllReduce = Callable[[Tensor], Tensor]
 

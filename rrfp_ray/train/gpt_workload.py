@@ -7,13 +7,13 @@ from typing import Any
 
 from torch import nn
 
-from rrfp_ray.api import Trainer, make_workload
-from rrfp_ray.backend import Backend
-from rrfp_ray.checkpoint import Checkpointing
-from rrfp_ray.config import RunConfig
-from rrfp_ray.data import CorpusSource
-from rrfp_ray.model import GPT, GPTConfig, lm_loss
-from rrfp_ray.training import ModelWorkload, Optim
+from rrfp_ray.models.gpt import GPT, GPTConfig, lm_loss
+from rrfp_ray.train.api import Trainer, make_workload
+from rrfp_ray.train.backend import Backend
+from rrfp_ray.train.checkpoint import Checkpointing
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.data import CorpusSource
+from rrfp_ray.train.workload import ModelWorkload, Optim
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ calls it under its own lock from the compute and receive threads).
 
 In flight: a microbatch enters a stage with its chunk-0 F and leaves with its chunk-0 B
 (the F->B count) or, under the B/W split, its chunk-0 W (the F->W count). Caps gate only
-those admissions; see `rrfp_ray.policy`.
+those admissions; see `rrfp_ray.policy.pickers`.
 
 Receive buffer: `buffered` counts delivered messages whose action has not started; the
 receive side hands over a message only while `has_room()`. Every buffered message's action
@@ -33,10 +33,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.deps import Layout, Message
-from rrfp_ray.policy import Policy, ranked, take
-from rrfp_ray.schedules import peak_inflight, peak_inflight_fb
+from rrfp_ray.policy.pickers import Policy, ranked, take
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.generators import peak_inflight, peak_inflight_fb
 
 _CAP = re.compile(r"^(?:(\d+(?:\.\d+)?)x|(\d+)|inf)$")
 

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rrfp_ray.actions import Action, Kind
+from rrfp_ray.schedule.actions import Action, Kind
 
 Order = dict[int, list[Action]]
 

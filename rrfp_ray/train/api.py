@@ -19,17 +19,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rrfp_ray.backend import Backend, LocalBackend
-from rrfp_ray.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest
-from rrfp_ray.config import PipelineConfig
-from rrfp_ray.dryrun import dry_run
-from rrfp_ray.layers import ModelSource, model_layers
-from rrfp_ray.policy import Policy
-from rrfp_ray.stage import LossFn
-from rrfp_ray.telemetry import IterationReport
-from rrfp_ray.training import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
-from rrfp_ray.variability import Trace
-from rrfp_ray.worker import PipelineError
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.sim.variability import Trace
+from rrfp_ray.train.backend import Backend, LocalBackend
+from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest
+from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.dryrun import dry_run
+from rrfp_ray.train.layers import ModelSource, model_layers
+from rrfp_ray.train.runner import LossFn
+from rrfp_ray.train.workload import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
 
 OptimizerArg = Optim | FactoryOptim | Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 

@@ -18,14 +18,21 @@ from typing import Protocol
 
 import torch
 
-from rrfp_ray.actions import Action
-from rrfp_ray.agreement import Agreement, TPContext
-from rrfp_ray.arbiter import Arbiter, Cap
-from rrfp_ray.deps import Layout, Link, Message
-from rrfp_ray.policy import Policy
-from rrfp_ray.telemetry import OpEvent, StageStats, stage_stats
-from rrfp_ray.training import StepResult
-from rrfp_ray.transport import Channel, Header, recv_message, send_message
+from rrfp_ray.observe.telemetry import OpEvent, StageStats, stage_stats
+from rrfp_ray.policy.agreement import Agreement, TPContext
+from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.transport import Channel, Header, recv_message, send_message
+from rrfp_ray.schedule.actions import Action
+from rrfp_ray.schedule.deps import Layout, Link, Message
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float | None  # mean training loss of the iteration (last stage only)
+    grad_norm: float
+    lr: float | None  # None: the optimizer's own rates
+    peak_bytes: int
 
 
 class Executor(Protocol):
@@ -113,7 +120,7 @@ class StageWorker:
         """Run every action of this stage for one iteration; returns its events and stats.
 
         With `tp`, this worker is one rank of its stage's TP group, and the ranks agree on
-        every op before running it (`rrfp_ray.agreement`), unless the policy is fixed: then
+        every op before running it (`rrfp_ray.policy.agreement`), unless the policy is fixed: then
         every rank runs the same list in order already."""
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
         with self._cond:

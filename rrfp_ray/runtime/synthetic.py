@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.deps import Layout, Message
-from rrfp_ray.variability import Trace
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.sim.variability import Trace
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rrfp_ray.actions import Action, Kind
+from rrfp_ray.schedule.actions import Action, Kind
 
 PROTOCOLS = ("first", "common")
 NONE = -1

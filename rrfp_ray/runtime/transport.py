@@ -13,8 +13,8 @@ from typing import Protocol
 
 import torch
 
-from rrfp_ray.actions import Kind
-from rrfp_ray.deps import Layout, Link, Message
+from rrfp_ray.schedule.actions import Kind
+from rrfp_ray.schedule.deps import Layout, Link, Message
 
 HEADER_LEN = 16
 MAX_DIMS = HEADER_LEN - 6

@@ -1,20 +1,14 @@
-"""What the job scripts share: the repo on sys.path, scenario flags, config errors as
-flag errors, and starting (or attaching to) Ray."""
+"""What the job scripts share: scenario flags, config errors as flag errors, and pictures."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from rrfp_ray.variability import SCENARIOS, scenario_params  # noqa: E402
+from rrfp_ray.sim.variability import SCENARIOS, scenario_params
 
 
 def add_scenario_flags(parser: argparse.ArgumentParser, *, default: str = "none") -> None:
@@ -61,8 +55,8 @@ def median_report(reports: list):
 
 def write_pictures(*, out: Path, runs: dict[str, list]) -> None:
     """A Perfetto trace and a pipeline diagram per run; one comparison diagram for two runs."""
-    from rrfp_ray.diagram import compare_png, pipeline_png
-    from rrfp_ray.perfetto import write_trace
+    from rrfp_ray.observe.diagram import compare_png, pipeline_png
+    from rrfp_ray.observe.perfetto import write_trace
 
     out.mkdir(parents=True, exist_ok=True)
 
@@ -72,14 +66,3 @@ def write_pictures(*, out: Path, runs: dict[str, list]) -> None:
     if len(runs) == 2:
         top, bottom = (median_report(reports) for reports in runs.values())
         compare_png(out / "compare.png", top, bottom)
-
-
-def start_ray(*, num_cpus: int) -> str:
-    """Attach to a running cluster (as under `ray job submit`), else start an embedded local Ray."""
-    import os
-
-    from actors.local_ray import init_ray
-
-    if init_ray(num_cpus=num_cpus):
-        return f"embedded local Ray ({num_cpus} logical CPUs)"
-    return f"attached to {os.environ.get('RAY_ADDRESS', 'the running Ray')}"

@@ -13,12 +13,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.arbiter import Arbiter, Cap
-from rrfp_ray.deps import Layout, Link, Message
-from rrfp_ray.policy import Policy
-from rrfp_ray.telemetry import IterationReport, OpEvent, stage_stats
-from rrfp_ray.variability import Trace
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, stage_stats
+from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.deps import Layout, Link, Message
+from rrfp_ray.sim.variability import Trace
 
 
 @dataclass(frozen=True)

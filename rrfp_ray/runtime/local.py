@@ -13,13 +13,13 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
-from rrfp_ray.agreement import TPContext
-from rrfp_ray.arbiter import Cap
-from rrfp_ray.deps import Layout, Message
-from rrfp_ray.policy import Policy
-from rrfp_ray.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports
-from rrfp_ray.transport import Channel, local_channels
-from rrfp_ray.worker import Executor, PipelineError, StageWorker
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports
+from rrfp_ray.policy.agreement import TPContext
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.transport import Channel, local_channels
+from rrfp_ray.runtime.worker import Executor, PipelineError, StageWorker
+from rrfp_ray.schedule.deps import Layout, Message
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ class LocalPipeline:
         self._pool = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="stage")
 
     def tp_all_reduce(self, *, stage: int, rank: int) -> Callable[[Tensor], Tensor]:
-        """The tensor sum over `stage`'s TP group, as TP rank `rank` calls it (for `rrfp_ray.tp`)."""
+        """The tensor sum over `stage`'s TP group, as TP rank `rank` calls it (for `rrfp_ray.models.tp`)."""
         return tensor_all_reduce(self._tensor_groups[stage].member(rank))
 
     def run_iteration(
@@ -76,7 +76,7 @@ class LocalPipeline:
         protocol: str = "first",
         k: int = 4,
     ) -> IterationReport:
-        """`protocol` and `k`: how TP ranks agree (`rrfp_ray.agreement`); unused without TP."""
+        """`protocol` and `k`: how TP ranks agree (`rrfp_ray.policy.agreement`); unused without TP."""
         if len(executors) != len(self.workers):
             raise ValueError(f"executors: need {len(self.workers)} (stages x tp), got {len(executors)}")
         layout = Layout(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rrfp_ray.actions import Action, Kind, place
+from rrfp_ray.schedule.actions import Action, Kind, place
 
 
 @dataclass(frozen=True)

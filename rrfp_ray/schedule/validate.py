@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from rrfp_ray.actions import Action, Kind, parse_action
-from rrfp_ray.deps import Layout, Message
-from rrfp_ray.schedules import Order
+from rrfp_ray.schedule.actions import Action, Kind, parse_action
+from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.generators import Order
 
 Cell = tuple[int, int]  # (stage, position in that stage's list)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from rrfp_ray.actions import Action, Kind
-from rrfp_ray.deps import Message
+from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.deps import Message
 
 Rows = tuple[tuple[float, ...], ...]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rrfp_ray.actions import Kind, parse_action
-from rrfp_ray.perfetto import blocked_spans
-from rrfp_ray.telemetry import IterationReport
+from rrfp_ray.observe.perfetto import blocked_spans
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.schedule.actions import Kind, parse_action
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -11,14 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from rrfp_ray.actions import place
-from rrfp_ray.checkpoint import Manifest, StageFile
-from rrfp_ray.config import PipelineConfig
-from rrfp_ray.local import LocalPipeline
-from rrfp_ray.policy import Policy
-from rrfp_ray.telemetry import IterationReport
-from rrfp_ray.training import ModelWorkload
-from rrfp_ray.worker import Executor
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.runtime.worker import Executor
+from rrfp_ray.schedule.actions import place
+from rrfp_ray.train.checkpoint import Manifest, StageFile
+from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.workload import ModelWorkload
 
 
 class Backend(Protocol):
