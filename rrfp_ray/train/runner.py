@@ -3,16 +3,7 @@
 A ``StageRunner`` runs forward, backward, and the split backward (input pass, then a
 deferred weight pass) for any (chunk, microbatch), in whatever order its caller's
 arbiter picks. It knows nothing about transports or threads.
-
-How the split works. The input pass walks the autograd graph from the chunk's output
-back to its input. Call a node *on the input path* when the input's gradient flows
-through it. Where such a node also feeds a parameter (a matmul feeds its weight, a
-LayerNorm its affine parameters), the input pass records the gradient arriving at that
-node and asks autograd for the input gradient alone, so the node computes only its
-input-side outputs. The weight pass later restarts autograd at exactly those nodes,
-with the recorded gradients, asking for the parameters alone. Each node's work is done
-once, split between the two passes. The graph (and so the activations) is held until
-the weight pass ends.
+The split itself is `rrfp_ray.train.split_backward`.
 """
 
 from __future__ import annotations
@@ -24,11 +15,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.graph import GradientEdge, Node, get_gradient_edge, saved_tensors_hooks
+from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
+
+from rrfp_ray.train.split_backward import WeightPass, collect, split_backward, unchanged
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-Grads = tuple[Tensor | None, ...]
 
 
 def partition(*, n_layers: int, parts: int) -> list[range]:
@@ -80,33 +72,8 @@ class _Saved:
 
 
 @dataclass
-class _WeightPass:
-    """One autograd call that accumulates some parameters' gradients."""
-
-    roots: list[GradientEdge]
-    grads: list[Tensor]
-    params: list[nn.Parameter]
-    pinned: dict[Node, Grads]  # where one root's gradient also reaches another root
-
-    def run(self) -> None:
-        handles = [node.register_prehook(_constant(grads)) for node, grads in self.pinned.items()]
-        try:
-            dws = torch.autograd.grad(self.roots, self.params, self.grads, retain_graph=True, allow_unused=True)
-        finally:
-            for handle in handles:
-                handle.remove()
-        for param, dw in zip(self.params, dws):
-            if dw is None:
-                continue
-            if param.grad is None:
-                param.grad = dw
-            else:
-                param.grad.add_(dw)
-
-
-@dataclass
 class _Deferred:
-    passes: list[_WeightPass]
+    passes: list[WeightPass]
     nbytes: int
 
 
@@ -163,7 +130,7 @@ class StageRunner:
             raise ValueError(f"targets only apply to the last virtual stage, not chunk {chunk}")
         x = inputs if chunk == self._first else inputs.detach().requires_grad_(True)
         saved: list[Tensor] = []
-        with torch.enable_grad(), saved_tensors_hooks(_collect(saved), _unchanged):
+        with torch.enable_grad(), saved_tensors_hooks(collect(saved), unchanged):
             out = module(x)
             root = out if targets is None else self._scaled_loss(out=out, targets=targets, microbatch=microbatch)
         self._saved[key] = _Saved(inputs=x, root=root, nbytes=self._activation_bytes([*saved, root]))
@@ -185,12 +152,12 @@ class StageRunner:
         root_grad = self._root_grad(chunk=chunk, root=saved.root, grad=grad)
         if chunk == self._first:
             dx = None
-            whole = _WeightPass(
+            whole = WeightPass(
                 roots=[get_gradient_edge(saved.root)], grads=[root_grad], params=self._chunk_params[chunk], pinned={}
             )
             passes = [whole]
         else:
-            dx, passes = _split_backward(
+            dx, passes = split_backward(
                 root=saved.root, grad=root_grad, leaf=saved.inputs, params=self._chunk_params[chunk]
             )
         held = saved.nbytes + self._activation_bytes(g for work in passes for g in work.grads)
@@ -307,113 +274,6 @@ class StageRunner:
         params = {p.untyped_storage().data_ptr() for p in self.parameters()}
         sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
         return sum(size for ptr, size in sizes.items() if ptr not in params)
-
-
-def _split_backward(
-    *, root: Tensor, grad: Tensor, leaf: Tensor, params: list[nn.Parameter]
-) -> tuple[Tensor, list[_WeightPass]]:
-    """The input gradient now, and the weight passes that finish the job later."""
-    graph = _children(root.grad_fn)
-    on_input_path = _ancestors(graph, get_gradient_edge(leaf).node)
-    param_ids = {id(p) for p in params}
-    groups: list[tuple[list[Node], set[int]]] = []
-    for node in graph:
-        if node not in on_input_path:
-            continue
-        weight_side = [child for child in graph[node] if child not in on_input_path]
-        owned = {pid for child in weight_side for pid in _params_below(graph, child, param_ids)}
-        if not owned:
-            continue
-        joined = [g for g in groups if g[1] & owned]
-        groups = [g for g in groups if not g[1] & owned]
-        groups.append(([n for g in joined for n in g[0]] + [node], owned.union(*(g[1] for g in joined))))
-
-    arrived: dict[Node, Grads] = {}
-    handles = [node.register_prehook(_record(arrived, node)) for nodes, _ in groups for node in nodes]
-    try:
-        (dx,) = torch.autograd.grad([root], [leaf], [grad], retain_graph=True)
-    finally:
-        for handle in handles:
-            handle.remove()
-
-    passes = []
-    for nodes, owned in groups:
-        reached = [n for n in nodes if n in arrived]
-        edges = [(GradientEdge(n, i), g) for n in reached for i, g in enumerate(arrived[n]) if g is not None]
-        pinned = {n: arrived[n] for n in reached} if len(reached) > 1 else {}
-        if edges:
-            chosen = [p for p in params if id(p) in owned]
-            roots, grads = [e for e, _ in edges], [g for _, g in edges]
-            passes.append(_WeightPass(roots=roots, grads=grads, params=chosen, pinned=pinned))
-    return dx, passes
-
-
-def _children(root: Node) -> dict[Node, list[Node]]:
-    """Every node reachable from ``root``, in discovery order, with its children."""
-    graph: dict[Node, list[Node]] = {}
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node not in graph:
-            graph[node] = [child for child, _ in node.next_functions if child is not None]
-            stack.extend(graph[node])
-    return graph
-
-
-def _ancestors(graph: dict[Node, list[Node]], target: Node) -> set[Node]:
-    """``target`` and every node of ``graph`` it is reachable from."""
-    parents: dict[Node, list[Node]] = {}
-    for node, children in graph.items():
-        for child in children:
-            parents.setdefault(child, []).append(node)
-    found = {target}
-    stack = [target]
-    while stack:
-        for parent in parents.get(stack.pop(), []):
-            if parent not in found:
-                found.add(parent)
-                stack.append(parent)
-    return found
-
-
-def _params_below(graph: dict[Node, list[Node]], start: Node, param_ids: set[int]) -> set[int]:
-    """ids of the parameters whose accumulators ``start`` reaches."""
-    found: set[int] = set()
-    seen = {start}
-    stack = [start]
-    while stack:
-        node = stack.pop()
-        variable = getattr(node, "variable", None)
-        if variable is not None and id(variable) in param_ids:
-            found.add(id(variable))
-        for child in graph.get(node, []):
-            if child not in seen:
-                seen.add(child)
-                stack.append(child)
-    return found
-
-
-def _record(store: dict[Node, Grads], node: Node) -> Callable[[Grads], None]:
-    def hook(grads: Grads) -> None:
-        store[node] = grads
-
-    return hook
-
-
-def _constant(grads: Grads) -> Callable[[Grads], Grads]:
-    return lambda _: grads
-
-
-def _collect(store: list[Tensor]) -> Callable[[Tensor], Tensor]:
-    def pack(tensor: Tensor) -> Tensor:
-        store.append(tensor)
-        return tensor
-
-    return pack
-
-
-def _unchanged(tensor: Tensor) -> Tensor:
-    return tensor
 
 
 def lr_at(*, step: int, warmup: int, total: int, lr: float, min_lr: float) -> float:
