@@ -1,4 +1,5 @@
-"""jobs/bench_suite.py (its simulator part, --quick) and jobs/results.py, run as a user would."""
+"""jobs/bench_suite.py (its simulator part, --quick) and jobs/results.py, run as a user would, and the
+benchmarks/ modules behind them (the suite's parts, the claims and the report)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs import bench_suite, results, results_claims
+from benchmarks.claims import target_claim, target_rows, tp_claim
+from benchmarks.render import render
+from benchmarks.report import Suite, missing
+from benchmarks.suite import SCENARIOS, activation_peak, halved
+from benchmarks.suite_ray import tp_figures, tp_workload
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
@@ -84,7 +89,7 @@ def test_results_renders_every_claim_and_the_plots_from_the_json(quick: Path, tm
     for claim in CLAIMS:
         assert sum(claim in row for row in rows) == 1, claim
     tp = next(row for row in rows if "TP coordination" in row)
-    assert results_claims.missing("tp") in tp and "| not measured |" in tp
+    assert missing("tp") in tp and "| not measured |" in tp
     assert "## TP agreement" not in text  # no tp part in a quick run: no section
     for row in rows:
         if "Up to 2.77x" in row:  # multimodal+comm is in the quick run: a measured row, not a placeholder
@@ -133,14 +138,14 @@ def fake_runtime(data: dict, *, ours: dict[str, float], theirs: dict[str, float]
 )
 def test_target_compares_our_best_within_2x_memory_with_pytorch_best(quick: Path, ours: dict, verdict: str) -> None:
     data = fake_runtime(json.loads(quick.read_text()), ours=ours, theirs={"none": 1000.0, "multimodal+comm": 1000.0})
-    suite = results_claims.Suite(data)
-    rows = {r["scenario"]: r for r in results_claims.target_rows(suite)}
+    suite = Suite(data)
+    rows = {r["scenario"]: r for r in target_rows(suite)}
     for scenario, ms in ours.items():  # bfw@inf is faster still but holds 4x 1F1B's memory: not counted
         assert rows[scenario]["ours"]["run"] == "bfw@2x"
         assert rows[scenario]["peer"]["schedule"] == "zb-h1"
         assert rows[scenario]["ratio"] == pytest.approx(ms / 1000.0)
-    assert results_claims.target_claim(suite).verdict == verdict
-    text = results.render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
+    assert target_claim(suite).verdict == verdict
+    text = render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
     assert "| multimodal+comm | 1200 | 1000 |" in text  # the side-by-side table, PyTorch 1f1b then zb-h1
 
 
@@ -191,13 +196,13 @@ def test_tp_claim_holds_when_every_common_readiness_run_is_below_1pct(
     quick: Path, common: float, worst: float, verdict: str
 ) -> None:
     data = fake_tp(json.loads(quick.read_text()), common=common, worst=worst, first=0.02)  # first's do not count
-    suite = results_claims.Suite(data)
-    claim = results_claims.tp_claim(suite)
+    suite = Suite(data)
+    claim = tp_claim(suite)
     assert claim.verdict.startswith(verdict)
     assert f"common (default): **{100 * common:.2f}-{100 * worst:.2f}%**" in claim.result
     assert "first: 2.00%" in claim.result
     assert "3.0% of rounds under common" in claim.result
-    text = results.render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
+    text = render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
     assert text.index("## Ray runtime") < text.index("## TP agreement (PP=2 x TP=2, M=8, t_f=20 ms)")
     assert text.index("## TP agreement") < text.index("## Simulator")
     assert "| comm | bf@2x | TP=1 | 1000 | 1.00x | - | - | - | - |" in text
@@ -206,17 +211,17 @@ def test_tp_claim_holds_when_every_common_readiness_run_is_below_1pct(
 
 
 def test_tp_workload_gives_each_rank_its_own_latencies_on_the_comm_scenarios_only() -> None:
-    specs = {s.label: s for s in bench_suite.SCENARIOS}
+    specs = {s.label: s for s in SCENARIOS}
     shape = {"stages": 2, "microbatches": 8}
-    shared = bench_suite.tp_workload(spec=specs["lognormal-0.3"], tp=2, **shape)
+    shared = tp_workload(spec=specs["lognormal-0.3"], tp=2, **shape)
     assert shared.rank_comm == () and shared.trace == specs["lognormal-0.3"].traces(seed=0, **shape)[1]
-    workload = bench_suite.tp_workload(spec=specs["comm"], tp=2, **shape)
+    workload = tp_workload(spec=specs["comm"], tp=2, **shape)
     seed0, seed1 = (specs["comm"].traces(seed=seed, **shape)[1] for seed in (0, 1))
     rank1 = workload.with_tp(rank=1, size=2, all_reduce=lambda t: t).trace
     assert workload.trace == seed0 and workload.with_tp(rank=0, size=2, all_reduce=lambda t: t).trace == seed0
     assert (rank1.commF, rank1.commB) == (seed1.commF, seed1.commB) != (seed0.commF, seed0.commB)
     assert (rank1.F, rank1.B, rank1.W) == (seed0.F, seed0.B, seed0.W)  # the same compute on both ranks
-    assert bench_suite.tp_workload(spec=specs["comm"], tp=1, **shape).rank_comm == ()
+    assert tp_workload(spec=specs["comm"], tp=1, **shape).rank_comm == ()
 
 
 def test_tp_figures_sum_the_stages_of_each_iteration_then_aggregate() -> None:
@@ -237,7 +242,7 @@ def test_tp_figures_sum_the_stages_of_each_iteration_then_aggregate() -> None:
         events = [OpEvent(stage=0, action="0F0", start_ms=0, end_ms=1, ready_ms=0, hint_pos=0, overtook=False)] * 5
         return IterationReport(iteration=0, policy="bf", makespan_ms=600.0 + tp_ms, stages=stages, events=events)
 
-    figures = bench_suite.tp_figures(
+    figures = tp_figures(
         reports=[report(tp_ms=1.0, rounds=10, disagreements=0), report(tp_ms=4.0, rounds=30, disagreements=4)]
     )
     assert figures["runs_ms"] == [601.0, 604.0] and figures["measured_ms"] == 602.5
@@ -249,7 +254,7 @@ def test_tp_figures_sum_the_stages_of_each_iteration_then_aggregate() -> None:
 
 
 def test_interleaved_trace_is_the_same_model_cut_in_two_chunks() -> None:
-    spec = next(s for s in bench_suite.SCENARIOS if s.label == "multimodal+comm")
+    spec = next(s for s in SCENARIOS if s.label == "multimodal+comm")
     traces = spec.traces(stages=3, microbatches=6, seed=1)
     whole, cut = traces[1], traces[2]
     assert (cut.stages, cut.chunks, cut.microbatches) == (3, 2, 6)
@@ -261,7 +266,7 @@ def test_interleaved_trace_is_the_same_model_cut_in_two_chunks() -> None:
     fresh = generate(scenario="multimodal+comm", stages=3, microbatches=6, chunks=2, seed=1, t_f=10.0, **spec.params)
     assert cut.commF == fresh.commF and len(cut.commB) == 5  # 2P-1 links
     with pytest.raises(ValueError, match="chunks"):
-        bench_suite.halved(trace=cut, comm_from=fresh)
+        halved(trace=cut, comm_from=fresh)
 
 
 @pytest.mark.parametrize(("name", "chunks", "expected"), [("1f1b", 1, 4.0), ("gpipe", 1, 8.0), ("zb-h1", 1, 4.0)])
@@ -269,16 +274,16 @@ def test_activation_peak_counts_forward_start_to_last_backward(name: str, chunks
     trace = generate(scenario="lognormal", stages=4, microbatches=8, chunks=chunks, seed=0)
     policy = make_policy(name=name, stages=4, chunks=chunks, microbatches=8)
     report = simulate(policy=policy, trace=trace, cap=Cap())
-    assert bench_suite.activation_peak(events=report.events, chunks=chunks, split=policy.split) == expected
+    assert activation_peak(events=report.events, chunks=chunks, split=policy.split) == expected
 
 
 def test_activation_peak_of_interleaved_counts_a_chunk_as_half() -> None:
     trace = generate(scenario="none", stages=4, microbatches=8, chunks=2, seed=0)
     policy = make_policy(name="interleaved", stages=4, chunks=2, microbatches=8)
     events = simulate(policy=policy, trace=trace, cap=Cap()).events
-    peak = bench_suite.activation_peak(events=events, chunks=2, split=False)
+    peak = activation_peak(events=events, chunks=2, split=False)
     assert peak == 5.5  # stage 0: 11 chunk-forwards before its first backward ends
-    assert bench_suite.activation_peak(events=events, chunks=1, split=False) == 2 * peak
+    assert activation_peak(events=events, chunks=1, split=False) == 2 * peak
 
 
 def test_bad_arguments_name_the_flag(tmp_path: Path) -> None:

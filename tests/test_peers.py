@@ -1,6 +1,11 @@
-"""benchmarks/peers/torch_pipelining.py: PyTorch's own schedules replaying a duration trace."""
+"""benchmarks/peers/torch_pipelining.py: PyTorch's own schedules replaying a duration trace; and
+jobs/bench_peers.py, its command, refusing bad flags before any rank starts."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +15,8 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pytorch_schedules_run_our_order_and_no_faster_than_its_makespan() -> None:
@@ -58,3 +65,18 @@ def test_bad_input_is_refused_before_any_process_starts(kwargs: dict, field: str
     trace = generate(scenario="none", stages=2, microbatches=kwargs.pop("microbatches", 4), chunks=1, seed=0)
     with pytest.raises(ValueError, match=field):
         measure(trace=trace, **{"iterations": 1, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--schedule", "interleaved", "--chunks", "1"], "--schedule"),
+        (["--variability-seed", "-1"], "--variability-seed"),
+        (["--seed", "1"], "--seed"),  # the trace seed is --variability-seed, as in the other jobs
+    ],
+)
+def test_bench_peers_names_the_bad_flag_before_any_rank_starts(flags: list[str], named: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "jobs/bench_peers.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and named in done.stderr, done.stderr

@@ -1,33 +1,28 @@
-"""PyTorch's own pipeline schedules timed on a duration trace, next to the makespan of their order.
+"""PyTorch's own pipeline schedules timed on a duration trace, next to the makespan of their order:
+`measure_all` (and `measure` for one), what `jobs/bench_peers.py` and the results suite's peers part run.
 
-    python benchmarks/peers/torch_pipelining.py --schedule 1f1b --stages 4 --microbatches 16 \\
-        --scenario lognormal --sigma 0.3 --t-f 20 --iterations 5 [--trace FILE] [--json OUT]
-
-``--schedule`` takes a comma-separated list; the schedules then run one after another in the
-same P processes (torch.multiprocessing spawn, gloo on 127.0.0.1, one thread each). Each runs
-``torch.distributed.pipelining``: one ``PipelineStage`` per virtual stage, ``vs = chunk * P + rank``,
-each a ``SleepStage`` that sleeps the trace's F / B / W times (``sleep_module`` says how the
-sleeps land in PyTorch's passes and how message latency is modelled). Every timed
-``schedule.step`` follows a barrier; its time is the pipeline's makespan, from the first rank's
-start to the last rank's end on the machine's monotonic clock.
+The schedules run one after another in the same P processes (torch.multiprocessing spawn, gloo
+on 127.0.0.1, one thread each). Each runs ``torch.distributed.pipelining``: one ``PipelineStage``
+per virtual stage, ``vs = chunk * P + rank``, each a ``SleepStage`` that sleeps the trace's F / B / W
+times (``sleep_module`` says how the sleeps land in PyTorch's passes and how message latency is
+modelled). Every timed ``schedule.step`` follows a barrier; its time is the pipeline's makespan,
+from the first rank's start to the last rank's end on the machine's monotonic clock.
 
 The ideal is the simulated makespan (``rrfp_ray.sim.simulator``, no memory cap, no transport cost)
 of the order PyTorch executed, as the sleeps logged it, on the same trace. The measured time
 cannot be below it: every op sleeps at least its trace time after what it depends on.
 ``order_matches`` says whether that order is our schedule of the same name for the same P, v, M.
 
-Schedules: gpipe (ScheduleGPipe), 1f1b (Schedule1F1B), interleaved (ScheduleInterleaved1F1B,
-v >= 2), zb-h1 (ScheduleInterleavedZeroBubble, v = 1) and zb-interleaved (the same with v >= 2;
-no order of ours to compare with).
+Schedules (`PEERS`): gpipe (ScheduleGPipe), 1f1b (Schedule1F1B), interleaved
+(ScheduleInterleaved1F1B, v >= 2), zb-h1 (ScheduleInterleavedZeroBubble, v = 1) and
+zb-interleaved (the same with v >= 2; no order of ours to compare with).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -37,21 +32,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed import pipelining
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from torch.distributed import pipelining  # noqa: E402
-
-from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs  # noqa: E402
-from rrfp_ray.policy.arbiter import Cap  # noqa: E402
-from rrfp_ray.policy.pickers import make_policy  # noqa: E402
-from rrfp_ray.schedule.actions import Action, Kind, parse_action, place  # noqa: E402
-from rrfp_ray.sim.simulator import simulate  # noqa: E402
-from rrfp_ray.sim.variability import SCENARIOS, Trace, generate, scenario_params  # noqa: E402
+from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.schedule.actions import Action, Kind, parse_action, place
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import Trace
 
 
 @dataclass(frozen=True)
@@ -74,7 +65,6 @@ PEERS: dict[str, Peer] = {
         pytorch_class="ScheduleInterleavedZeroBubble", ours=None, chunked=True, multi=True, split=True
     ),
 }
-PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
 KEYS = (
     "schedule",
     "pytorch_class",
@@ -138,7 +128,7 @@ def measure_all(
         raise ValueError(f"schedules must be a non-empty list of names, got {schedules!r}")
     if len(set(schedules)) != len(schedules):
         raise ValueError(f"schedules has repeats: {list(schedules)}")
-    ours = {name: _ours(name, trace=trace) for name in schedules}
+    ours = {name: our_order(schedule=name, trace=trace) for name in schedules}
     for name, value, low in (("iterations", iterations, 1), ("warmup", warmup, 0), ("payload_elems", payload_elems, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -160,8 +150,9 @@ def measure_all(
     return {name: _figures(name, raw=raw[name], ours=ours[name], trace=trace) for name in schedules}
 
 
-def _ours(schedule: str, *, trace: Trace) -> dict[int, list[Action]] | None:
-    """Our order for the schedule (None if we have none), or ValueError if it cannot run on the trace."""
+def our_order(*, schedule: str, trace: Trace) -> dict[int, list[Action]] | None:
+    """Our order for the schedule (None if we have none), or ValueError if it cannot run on the trace
+    (what jobs/bench_peers.py checks before any process starts)."""
     if schedule not in PEERS:
         raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(PEERS)}")
     peer = PEERS[schedule]
@@ -307,106 +298,3 @@ def _stage(
 
 def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output * 0).sum() + (target * 0).sum()
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    names = [name.strip() for name in args.schedule.split(",") if name.strip()]
-    trace = _checked(parser, "--trace" if args.trace else "--scenario", lambda: _trace(args, names=names))
-    _checked(parser, "--schedule", lambda: [_ours(name, trace=trace) for name in names])
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"argument --json: no directory {Path(args.json).resolve().parent}")
-    results = measure_all(
-        schedules=names,
-        trace=trace,
-        iterations=args.iterations,
-        warmup=args.warmup,
-        payload_elems=args.payload_elems,
-        timeout_s=args.timeout,
-    )
-    source = args.trace or f"{args.scenario} seed={args.seed}"
-    print(f"PyTorch pipelining, P={trace.stages} v={trace.chunks} M={trace.microbatches}, trace {source}")
-    print(f"{'schedule':<16} {'PyTorch class':<30} {'measured ms':>12} {'ideal ms':>9} {'ratio':>6}  order")
-    for name, r in results.items():
-        same = {True: "= ours", False: "DIFFERS from ours", None: "-"}[r["order_matches"]]
-        print(
-            f"{name:<16} {r['pytorch_class']:<30} {r['measured_ms']:>12.1f} {r['ideal_ms']:>9.1f} "
-            f"{r['ratio']:>6.3f}  {same}"
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"trace": source, "results": results}, indent=2))
-
-
-def _trace(args: argparse.Namespace, *, names: list[str]) -> Trace:
-    if args.trace:
-        return Trace.load(args.trace)
-    chunked = any(PEERS[name].chunked for name in names if name in PEERS)
-    params = {name: getattr(args, name) for name in PARAMS if getattr(args, name) is not None}
-    return generate(
-        scenario=args.scenario,
-        stages=args.stages,
-        microbatches=args.microbatches,
-        chunks=args.chunks or (2 if chunked else 1),
-        seed=args.seed,
-        t_f=args.t_f,
-        comm_ms=args.comm_ms,
-        **params,
-    )
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--schedule", default="1f1b", help=f"comma-separated from: {', '.join(PEERS)} (default 1f1b)")
-    parser.add_argument("--stages", type=_at_least(1), default=4, help="pipeline stages P = processes (default 4)")
-    parser.add_argument("--microbatches", type=_at_least(1), default=16, help="microbatches M (default 16)")
-    parser.add_argument(
-        "--chunks", type=_at_least(1), help="chunks per stage v (default 2 for the interleaved ones, else 1)"
-    )
-    parser.add_argument("--scenario", default="none", help=f"'+'-joined names from: {', '.join(SCENARIOS)}")
-    for name in PARAMS:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, help="scenario parameter")
-    parser.add_argument("--comm-ms", type=float, help="mean message latency in ms (also the comm scenario's mean)")
-    parser.add_argument("--t-f", type=float, default=20.0, help="forward ms per op before the scenario (default 20)")
-    parser.add_argument("--seed", type=_at_least(0), default=0, help="trace seed (default 0)")
-    parser.add_argument(
-        "--trace", metavar="FILE", help="load this trace JSON (the shape and scenario flags are unused)"
-    )
-    parser.add_argument("--iterations", type=_at_least(1), default=5, help="timed steps per schedule (default 5)")
-    parser.add_argument("--warmup", type=_at_least(0), default=1, help="untimed steps before them (default 1)")
-    parser.add_argument(
-        "--payload-elems", type=_at_least(1), default=4096, help="float32 elements per message (default 4096)"
-    )
-    parser.add_argument(
-        "--timeout", type=_positive, default=300.0, help="seconds a rank waits on another (default 300)"
-    )
-    parser.add_argument("--json", metavar="OUT", help="write {trace, results: {schedule: figures}} here")
-    return parser
-
-
-def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _checked(parser: argparse.ArgumentParser, flag: str, make: Callable[[], Any]) -> Any:
-    try:
-        return make()
-    except (ValueError, OSError) as error:
-        parser.error(f"argument {flag}: {error}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,5 @@
-"""The results' plots: speedup against activation memory, against depth, and rrfp-ray vs PyTorch."""
+"""The report's plots from the suite's JSON: speedup against activation memory, against depth,
+and rrfp-ray vs PyTorch (PNGs, for the report jobs/results.py renders)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from results_claims import FIXED_COLORS, RULE_COLORS, Suite, rule_style  # noqa: E402
+
+from benchmarks.report import FIXED_COLORS, Suite  # noqa: E402
+
+RULE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:cyan", "tab:olive")
+
+
+def rule_style(*, index: int, count: int) -> dict[str, float]:
+    """Later rules drawn thinner on top of earlier ones, so that equal curves all stay visible."""
+    wider = count - 1 - index
+    return {"lw": 1.2 + 1.3 * wider, "ms": 4.0 + 2.5 * wider}
 
 
 def _grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:

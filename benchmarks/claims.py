@@ -1,28 +1,17 @@
-"""The suite's JSON read back, and each paper claim checked against it (for jobs/results.py)."""
+"""Each paper claim checked against the suite's JSON: one `Claim` row per claim, and the target's
+side-by-side rows (rrfp-ray vs PyTorch), for the report jobs/results.py renders."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULTS = {"json": ROOT / "docs/results/suite.json", "out": ROOT / "docs/RESULTS.md", "plots": ROOT / "docs/results"}
-SUITE = "python jobs/bench_suite.py"
+from benchmarks.report import FIXED_COLORS, SUITE, Suite, missing, pct, span, x
+
 LLM = ("lognormal-0.3", "lognormal-0.6", "straggler", "comm")
 JITTER = ("lognormal-0.3", "lognormal-0.6", "straggler")
 MULTIMODAL = ("multimodal", "multimodal+comm")
-FIXED_COLORS = {"gpipe": "tab:gray", "1f1b": "black", "interleaved": "tab:purple", "zb-h1": "tab:brown"}
-RULE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:cyan", "tab:olive")
-
-
-def rule_style(*, index: int, count: int) -> dict[str, float]:
-    """Later rules drawn thinner on top of earlier ones, so that equal curves all stay visible."""
-    wider = count - 1 - index
-    return {"lw": 1.2 + 1.3 * wider, "ms": 4.0 + 2.5 * wider}
-
 
 MEMORY_LIMIT = 2.0 + 1e-9  # "no more than 2x 1F1B's activation memory"
 
@@ -36,65 +25,8 @@ class Claim:
     verdict: str
 
 
-class Suite:
-    """The JSON with lookups; sections a run did not produce are empty."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        if "meta" not in data:
-            raise ValueError("json: no 'meta' section; is this the output of jobs/bench_suite.py?")
-        self.data = data
-        self.meta = data["meta"]
-        self.scenarios = [s["label"] for s in self.meta["scenarios"]]
-        self.rules = self.meta["readiness_policies"]
-        self.sim = data.get("sim", {}).get("rows", [])
-        self.buffer = data.get("buffer", {}).get("rows", [])
-        self.runtime = data.get("runtime", {}).get("rows", [])
-        self.peers = data.get("peers", {}).get("rows", [])
-        self.tp = data.get("tp", {}).get("rows", [])
-        self.stages = sorted({r["stages"] for r in self.sim})
-        self.runs = list(dict.fromkeys(r["run"] for r in self.sim))
-
-    def cell(self, *, scenario: str, stages: int, run: str) -> dict | None:
-        return next((r for r in self.sim if (r["scenario"], r["stages"], r["run"]) == (scenario, stages, run)), None)
-
-    def sim_rows(self, *, scenarios: Iterable[str], where: Callable[[dict], bool] = lambda r: True) -> list[dict]:
-        wanted = set(scenarios)
-        return [r for r in self.sim if r["scenario"] in wanted and where(r)]
-
-    def ready(self, row: dict) -> bool:
-        return row["policy"] in self.rules
-
-    def runtime_rows(self, *, scenario: str) -> list[dict]:
-        return [r for r in self.runtime if r["scenario"] == scenario]
-
-    def peer_rows(self, *, scenario: str) -> list[dict]:
-        return [r for r in self.peers if r["scenario"] == scenario]
-
-
-def x(value: float) -> str:
-    return f"{value:.2f}x"
-
-
-def pct(value: float, *, digits: int = 0) -> str:
-    return f"{100 * value:.{digits}f}%"
-
-
-def span(values: Sequence[float], fmt: Callable[[float], str] = x) -> str:
-    """A range like 1.10-1.25x: the unit once, after it."""
-    low, high = fmt(min(values)), fmt(max(values))
-    unit = low[-1] if low[-1] in "x%" else ""
-    return low if low == high else f"{low.removesuffix(unit)}-{high}"
-
-
 def where_sim(row: dict) -> str:
     return f"{row['run']}, {row['scenario']}, P={row['stages']}"
-
-
-def missing(part: str) -> str:
-    return f"not in this JSON (run `{SUITE}` with the {part} part)"
-
-
-# ---------------------------------------------------------------- claims
 
 
 def speedup_claim(suite: Suite, *, paper: float, scenarios: Sequence[str], kind: str) -> Claim:
@@ -446,6 +378,3 @@ def claims(suite: Suite) -> list[Claim]:
         *independent_claims(suite),
         target_claim(suite),
     ]
-
-
-# ---------------------------------------------------------------- tables

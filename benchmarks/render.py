@@ -1,0 +1,321 @@
+"""docs/RESULTS.md as text, from the suite's JSON read back: the claims table, the target,
+setup, runtime, TP, simulator and buffer sections, the plot links and the run log."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.claims import claims, target_rows
+from benchmarks.report import ROOT, SUITE, Suite, missing, pct, x
+
+PARTS = ("sim", "buffer", "runtime", "peers", "tp")  # the JSON's sections, in the order they run
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
+    return lines
+
+
+def claims_section(suite: Suite) -> list[str]:
+    rows = [(c.claim, c.measures, c.where, c.result, c.verdict) for c in claims(suite)]
+    return [
+        "## The paper's claims",
+        "",
+        *table(("claim", "what rrfp-ray measures", "where", "result", "reproduces?"), rows),
+    ]
+
+
+def target_section(suite: Suite) -> list[str]:
+    lines = ["## Target: rrfp-ray vs PyTorch's schedules, side by side (P=4, M=16, t_f=20 ms)", ""]
+    rows = target_rows(suite)
+    if not rows:
+        return lines + [missing("runtime and peers") + "."]
+    lines += [
+        "Median iteration wall time (ms) of the timed iterations. PyTorch: `torch.distributed.pipelining` in 4 "
+        "processes over gloo (`benchmarks/peers/torch_pipelining.py`); rrfp-ray: 4 Ray stage actors over gloo "
+        "links. Both sleep the same trace. rrfp-ray's best is the fastest readiness run with peak activation "
+        "memory <= 2x fixed 1F1B's. *ideal* is the simulated makespan of the order PyTorch ran, in our "
+        "model (no transport cost, message latency overlapped with compute).",
+        "",
+    ]
+    schedules = list(dict.fromkeys(s for r in rows for s in r["peers"]))
+    header = [
+        "scenario",
+        *(f"PyTorch {s}" for s in schedules),
+        "rrfp-ray best (memory)",
+        "rrfp / PyTorch best",
+        "holds?",
+        "rrfp / PyTorch ideal",
+        "rrfp-ray best at 1x memory / PyTorch best",
+        "rrfp-ray best fixed / PyTorch best",
+    ]
+
+    def versus(row: dict | None, peer: dict) -> str:
+        return "-" if row is None else f"{x(row['measured_ms'] / peer['measured_ms'])} ({row['run']})"
+
+    body = []
+    for r in rows:
+        cells = [f"{r['peers'][s]['measured_ms']:.0f}" if s in r["peers"] else "-" for s in schedules]
+        ours = r["ours"]
+        body.append(
+            [
+                r["scenario"],
+                *cells,
+                f"{ours['measured_ms']:.0f} {ours['run']} ({x(ours['memory_x'])})",
+                x(r["ratio"]),
+                "yes" if r["holds"] else "**no**",
+                f"{x(r['ideal_ratio'])} ({r['ideal']['schedule']} {r['ideal']['ideal_ms']:.0f})",
+                versus(r["ours_1x"], r["peer"]),
+                versus(r["ours_fixed"], r["peer"]),
+            ]
+        )
+    lines += table(header, body)
+    lines += [
+        "",
+        "How to read it: PyTorch's sleep module puts each message's latency on the receiving rank before the op "
+        "that consumes it (PyTorch sends inside the schedule), so on the comm scenarios PyTorch pays every latency "
+        "on its compute path while rrfp-ray's sender thread overlaps it; the *ideal* column compares with PyTorch's "
+        "order under rrfp-ray's own model instead. The last two columns: rrfp-ray held to fixed 1F1B's memory, "
+        "and rrfp-ray running the fixed schedules itself (so the two runtimes' own overheads can be told apart "
+        "from the policies'). Other processes shared the 2 cores (load in the run log below).",
+    ]
+    return lines
+
+
+def runtime_section(suite: Suite) -> list[str]:
+    lines = ["## Ray runtime (P=4, M=16): measured against the simulator", ""]
+    if not suite.runtime:
+        return lines + [missing("runtime") + "."]
+    section = suite.data["runtime"]
+    lines += [
+        f"Synthetic sleep workload, seed 0, {section['warmup']} warm-up + {section['iterations']} timed iterations "
+        "per run, runs taking turns; median. *sim* is the simulator on the very same trace, cap and buffer "
+        "limit (32). Speedup is over rrfp-ray's own fixed 1f1b, measured. Memory: peak activations over fixed "
+        "1F1B's, from the measured op timeline. A readiness run can beat its simulation (meas / sim < 1): the "
+        "arbiters decide on the measured times, so their order is not the simulated one.",
+        "",
+    ]
+    if section.get("errors"):
+        lines += ["Failures: " + "; ".join(section["errors"]), ""]
+    body = []
+    for scenario in suite.scenarios:
+        rows = suite.runtime_rows(scenario=scenario)
+        base = next((r["measured_ms"] for r in rows if r["run"] == "1f1b"), None)
+        for r in rows:
+            body.append(
+                [
+                    scenario,
+                    r["run"],
+                    f"{r['measured_ms']:.0f}",
+                    f"{r['sim_ms']:.0f}",
+                    f"{r['measured_ms'] / r['sim_ms']:.3f}",
+                    x(base / r["measured_ms"]) if base else "-",
+                    pct(r["blocked_fraction"]),
+                    x(r["memory_x"]),
+                    r["peak_inflight"],
+                ]
+            )
+    header = (
+        "scenario",
+        "run",
+        "measured ms",
+        "sim ms",
+        "meas / sim",
+        "speedup vs 1f1b",
+        "blocked",
+        "memory",
+        "peak in-flight",
+    )
+    return lines + table(header, body)
+
+
+def tp_section(suite: Suite) -> list[str]:
+    if not suite.tp:
+        return []
+    section = suite.data["tp"]
+    lines = [
+        "## TP agreement (PP=2 x TP=2, M=8, t_f=20 ms)",
+        "",
+        (
+            f"Ray, synthetic sleep workload, {section['warmup']} warm-up + {section['iterations']} timed iterations per "
+            "run, runs taking turns; one driver per protocol and one without TP (TP=1); median ms. Telemetry of rank 0 "
+            "of each stage. Coordination: per agreement round, the time from the last rank joining it to the result, "
+            "over the stages' wall time (median over iterations); fixed 1f1b runs the same list on every rank and "
+            "needs no rounds. Every rank computes the seed-0 trace, its F and B ops in step with the other rank (an "
+            "op ends its duration after the later rank started it, as the TP collectives inside real ops make it; "
+            "W ops run on their own); on lognormal-0.3 both ranks also share the trace's "
+            "message latencies, on the comm scenarios each rank's messages take their own (rank t's drawn with seed "
+            "t), so the ranks' ready sets can differ. A disagreement is a round that decided nothing although a rank "
+            "offered an op."
+        ),
+        "",
+    ]
+    if section.get("errors"):
+        lines += ["Failures: " + "; ".join(section["errors"]), ""]
+    cells = list(dict.fromkeys((r["scenario"], r["run"]) for r in suite.tp))
+    body = []
+    for r in sorted(suite.tp, key=lambda r: cells.index((r["scenario"], r["run"]))):  # the protocols of a run together
+        agreed, tp = r["tp_rounds"] > 0, r["tp"] > 1
+        body.append(
+            [
+                r["scenario"],
+                r["run"],
+                r["protocol"] if tp else "TP=1",
+                f"{r['measured_ms']:.0f}",
+                "-" if r["vs_tp1"] is None else x(r["vs_tp1"]),
+                pct(r["tp_coord_fraction"], digits=2) if tp else "-",
+                f"{r['tp_rounds']:.1f}" if tp else "-",
+                f"{r['tp_ms_per_round']:.3f}" if agreed else "-",
+                f"{r['disagreements_per_round']:.3f}" if agreed else "-",
+            ]
+        )
+    header = (
+        "scenario",
+        "run",
+        "protocol",
+        "median ms",
+        "vs TP=1",
+        "coordination, % of stage time",
+        "rounds/iteration",
+        "ms/round",
+        "disagreements per round",
+    )
+    return lines + table(header, body)
+
+
+def sim_section(suite: Suite) -> list[str]:
+    lines = ["## Simulator (M = 4P)", ""]
+    if not suite.sim:
+        return lines + [missing("sim") + "."]
+    seeds = suite.meta["sim_seeds"]
+    lines += [
+        f"Means over seeds 0..{seeds - 1}; peaks are the maximum over seeds. Speedup over fixed 1f1b on the same "
+        "trace; in parentheses the peak activation memory over fixed 1F1B's. Fixed schedules ignore caps.",
+        "",
+        "### Speedup over fixed 1F1B (memory)",
+        "",
+    ]
+    header = ["scenario", "P", *suite.runs]
+
+    def grid(cell: Callable[[dict], str]) -> list[str]:
+        body = []
+        for scenario in suite.scenarios:
+            for p in suite.stages:
+                cells = [suite.cell(scenario=scenario, stages=p, run=run) for run in suite.runs]
+                if any(c is not None for c in cells):
+                    body.append([scenario, p, *(cell(c) if c else "-" for c in cells)])
+        return table(header, body)
+
+    lines += grid(lambda c: f"{c['speedup_vs_1f1b']:.3f} ({c['memory_x']:.2g})")
+    lines += ["", "### Makespan / lower bound", ""]
+    lines += grid(lambda c: f"{c['lb_ratio']:.3f}")
+    lines += ["", "### Blocked fraction / peak in-flight microbatches (any stage)", ""]
+    lines += grid(lambda c: f"{pct(c['blocked_fraction'])} / {c['peak_inflight']}")
+    return lines
+
+
+def buffer_section(suite: Suite) -> list[str]:
+    lines = ["## Receive-buffer limit (bf)", ""]
+    if not suite.buffer:
+        return lines + [missing("sim") + "."]
+    limits = list(dict.fromkeys(r["buffer_limit"] for r in suite.buffer))
+    lines += [
+        f"Makespan with each stage's receive buffer limited to N messages / unbounded, on "
+        f"{suite.buffer[0]['scenario']}; mean (max) over seeds; *deadlock* counts seeds that deadlock. The "
+        "arbiter's rule (rrfp_ray/policy/arbiter.py) says bf over 1f1b needs 3 at cap 2x and 1 at inf.",
+        "",
+    ]
+    body = []
+    for p, cap in dict.fromkeys((r["stages"], r["cap"]) for r in suite.buffer):
+        cells = []
+        for limit in limits:
+            r = next(b for b in suite.buffer if (b["stages"], b["cap"], b["buffer_limit"]) == (p, cap, limit))
+            if r["makespan_rel"] is None:
+                cells.append(f"deadlock ({r['deadlocks']}/{r['seeds']})")
+            else:
+                extra = f", {r['deadlocks']} deadlock" if r["deadlocks"] else ""
+                cells.append(f"{r['makespan_rel']:.3f} ({r['makespan_rel_max']:.3f}{extra})")
+        peak = next(b["unbounded_peak_buffered"] for b in suite.buffer if (b["stages"], b["cap"]) == (p, cap))
+        body.append([p, cap, *cells, peak])
+    header = ["P", "cap", *(f"N={'inf' if n is None else n}" for n in limits), "peak buffered, unbounded"]
+    return lines + table(header, body)
+
+
+def setup_section(suite: Suite) -> list[str]:
+    meta = suite.meta
+    scen = [
+        [s["label"], f"`{s['scenario']}`", ", ".join(f"{k}={v:g}" for k, v in s["params"].items()) or "-"]
+        for s in meta["scenarios"]
+    ]
+    return [
+        "## Setup",
+        "",
+        f"- Work per op: forward t_f = {meta['t_f_ms']:g} ms per stage, backward B + W = {meta['b_ratio']:g} t_f "
+        f"(W is {meta['w_split']:g} of it), before the scenario scales it (`rrfp_ray/sim/variability.py`).",
+        "- Fixed schedules (only the next op of the list may run): gpipe, 1f1b, interleaved (v=2), zb-h1. "
+        f"Readiness policies: {', '.join(suite.rules)}, at in-flight caps {', '.join(meta['caps'])} "
+        "(a multiple of the reference schedule's own per-stage peak, so 1x = fixed 1F1B's activation memory).",
+        "- Interleaved runs the same model: its v=2 trace is the v=1 trace with every op cut into two equal "
+        "halves, one per chunk (t_f = 10 ms per chunk, the same work per stage and microbatch, the same random "
+        "draws); only the latencies of its 2P-1 links are fresh draws of the same scenario and seed.",
+        "- Memory: the most activations any stage holds, a microbatch-chunk counting 1/v from its forward's start "
+        "to the end of its last backward op (W under the B/W split), over fixed 1F1B's peak (P).",
+        "- Lower bound: `rrfp_ray.sim.simulator.bounds(...).best_ms` (with the B/W split for the policies that split "
+        "the backward: zb-h1, bfw, cpw).",
+        "",
+        *table(("scenario", "generator", "parameters"), scen),
+    ]
+
+
+def run_log(suite: Suite) -> list[str]:
+    body = []
+    for part in PARTS:
+        section = suite.data.get(part)
+        if section:
+            load = " -> ".join(f"{v:.1f}" for v in section["load_avg_1min"])
+            body.append([part, f"`{section['command']}`", section["finished"], f"{section['wall_s']:.0f} s", load])
+    return ["## Run log", "", *table(("part", "command", "finished", "wall", "1-min load, start -> end"), body)]
+
+
+def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
+    lines = ["## Plots", ""]
+    for title, path in plots.items():
+        lines += [f"![{title}]({os.path.relpath(path, out.parent)})", ""]
+    return lines
+
+
+def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> str:
+    meta = suite.meta
+    total = sum(suite.data[p]["wall_s"] for p in PARTS if p in suite.data)
+    quick = " (a `--quick` run: simulator only, P=4, one seed, two scenarios)" if meta["quick"] else ""
+    head = [
+        "# rrfp-ray: results",
+        "",
+        f"Every number here comes from `{os.path.relpath(source, ROOT)}`{quick}, measured on {meta['machine']} "
+        f"in {total / 60:.1f} min. To reproduce, from the repository root:",
+        "",
+        "```",
+        f"{SUITE}        # measure: simulator, Ray runtime, PyTorch peers, TP agreement -> docs/results/suite.json",
+        "python jobs/results.py            # render this file and docs/results/*.png from that JSON (seconds)",
+        "```",
+        "",
+        f"`{SUITE} --parts runtime` (or sim, peers, tp) re-measures one part and keeps the others.",
+        "",
+    ]
+    sections = [
+        head,
+        claims_section(suite),
+        target_section(suite),
+        setup_section(suite),
+        runtime_section(suite),
+        tp_section(suite),
+        sim_section(suite),
+        buffer_section(suite),
+        plot_links(plots, out=out),
+        run_log(suite),
+    ]
+    return "\n".join(line for section in sections if section for line in [*section, ""]).rstrip() + "\n"

@@ -1,0 +1,295 @@
+"""The results suite's scenario table and runs, and its simulator parts (sim and buffer), for
+`jobs/bench_suite.py`; benchmarks/suite_ray.py holds the parts measured on Ray and PyTorch.
+
+Interleaved (v=2) runs the same model: its trace is the v=1 trace with every op cut into two
+equal halves, one per chunk (so each stage does exactly the same work per microbatch, and
+t_f is 10 ms per chunk); only its message latencies (2P-1 links, not P-1) are fresh draws
+of the same scenario with the same seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy, make_policy, policy_names
+from rrfp_ray.schedule.actions import Kind, parse_action
+from rrfp_ray.schedule.generators import SCHEDULES
+from rrfp_ray.sim.simulator import DeadlockError, bounds, simulate
+from rrfp_ray.sim.variability import Trace, generate
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+T_F = 20.0
+PARTS = ("sim", "runtime", "peers", "tp")
+CAPS = ("1x", "2x", "inf")
+FIXED = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+BUFFER_SCENARIO = "multimodal+comm"
+BUFFER_LIMITS = (2, 4, 8, 16, 32, None)
+BUFFER_CAPS = ("2x", "inf")
+DEFAULT_JSON = ROOT / "docs" / "results" / "suite.json"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    scenario: str  # for variability.generate, '+'-joined
+    params: dict[str, float] = field(default_factory=dict)
+
+    def traces(self, *, stages: int, microbatches: int, seed: int) -> dict[int, Trace]:
+        """The v=1 trace and its v=2 cut (see the module doc), by chunks."""
+        shape = {"stages": stages, "microbatches": microbatches, "seed": seed}
+        whole = generate(scenario=self.scenario, chunks=1, t_f=T_F, **shape, **self.params)
+        fresh = generate(scenario=self.scenario, chunks=2, t_f=T_F / 2, **shape, **self.params)
+        return {1: whole, 2: halved(trace=whole, comm_from=fresh)}
+
+
+SCENARIOS = (
+    Scenario("none", "none"),
+    Scenario("lognormal-0.3", "lognormal", {"sigma": 0.3}),
+    Scenario("lognormal-0.6", "lognormal", {"sigma": 0.6}),
+    Scenario("straggler", "straggler", {"p": 0.05, "k": 3.0}),
+    Scenario("comm", "comm", {"comm_ms": 2.0, "sigma": 1.24}),
+    Scenario("imbalance", "imbalance", {"rho": 1.5}),
+    Scenario("multimodal", "multimodal", {"sigma": 0.6, "frac": 0.5}),
+    Scenario("multimodal+comm", "multimodal+comm", {"comm_ms": 2.0, "multimodal.sigma": 0.6, "comm.sigma": 1.24}),
+)
+QUICK_SCENARIOS = ("none", BUFFER_SCENARIO)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One policy at one cap; cap None for a fixed list (the list is its own cap)."""
+
+    policy: str
+    chunks: int
+    cap: str | None
+
+    @property
+    def label(self) -> str:
+        return self.policy if self.cap is None else f"{self.policy}@{self.cap}"
+
+    def make(self, *, stages: int, microbatches: int) -> Policy:
+        return make_policy(name=self.policy, stages=stages, chunks=self.chunks, microbatches=microbatches)
+
+    @property
+    def parsed_cap(self) -> Cap:
+        return Cap.parse(self.cap or "inf")
+
+
+def halved(*, trace: Trace, comm_from: Trace) -> Trace:
+    """`trace` (v=1) cut into two chunks per stage, each running half of every op; messages from `comm_from`."""
+    if trace.chunks != 1 or comm_from.chunks != 2:
+        raise ValueError(f"trace must have chunks=1 and comm_from chunks=2, got {trace.chunks} and {comm_from.chunks}")
+
+    def half(rows: tuple[tuple[float, ...], ...]) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(x / 2 for x in row) for row in rows) * 2  # rows vs = c*P + s: chunk 0, then chunk 1
+
+    return Trace(
+        stages=trace.stages,
+        microbatches=trace.microbatches,
+        chunks=2,
+        F=half(trace.F),
+        B=half(trace.B),
+        W=half(trace.W),
+        commF=comm_from.commF,
+        commB=comm_from.commB,
+    )
+
+
+def readiness_policies() -> list[str]:
+    """bf, bfw and any later rule (not a schedule, not ready-*, not a user hint) that builds at P=4, M=16."""
+    known = {*SCHEDULES, "hint", "ready-hint"}
+    names = [n for n in policy_names() if n not in known and not n.startswith("ready-")]
+    usable = []
+    for name in names:
+        try:
+            policy = make_policy(name=name, stages=4, chunks=1, microbatches=16)
+            simulate(
+                policy=policy, trace=generate(scenario="none", stages=4, microbatches=16, chunks=1, seed=0), cap=Cap()
+            )
+        except (ValueError, DeadlockError) as error:
+            log.warning("skipping policy %s: %s", name, error)
+            continue
+        if not policy.fixed:
+            usable.append(name)
+    return usable
+
+
+def sim_runs(*, rules: Sequence[str]) -> list[Run]:
+    return [Run(name, chunks, None) for name, chunks in FIXED] + [Run(r, 1, cap) for r in rules for cap in CAPS]
+
+
+def activation_peak(*, events: Sequence[OpEvent], chunks: int, split: bool) -> float:
+    """Most activations any stage held, in microbatches of a whole stage (one chunk holds 1/v):
+    from a forward's start to the end of that microbatch-chunk's last backward (W under the split)."""
+    release = Kind.W if split else Kind.B
+    changes: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for event in events:
+        kind = parse_action(event.action).kind
+        if kind is Kind.F:
+            changes[event.stage].append((event.start_ms, 1 / chunks))
+        elif kind is release:
+            changes[event.stage].append((event.end_ms, -1 / chunks))
+    peak = 0.0
+    for stage_changes in changes.values():
+        held = 0.0
+        for _, delta in sorted(stage_changes):  # at one instant, releases sort first
+            held += delta
+            peak = max(peak, held)
+    return peak
+
+
+def figures(*, report: IterationReport, policy: Policy, trace: Trace) -> dict[str, float]:
+    """What one iteration shows; memory_x is the activation peak over fixed 1F1B's (P microbatches)."""
+    return {
+        "makespan_ms": report.makespan_ms,
+        "blocked_fraction": report.blocked_fraction,
+        "bubble": report.bubble,
+        "peak_inflight": report.peak_inflight,
+        "memory_x": activation_peak(events=report.events, chunks=trace.chunks, split=policy.split) / trace.stages,
+    }
+
+
+def sim_part(*, scenarios: Sequence[Scenario], stages: Sequence[int], seeds: int, rules: Sequence[str]) -> list[dict]:
+    runs = sim_runs(rules=rules)
+    rows = []
+    for spec in scenarios:
+        for p in stages:
+            m = 4 * p
+            per_seed: dict[str, list[dict[str, float]]] = defaultdict(list)
+            for seed in range(seeds):
+                traces = spec.traces(stages=p, microbatches=m, seed=seed)
+                for run in runs:
+                    policy, trace = run.make(stages=p, microbatches=m), traces[run.chunks]
+                    report = simulate(policy=policy, trace=trace, cap=run.parsed_cap)
+                    cell = figures(report=report, policy=policy, trace=trace)
+                    cell["lb_ratio"] = report.makespan_ms / bounds(trace=trace, split=policy.split).best_ms
+                    per_seed[run.label].append(cell)
+                base = per_seed["1f1b"][-1]["makespan_ms"]
+                for cells in per_seed.values():
+                    cells[-1]["speedup_vs_1f1b"] = base / cells[-1]["makespan_ms"]
+            for run in runs:
+                rows.append({**where(spec, run, stages=p, microbatches=m), **_mean(per_seed[run.label])})
+            best = max((r for r in rows[-len(runs) :]), key=lambda r: r["speedup_vs_1f1b"])
+            log.info(f"sim {spec.label:>16} P={p:<3} best {best['run']} {best['speedup_vs_1f1b']:.3f}x")
+    return rows
+
+
+def where(spec: Scenario, run: Run, *, stages: int, microbatches: int) -> dict[str, Any]:
+    """The keys of a row: which scenario, shape and run it measured."""
+    return {
+        "scenario": spec.label,
+        "stages": stages,
+        "microbatches": microbatches,
+        "run": run.label,
+        "policy": run.policy,
+        "cap": run.cap,
+        "chunks": run.chunks,
+    }
+
+
+def _mean(cells: list[dict[str, float]]) -> dict[str, float]:
+    """Means over seeds; the peaks are the maximum over seeds."""
+    out = {key: statistics.mean(c[key] for c in cells) for key in cells[0]}
+    for key in ("peak_inflight", "memory_x"):
+        out[key] = max(c[key] for c in cells)
+    out["seeds"] = len(cells)
+    return out
+
+
+def buffer_part(*, spec: Scenario, stages: Sequence[int], seeds: int) -> list[dict]:
+    """bf's makespan at each receive-buffer limit over the unbounded one; deadlocks counted."""
+    rows = []
+    for p in stages:
+        m = 4 * p
+        policy = make_policy(name="bf", stages=p, chunks=1, microbatches=m)
+        for cap in BUFFER_CAPS:
+            ratios: dict[int | None, list[float]] = defaultdict(list)
+            deadlocks: dict[int | None, int] = defaultdict(int)
+            buffered = 0
+            for seed in range(seeds):
+                trace = spec.traces(stages=p, microbatches=m, seed=seed)[1]
+                free = simulate(policy=policy, trace=trace, cap=Cap.parse(cap))
+                buffered = max(buffered, max(s.peak_buffered for s in free.stages))
+                for limit in BUFFER_LIMITS:
+                    try:
+                        ms = simulate(policy=policy, trace=trace, cap=Cap.parse(cap), buffer_limit=limit).makespan_ms
+                    except DeadlockError:
+                        deadlocks[limit] += 1
+                        continue
+                    ratios[limit].append(ms / free.makespan_ms)
+            for limit in BUFFER_LIMITS:
+                rows.append(
+                    {
+                        "scenario": spec.label,
+                        "stages": p,
+                        "microbatches": m,
+                        "policy": "bf",
+                        "cap": cap,
+                        "buffer_limit": limit,
+                        "makespan_rel": statistics.mean(ratios[limit]) if ratios[limit] else None,
+                        "makespan_rel_max": max(ratios[limit]) if ratios[limit] else None,
+                        "deadlocks": deadlocks[limit],
+                        "seeds": seeds,
+                        "unbounded_peak_buffered": buffered,
+                    }
+                )
+            log.info(f"buffer P={p} cap {cap}: " + ", ".join(_buffer_cell(r) for r in rows[-len(BUFFER_LIMITS) :]))
+    return rows
+
+
+def _buffer_cell(row: dict) -> str:
+    limit = "inf" if row["buffer_limit"] is None else row["buffer_limit"]
+    rel = "deadlock" if row["makespan_rel"] is None else f"{row['makespan_rel']:.3f}"
+    return f"{limit}: {rel}"
+
+
+def runtime_runs(*, rules: Sequence[str]) -> list[Run]:
+    fixed = [Run("1f1b", 1, None), Run("zb-h1", 1, None), Run("interleaved", 2, None)]
+    return fixed + [Run(r, 1, cap) for r in rules for cap in CAPS]
+
+
+def timed(*, part: str, make: Callable[[], Any], command: str) -> dict[str, Any]:
+    """Run one part; its section carries the command, how long it took and how loaded the machine was."""
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    result = make()
+    section = result if isinstance(result, dict) else {"rows": result}
+    section.update(
+        command=command,
+        finished=time.strftime("%Y-%m-%d %H:%M:%S"),
+        wall_s=time.perf_counter() - start,
+        load_avg_1min=[load, os.getloadavg()[0]],
+    )
+    log.info(f"{part}: {section['wall_s']:.0f} s")
+    return section
+
+
+def meta(
+    *, quick: bool, scenarios: Sequence[Scenario], rules: Sequence[str], stages: Sequence[int], seeds: int
+) -> dict[str, Any]:
+    """The JSON's meta section: the suite's shape, scenarios and machine."""
+    return {
+        "quick": quick,
+        "t_f_ms": T_F,
+        "b_ratio": 2.0,
+        "w_split": 0.5,
+        "scenarios": [{"label": s.label, "scenario": s.scenario, "params": s.params} for s in scenarios],
+        "readiness_policies": list(rules),
+        "sim_stages": list(stages),
+        "sim_seeds": seeds,
+        "caps": list(CAPS),
+        "buffer_limits": list(BUFFER_LIMITS),
+        "machine": f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs",
+    }

@@ -1,0 +1,217 @@
+"""The results suite's measured parts, for `jobs/bench_suite.py`: the Ray runtime at P=4 (runtime),
+PP=2 x TP=2 under each TP agreement protocol (tp), and PyTorch's own schedules on the same traces
+(peers, in benchmarks/peers/torch_pipelining.py); each keeps what it measured when a driver fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.suite import Run, Scenario, figures, where
+from rrfp_ray.observe.telemetry import IterationReport, tp_summary
+from rrfp_ray.sim.simulator import simulate
+
+log = logging.getLogger(__name__)
+
+PEER_GROUPS = ((("1f1b", "zb-h1"), 1), (("interleaved",), 2))
+TP = 2
+TP_SCENARIOS = ("lognormal-0.3", "comm", "multimodal+comm")
+TP_RANK_COMM = ("comm", "multimodal+comm")  # each TP rank's messages take their own latencies
+TP_PROTOCOLS = ("first", "common")
+
+
+@dataclass
+class RayPart:
+    """A part measured on Ray: per driver and scenario a warm-up and then timed iterations of every
+    run; what its drivers measured stays when one of them fails."""
+
+    warmup: int
+    iterations: int
+    rows: list[dict] = field(default_factory=list)
+    startup_s: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    counter: Iterator[int] = field(default_factory=itertools.count)  # numbers the iterations of all its drivers
+
+    def drive(
+        self, *, name: str, pipeline: Any, group: Sequence[Run], workloads: Sequence[tuple[Scenario, Any]]
+    ) -> Iterator[tuple[Scenario, dict[str, list]]]:
+        """One driver for `pipeline` over the scenarios, each with its workload, the runs taking
+        turns; yields each scenario's timed reports by run. A failure ends it, in `errors`."""
+        import ray
+
+        from actors.driver import PipelineDriver
+
+        driver = PipelineDriver.remote(pipeline=pipeline, workload=workloads[0][1])
+        try:
+            self.startup_s[name] = ray.get(driver.startup_seconds.remote())
+            for spec, workload in workloads:
+                ray.get(driver.set_workload.remote(workload=workload))
+                rounds = self.warmup + self.iterations
+                reports = _turns(driver=driver, group=group, pipeline=pipeline, counter=self.counter, rounds=rounds)
+                yield spec, {label: runs[self.warmup :] for label, runs in reports.items()}
+            ray.get(driver.shutdown.remote())
+        except Exception as error:  # keep what was measured; the report says what failed
+            self.errors.append(f"{name}: {type(error).__name__}: {error}")
+            log.warning("driver %s failed: %s", name, error)
+        finally:
+            ray.kill(driver)
+
+    def section(self) -> dict[str, Any]:
+        return {"rows": self.rows, "startup_s": self.startup_s, "errors": self.errors}
+
+
+def runtime_part(
+    *, scenarios: Sequence[Scenario], runs: Sequence[Run], stages: int, microbatches: int, warmup: int, iterations: int
+) -> dict[str, Any]:
+    """Per scenario and run: measured iteration times on Ray, and the simulator's for the same trace."""
+    import ray
+
+    from actors.local_ray import start_ray
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.train.config import PipelineConfig
+
+    log.info(start_ray(num_cpus=max(2, stages)))
+    traces = {spec.label: spec.traces(stages=stages, microbatches=microbatches, seed=0) for spec in scenarios}
+    part = RayPart(warmup=warmup, iterations=iterations)
+    try:
+        for chunks in sorted({run.chunks for run in runs}):
+            group = [run for run in runs if run.chunks == chunks]
+            pipeline = PipelineConfig(
+                stages=stages, chunks=chunks, microbatches=microbatches, policy=group[0].policy, timeout_s=120.0
+            )
+            workloads = [(spec, SyntheticWorkload(trace=traces[spec.label][chunks])) for spec in scenarios]
+            for spec, reports in part.drive(name=f"v={chunks}", pipeline=pipeline, group=group, workloads=workloads):
+                trace = traces[spec.label][chunks]
+                for run in group:
+                    policy = pipeline.resolved_policy(run.policy)
+                    predicted = simulate(
+                        policy=policy, trace=trace, cap=run.parsed_cap, buffer_limit=pipeline.buffer_limit
+                    )
+                    cells = [figures(report=r, policy=policy, trace=trace) for r in reports[run.label]]
+                    row = {
+                        **where(spec, run, stages=stages, microbatches=microbatches),
+                        "runs_ms": [c["makespan_ms"] for c in cells],
+                        "measured_ms": statistics.median(c["makespan_ms"] for c in cells),
+                        "sim_ms": predicted.makespan_ms,
+                        "blocked_fraction": statistics.median(c["blocked_fraction"] for c in cells),
+                        "peak_inflight": max(c["peak_inflight"] for c in cells),
+                        "memory_x": max(c["memory_x"] for c in cells),
+                    }
+                    part.rows.append(row)
+                    log.info(
+                        f"runtime {spec.label:>16} {run.label:<12} {row['measured_ms']:8.1f} ms "
+                        f"(sim {row['sim_ms']:8.1f}, memory {row['memory_x']:.2f}x)"
+                    )
+    finally:
+        ray.shutdown()
+    return part.section()
+
+
+TP_RUNS = (Run("1f1b", 1, None), Run("bf", 1, "2x"), Run("bfw", 1, "2x"))
+
+
+def tp_workload(*, spec: Scenario, tp: int, stages: int, microbatches: int) -> Any:
+    """Every rank computes the seed-0 trace; under TP on the comm scenarios rank t's messages
+    take the latencies of the trace drawn with seed t (rank 0's are the seed-0 trace's)."""
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+
+    traces = tuple(spec.traces(stages=stages, microbatches=microbatches, seed=t)[1] for t in range(tp))
+    return SyntheticWorkload(trace=traces[0], rank_comm=traces if tp > 1 and spec.label in TP_RANK_COMM else ())
+
+
+def tp_figures(*, reports: Sequence[IterationReport]) -> dict[str, Any]:
+    """What the timed iterations of one run show (`tp_summary`: rank 0 of each stage), and ops per
+    iteration over the stages."""
+    return {
+        "runs_ms": [r.makespan_ms for r in reports],
+        "measured_ms": statistics.median(r.makespan_ms for r in reports),
+        **tp_summary(list(reports)),
+        "ops": len(reports[0].events),
+    }
+
+
+def tp_part(
+    *, scenarios: Sequence[Scenario], stages: int, microbatches: int, warmup: int, iterations: int
+) -> dict[str, Any]:
+    """Per scenario, run and TP agreement protocol: measured iteration times on Ray and what the
+    agreement cost; protocol tp1 is the same pipeline without TP, the baseline of vs_tp1."""
+    import ray
+
+    from actors.local_ray import start_ray
+    from rrfp_ray.train.config import PipelineConfig
+
+    log.info(start_ray(num_cpus=stages * TP))
+    part = RayPart(warmup=warmup, iterations=iterations)
+    try:
+        for protocol in ("tp1", *TP_PROTOCOLS):
+            tp, agreement = (1, {}) if protocol == "tp1" else (TP, {"tp_protocol": protocol})
+            pipeline = PipelineConfig(
+                stages=stages, microbatches=microbatches, policy=TP_RUNS[0].policy, timeout_s=120.0, tp=tp, **agreement
+            )
+            shape = {"tp": tp, "stages": stages, "microbatches": microbatches}
+            workloads = [(spec, tp_workload(spec=spec, **shape)) for spec in scenarios]
+            for spec, reports in part.drive(name=protocol, pipeline=pipeline, group=TP_RUNS, workloads=workloads):
+                for run in TP_RUNS:
+                    row = {
+                        **where(spec, run, stages=stages, microbatches=microbatches),
+                        "tp": tp,
+                        "protocol": protocol,
+                        **tp_figures(reports=reports[run.label]),
+                    }
+                    part.rows.append(row)
+                    log.info(
+                        f"tp {spec.label:>16} {run.label:<7} {protocol:<6} {row['measured_ms']:8.1f} ms, coordination "
+                        f"{row['tp_coord_fraction']:.2%} over {row['tp_rounds']:.0f} rounds "
+                        f"({row['tp_ms_per_round']:.3f} ms each)"
+                    )
+    finally:
+        ray.shutdown()
+    baseline = {(r["scenario"], r["run"]): r["measured_ms"] for r in part.rows if r["protocol"] == "tp1"}
+    for row in part.rows:
+        tp1_ms = baseline.get((row["scenario"], row["run"]))
+        row["vs_tp1"] = row["measured_ms"] / tp1_ms if tp1_ms else None
+    return part.section()
+
+
+def _turns(*, driver: Any, group: Sequence[Run], pipeline: Any, counter: Any, rounds: int) -> dict[str, list]:
+    """`rounds` iterations of every run, the runs taking turns so that drift hits all of them alike."""
+    import ray
+
+    policies = {run.label: pipeline.resolved_policy(run.policy) for run in group}
+    reports: dict[str, list] = {run.label: [] for run in group}
+    for _ in range(rounds):
+        for run in group:
+            ref = driver.run_iteration.remote(iteration=next(counter), policy=policies[run.label], cap=run.parsed_cap)
+            reports[run.label].append(ray.get(ref))
+    return reports
+
+
+def peers_part(
+    *, scenarios: Sequence[Scenario], stages: int, microbatches: int, warmup: int, iterations: int
+) -> dict[str, Any]:
+    """Per scenario, PyTorch's schedules in their groups (v=1, v=2) on the seed-0 trace; what failed is in
+    `errors`."""
+    from benchmarks.peers.torch_pipelining import measure_all
+
+    rows, errors = [], []
+    keep = ("pytorch_class", "runs_ms", "measured_ms", "ideal_ms", "ratio", "order_matches")
+    for spec in scenarios:
+        traces = spec.traces(stages=stages, microbatches=microbatches, seed=0)
+        for schedules, chunks in PEER_GROUPS:
+            try:
+                results = measure_all(
+                    schedules=list(schedules), trace=traces[chunks], iterations=iterations, warmup=warmup
+                )
+            except Exception as error:  # keep what was measured; the report says what failed
+                errors.append(f"{spec.label} {','.join(schedules)}: {type(error).__name__}: {error}")
+                log.warning("peers %s %s failed: %s", spec.label, schedules, error)
+                continue
+            for name, r in results.items():
+                rows.append({"scenario": spec.label, "schedule": name, "chunks": chunks, **{k: r[k] for k in keep}})
+                log.info(f"peers {spec.label:>16} {name:<12} {r['measured_ms']:8.1f} ms (ideal {r['ideal_ms']:8.1f})")
+    return {"rows": rows, "errors": errors}
