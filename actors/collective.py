@@ -24,9 +24,10 @@ import torch.distributed as dist
 from ray.util.collective import types
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
+from rrfp_ray.runtime.transport import LinkBackend
+
 GLOO_BACKEND = "rrfp_gloo"
 NCCL_BACKEND = "nccl"
-GLOO_ALIASES = ("gloo", GLOO_BACKEND)
 
 _NCCL_POLL_S = 50e-6
 _TORCH_REDUCE_OPS = {
@@ -141,25 +142,26 @@ def register_backends() -> None:
             col.register_collective_backend(GLOO_BACKEND, GlooGroup)
 
 
-def resolve_backend(*, backend: str) -> str:
-    """Map a configured backend name to one ``join_group`` accepts.
-
-    ``auto`` is NCCL when this process sees CUDA and cupy imports, else gloo; resolve it
-    once, where the stage actors will run, and hand every rank the same answer.
-    """
-    if backend in GLOO_ALIASES:
-        return GLOO_BACKEND
-    if backend == NCCL_BACKEND:
-        return NCCL_BACKEND
-    if backend != "auto":
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+def nccl_missing() -> str | None:
+    """What this process lacks for NCCL links (a visible CUDA device, cupy), or None."""
     if not torch.cuda.is_available():
-        return GLOO_BACKEND
+        return "no CUDA device is visible (torch.cuda.is_available() is False)"
     try:
         import cupy  # noqa: F401
     except ImportError:
-        return GLOO_BACKEND
-    return NCCL_BACKEND
+        return "cupy is not installed (pip install 'rrfp-ray[gpu]')"
+    return None
+
+
+def resolve_backend(*, backend: LinkBackend) -> LinkBackend:
+    """The backend ``join_group`` takes: ``auto`` is NCCL when this process sees CUDA and
+    cupy imports, else gloo; resolve it once, where the stage actors will run, and hand
+    every rank the same answer."""
+    if not isinstance(backend, LinkBackend):
+        raise TypeError(f"backend must be a LinkBackend, got {backend!r}")
+    if backend is not LinkBackend.AUTO:
+        return backend
+    return LinkBackend.NCCL if nccl_missing() is None else LinkBackend.GLOO
 
 
 def host_group(*, name: str) -> str:
@@ -172,7 +174,7 @@ def host_group(*, name: str) -> str:
 
 
 def join_group(
-    *, name: str, address: str, rank: int, world_size: int, backend: str, timeout_s: float
+    *, name: str, address: str, rank: int, world_size: int, backend: LinkBackend, timeout_s: float
 ) -> None:
     """On every rank (0 included): join group ``name``; blocks until all ranks join (gloo).
 
@@ -181,18 +183,15 @@ def join_group(
     so a driver issues the joins of all groups at once, in one group order for every
     actor, then waits for them all.
     """
-    if backend not in (GLOO_BACKEND, NCCL_BACKEND):
-        raise ValueError(
-            f"backend must be {GLOO_BACKEND!r} or {NCCL_BACKEND!r} "
-            f"(see resolve_backend), got {backend!r}"
-        )
+    if backend not in (LinkBackend.GLOO, LinkBackend.NCCL):
+        raise ValueError(f"backend must be LinkBackend.GLOO or LinkBackend.NCCL (see resolve_backend), got {backend!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if backend == NCCL_BACKEND:
+    if backend is LinkBackend.NCCL:
         if not col.nccl_available():
             raise RuntimeError(f"group {name!r}: backend 'nccl' needs cupy and a GPU here")
         col.init_collective_group(world_size, rank, backend=NCCL_BACKEND, group_name=name)

@@ -152,7 +152,7 @@ class PipelineDriver:
                 iteration=iteration,
                 layout=layout,
                 policy=policy,
-                cap=cap or self.pipeline.parsed_cap,
+                cap=cap or self.pipeline.cap,
                 buffer_limit=self.pipeline.buffer_limit,
                 tp_protocol=self.pipeline.tp_protocol,
             )

@@ -10,10 +10,11 @@ import torch
 from actors import collective
 from actors.dashboard import ProfiledExecutor, StageMetrics
 from rrfp_ray.observe.telemetry import OpEvent, StageStats
-from rrfp_ray.policy.agreement import TPContext
+from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.tcp_gather import TcpGather
+from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.runtime.worker import Executor, StageWorker, Workload
 from rrfp_ray.schedule.deps import Layout, Link
 from rrfp_ray.train.checkpoint import StageFile
@@ -40,7 +41,7 @@ class StageActor:
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
 
-    def join_group(self, *, name: str, address: str, rank: int, world_size: int, backend: str) -> None:
+    def join_group(self, *, name: str, address: str, rank: int, world_size: int, backend: LinkBackend) -> None:
         collective.join_group(
             name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
         )
@@ -82,7 +83,7 @@ class StageActor:
         self._executor = ProfiledExecutor(workload.executor(stage=self.stage, layout=layout), stage=self.stage)
 
     def run_iteration(
-        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int, tp_protocol: str
+        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int, tp_protocol: TPProtocol
     ) -> tuple[list[OpEvent], StageStats]:
         if self._worker is None or self._workload is None or self._executor is None:
             raise RuntimeError(f"stage {self.stage}: run_iteration before connect() and set_workload()")
@@ -105,7 +106,7 @@ class StageActor:
         collective.all_reduce_sum(group=self._everyone, tensor=tensor)
         return float(tensor)
 
-    def _tp_context(self, *, protocol: str) -> TPContext:
+    def _tp_context(self, *, protocol: TPProtocol) -> TPContext:
         return TPContext(
             rank=self.tp_rank,
             size=self.tp_size,

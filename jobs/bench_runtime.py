@@ -7,6 +7,8 @@ over the fixed baseline (1f1b, or interleaved when --chunks > 1), measured and p
 
     python jobs/bench_runtime.py --scenario lognormal --sigma 0.3 --microbatches 16
 
+With --trace FILE the trace's P, M and v set --stages, --microbatches and --chunks.
+
 With --tp T each stage is T actors that agree on their ops (`rrfp_ray.policy.agreement`); it also
 prints the TP-coordination share of the stages' time, the disagreements, rounds per
 iteration (summed over stages; rank 0 of each) and ms per round. --rank-comm gives each TP
@@ -46,6 +48,7 @@ FLAGS = {
     "t_f": "--t-f",
     "params": "scenario parameters",
 }
+SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
@@ -54,9 +57,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
-    pipe.add_argument("--stages", type=int, default=4)
-    pipe.add_argument("--chunks", type=int, default=1)
-    pipe.add_argument("--microbatches", type=int, default=16)
+    for name, key, default in SHAPE:
+        help = f"default {default}; with --trace, the trace's {key}"
+        pipe.add_argument(f"--{name}", type=int, default=None, help=help)
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
@@ -82,6 +85,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
     if args.rank_comm and (args.tp < 2 or args.trace):
         parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
+    shape_from_trace(parser, args)
     baseline = "1f1b" if args.chunks == 1 else "interleaved"
     names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
     names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
@@ -108,6 +112,27 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         except ValueError as error:
             parser.error(f"--policies: {error}")
     return args, pipeline, traces, names
+
+
+def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill --stages, --microbatches and --chunks from --trace (a flag given as well must agree), else the defaults."""
+    from rrfp_ray.sim.variability import Trace
+
+    trace = None
+    if args.trace is not None:
+        try:
+            trace = Trace.load(args.trace)
+        except (OSError, ValueError) as error:
+            parser.error(f"--trace {args.trace}: {error}")
+    for name, key, default in SHAPE:
+        given = getattr(args, name)
+        if trace is None:
+            setattr(args, name, default if given is None else given)
+            continue
+        found = getattr(trace, name)
+        if given is not None and given != found:
+            parser.error(f"--{name} {given} disagrees with --trace {args.trace}, whose {key} is {found}")
+        setattr(args, name, found)
 
 
 def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str, list]:
@@ -149,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
     from rrfp_ray.sim.simulator import simulate
 
-    cap = pipeline.parsed_cap
+    cap = pipeline.cap
     simulated = {
         name: simulate(
             policy=pipeline.resolved_policy(name), trace=trace, cap=cap, buffer_limit=pipeline.buffer_limit

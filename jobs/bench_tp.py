@@ -20,6 +20,7 @@ import argparse
 import statistics
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.runtime.local import LocalPipeline
@@ -28,7 +29,7 @@ from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.sim.variability import generate
 
 
-def _runs(args: argparse.Namespace, *, tp: int, protocol: str, per_rank: bool) -> list[IterationReport]:
+def _runs(args: argparse.Namespace, *, cap: Cap, tp: int, protocol: TPProtocol, per_rank: bool) -> list[IterationReport]:
     policy = make_policy(name=args.policy, stages=args.stages, chunks=1, microbatches=args.microbatches)
     layout = Layout(stages=args.stages, chunks=1, microbatches=args.microbatches, split=policy.split)
     reports = []
@@ -55,7 +56,7 @@ def _runs(args: argparse.Namespace, *, tp: int, protocol: str, per_rank: bool) -
                 pipeline.run_iteration(
                     iteration=i,
                     policy=policy,
-                    cap=Cap.parse(args.cap),
+                    cap=cap,
                     executors=executors,
                     protocol=protocol,
                     k=args.k,
@@ -92,9 +93,13 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    try:
+        cap = Cap.parse(args.cap)
+    except ValueError as error:
+        parser.error(f"--cap: {error}")
     ops = 2 * args.microbatches
     print(
-        f"PP={args.stages} x TP={args.tp}, M={args.microbatches}, {args.policy}, cap {args.cap}, "
+        f"PP={args.stages} x TP={args.tp}, M={args.microbatches}, {args.policy}, cap {cap}, "
         f"t_f={args.t_f:g} ms, lognormal sigma={args.sigma:g}, {args.iterations} iterations"
     )
     print(
@@ -102,11 +107,12 @@ def main() -> None:
         "| median makespan ms |"
     )
     print("|---|---|---|---|---|---|---|")
-    print(_row("no TP", _runs(args, tp=1, protocol="first", per_rank=False), ops=ops))
+    print(_row("no TP", _runs(args, cap=cap, tp=1, protocol=TPProtocol.FIRST, per_rank=False), ops=ops))
     for per_rank in (False, True):
-        for protocol in ("first", "common"):
-            name = f"{protocol}, {'per-rank' if per_rank else 'shared'} jitter"
-            print(_row(name, _runs(args, tp=args.tp, protocol=protocol, per_rank=per_rank), ops=ops), flush=True)
+        for protocol in TPProtocol:
+            name = f"{protocol.value}, {'per-rank' if per_rank else 'shared'} jitter"
+            runs = _runs(args, cap=cap, tp=args.tp, protocol=protocol, per_rank=per_rank)
+            print(_row(name, runs, ops=ops), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -35,3 +36,46 @@ def test_rank_comm_gives_each_tp_rank_the_same_compute_and_its_own_latencies() -
     assert traces[0].commF != traces[1].commF
     _, _, shared, _ = bench_runtime.parse(argv)
     assert shared == traces[:1]
+
+
+def _trace_file(tmp_path: Path) -> str:
+    from rrfp_ray.sim.variability import generate
+
+    path = tmp_path / "trace.json"
+    trace = generate(scenario="lognormal", stages=2, microbatches=6, chunks=2, seed=3, t_f=5.0, sigma=0.3)
+    path.write_text(json.dumps(trace.to_json()))
+    return str(path)
+
+
+def test_a_trace_file_sets_the_pipeline_shape(tmp_path: Path) -> None:
+    path = _trace_file(tmp_path)
+    _, pipeline, traces, names = bench_runtime.parse(["--trace", path])
+    assert (pipeline.stages, pipeline.microbatches, pipeline.chunks) == (2, 6, 2)
+    assert (traces[0].stages, traces[0].microbatches, traces[0].chunks) == (2, 6, 2)
+    assert names[0] == "interleaved"  # the baseline follows the trace's v
+    _, agreeing, _, _ = bench_runtime.parse(["--trace", path, "--stages", "2", "--chunks", "2"])
+    assert agreeing == pipeline
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--stages", "4"], "--stages 4 disagrees with --trace {path}, whose P is 2"),
+        (["--microbatches", "16"], "--microbatches 16 disagrees with --trace {path}, whose M is 6"),
+        (["--chunks", "1"], "--chunks 1 disagrees with --trace {path}, whose v is 2"),
+    ],
+)
+def test_a_flag_that_contradicts_the_trace_names_both(tmp_path: Path, flags: list[str], expected: str, capsys) -> None:
+    path = _trace_file(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_runtime.parse(["--trace", path, *flags])
+    assert exit_info.value.code == 2
+    assert expected.format(path=path) in capsys.readouterr().err
+
+
+def test_an_unreadable_trace_is_named(tmp_path: Path, capsys) -> None:
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exit_info:
+        bench_runtime.parse(["--trace", str(tmp_path / "bad.json")])
+    assert exit_info.value.code == 2
+    assert f"--trace {tmp_path / 'bad.json'}:" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import torch
 
 from actors import collective
 from actors.collective import GLOO_BACKEND, Channel
+from rrfp_ray.runtime.transport import LinkBackend
 
 TIMEOUT_S = 20.0
 HANG_GUARD_S = 60.0
@@ -33,7 +34,7 @@ class Peer:
             address=address,
             rank=rank,
             world_size=world_size,
-            backend=GLOO_BACKEND,
+            backend=LinkBackend.GLOO,
             timeout_s=TIMEOUT_S,
         )
 
@@ -143,30 +144,31 @@ def pair(ray_session):
         ray.kill(actor)
 
 
-def test_resolve_backend_names():
-    assert collective.resolve_backend(backend="gloo") == GLOO_BACKEND
-    assert collective.resolve_backend(backend=GLOO_BACKEND) == GLOO_BACKEND
-    assert collective.resolve_backend(backend="nccl") == "nccl"
+def test_resolve_backend_keeps_an_explicit_choice():
+    assert collective.resolve_backend(backend=LinkBackend.GLOO) is LinkBackend.GLOO
+    assert collective.resolve_backend(backend=LinkBackend.NCCL) is LinkBackend.NCCL
 
 
 def test_resolve_auto_falls_back_to_gloo(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert collective.resolve_backend(backend="auto") == GLOO_BACKEND
+    assert "CUDA" in collective.nccl_missing()
+    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.GLOO
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy fails
-    assert collective.resolve_backend(backend="auto") == GLOO_BACKEND
+    assert "cupy" in collective.nccl_missing()
+    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.GLOO
 
 
 def test_bad_arguments_name_the_field():
-    with pytest.raises(ValueError, match="backend"):
-        collective.resolve_backend(backend="mpi")
+    with pytest.raises(TypeError, match="backend"):
+        collective.resolve_backend(backend="gloo")
     with pytest.raises(ValueError, match="backend"):
         collective.join_group(
-            name="g", address="h:1", rank=0, world_size=2, backend="auto", timeout_s=1.0
+            name="g", address="h:1", rank=0, world_size=2, backend=LinkBackend.AUTO, timeout_s=1.0
         )
     with pytest.raises(ValueError, match="rank"):
         collective.join_group(
-            name="g", address="h:1", rank=2, world_size=2, backend=GLOO_BACKEND, timeout_s=1.0
+            name="g", address="h:1", rank=2, world_size=2, backend=LinkBackend.GLOO, timeout_s=1.0
         )
     with pytest.raises(ValueError, match="timeout_s"):
         Channel(group="g", peer=1, timeout_s=0.0, name="activations 0->1")

@@ -13,7 +13,7 @@ from torch import nn
 
 from rrfp_ray.models.gpt import GPT, Block, GPTConfig, lm_loss
 from rrfp_ray.models.tp import TPBlock, TPLayers, check_tp, shard_block_tensors
-from rrfp_ray.policy.agreement import Agreement, TPContext, decide, offer, op_id
+from rrfp_ray.policy.agreement import Agreement, TPContext, TPProtocol, decide, offer, op_id
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.runtime.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
@@ -41,16 +41,16 @@ def test_op_ids_are_distinct_per_action():
 
 
 def test_first_protocol_runs_only_a_unanimous_first_choice():
-    assert decide(protocol="first", gathered=[[7], [7]]) == 7
-    assert decide(protocol="first", gathered=[[7], [8]]) is None
-    assert decide(protocol="first", gathered=[[7], [-1]]) is None
-    assert decide(protocol="first", gathered=[[-1], [-1]]) is None
+    assert decide(protocol=TPProtocol.FIRST, gathered=[[7], [7]]) == 7
+    assert decide(protocol=TPProtocol.FIRST, gathered=[[7], [8]]) is None
+    assert decide(protocol=TPProtocol.FIRST, gathered=[[7], [-1]]) is None
+    assert decide(protocol=TPProtocol.FIRST, gathered=[[-1], [-1]]) is None
 
 
 def test_common_protocol_runs_rank_zeros_best_op_that_every_rank_has():
-    assert decide(protocol="common", gathered=[[3, 5, 9], [9, 5, -1], [5, 9, 1]]) == 5
-    assert decide(protocol="common", gathered=[[3, -1], [4, -1]]) is None
-    assert decide(protocol="common", gathered=[[-1, -1], [-1, -1]]) is None
+    assert decide(protocol=TPProtocol.COMMON, gathered=[[3, 5, 9], [9, 5, -1], [5, 9, 1]]) == 5
+    assert decide(protocol=TPProtocol.COMMON, gathered=[[3, -1], [4, -1]]) is None
+    assert decide(protocol=TPProtocol.COMMON, gathered=[[-1, -1], [-1, -1]]) is None
 
 
 def test_offer_pads_to_the_round_width():
@@ -60,8 +60,8 @@ def test_offer_pads_to_the_round_width():
 
 def test_tp_context_rejects_bad_fields():
     gather, reduce = (lambda ids: [ids]), (lambda t: t)
-    with pytest.raises(ValueError, match="protocol"):
-        TPContext(rank=0, size=1, all_gather=gather, all_reduce=reduce, protocol="vote")
+    with pytest.raises(TypeError, match="protocol"):
+        TPContext(rank=0, size=1, all_gather=gather, all_reduce=reduce, protocol="first")
     with pytest.raises(ValueError, match="rank"):
         TPContext(rank=2, size=2, all_gather=gather, all_reduce=reduce)
 
@@ -119,7 +119,9 @@ def test_rounds_over_threads_agree_even_when_ready_sets_differ(protocol, rounds,
     chosen: dict[int, list] = {}
 
     def rank(r: int) -> None:
-        tp = TPContext(rank=r, size=2, all_gather=group.member(r), all_reduce=lambda x: x, protocol=protocol, k=3)
+        tp = TPContext(
+            rank=r, size=2, all_gather=group.member(r), all_reduce=lambda x: x, protocol=TPProtocol(protocol), k=3
+        )
         agreement = Agreement(tp=tp)
         action = agreement.round(views[r])
         if action is None:  # the late rank caught up before the next round
@@ -219,7 +221,7 @@ def _tp_pipeline(*, policy_name: str, protocol: str, slow_rank: int | None, tp: 
             for t in range(tp)
         ]
         report = pipeline.run_iteration(
-            iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, protocol=protocol
+            iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, protocol=TPProtocol(protocol)
         )
     return run, report, executors
 

@@ -20,6 +20,7 @@ every rank runs the same list.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,14 @@ from torch import Tensor
 
 from rrfp_ray.schedule.actions import Action, Kind
 
-PROTOCOLS = ("first", "common")
+
+class TPProtocol(enum.Enum):
+    """How the ranks of a TP group agree on their next op (see the module's docstring)."""
+
+    FIRST = "first"
+    COMMON = "common"
+
+
 NONE = -1
 _KINDS = (Kind.F, Kind.B, Kind.W)
 _CHUNK_BITS = 16
@@ -49,7 +57,7 @@ class TPContext:
     size: int
     all_gather: Callable[[list[int]], list[list[int]]]  # every rank's list, in rank order
     all_reduce: Callable[[Tensor], Tensor]  # sum over the group, for the TP layers
-    protocol: str = "first"
+    protocol: TPProtocol = TPProtocol.FIRST
     k: int = 4  # ops each rank offers per round under `common`
     poll_s: float = 0.002  # after a round that decided nothing: how long to wait for an arrival before the next
     idle_s: float = 0.05  # with nothing eligible: the longest wait for an arrival before joining a round anyway
@@ -59,8 +67,8 @@ class TPContext:
             raise ValueError(f"size must be >= 1, got {self.size}")
         if not 0 <= self.rank < self.size:
             raise ValueError(f"rank must be in [0, {self.size}), got {self.rank}")
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if not isinstance(self.protocol, TPProtocol):
+            raise TypeError(f"protocol must be a TPProtocol, got {self.protocol!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.poll_s <= 0 or self.idle_s <= 0:
@@ -69,7 +77,7 @@ class TPContext:
     @property
     def width(self) -> int:
         """How many op ids each rank offers per round."""
-        return 1 if self.protocol == "first" else self.k
+        return 1 if self.protocol is TPProtocol.FIRST else self.k
 
 
 def offer(*, candidates: list[Action], width: int) -> list[int]:
@@ -78,14 +86,12 @@ def offer(*, candidates: list[Action], width: int) -> list[int]:
     return ids + [NONE] * (width - len(ids))
 
 
-def decide(*, protocol: str, gathered: list[list[int]]) -> int | None:
+def decide(*, protocol: TPProtocol, gathered: list[list[int]]) -> int | None:
     """The op every rank runs after this round, or None: another round."""
-    if protocol == "first":
+    if protocol is TPProtocol.FIRST:
         firsts = {ids[0] for ids in gathered}
         return firsts.pop() if len(firsts) == 1 and NONE not in firsts else None
-    if protocol == "common":
-        return next((op for op in gathered[0] if op != NONE and all(op in ids for ids in gathered[1:])), None)
-    raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    return next((op for op in gathered[0] if op != NONE and all(op in ids for ids in gathered[1:])), None)
 
 
 class Agreement:

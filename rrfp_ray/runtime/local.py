@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from torch import Tensor
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports
-from rrfp_ray.policy.agreement import TPContext
+from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.transport import Channel, local_channels
@@ -73,7 +73,7 @@ class LocalPipeline:
         executors: Sequence[Executor],
         buffer_limit: int | None = None,
         latency: Callable[[Message], float] | None = None,
-        protocol: str = "first",
+        protocol: TPProtocol = TPProtocol.FIRST,
         k: int = 4,
     ) -> IterationReport:
         """`protocol` and `k`: how TP ranks agree (`rrfp_ray.policy.agreement`); unused without TP."""

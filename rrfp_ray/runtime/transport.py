@@ -7,6 +7,7 @@ A `Channel` is one direction of one link; the collective implementation lives in
 
 from __future__ import annotations
 
+import enum
 import queue
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +22,15 @@ MAX_DIMS = HEADER_LEN - 6
 _KIND_CODE = {Kind.F: 1, Kind.B: 2}
 _STOP = 0
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8)
+
+
+class LinkBackend(enum.Enum):
+    """Which collective library carries the links: `auto` is NCCL where CUDA and cupy are
+    present, else gloo (`actors/collective.py` resolves it)."""
+
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
 
 
 class Channel(Protocol):

@@ -86,7 +86,7 @@ class LocalBackend:
         return self._pipeline.run_iteration(
             iteration=iteration,
             policy=policy,
-            cap=config.parsed_cap,
+            cap=config.cap,
             executors=self.executors,
             buffer_limit=config.buffer_limit,
             latency=self._workload.latency,

@@ -3,13 +3,15 @@ naming its field, raised before any actor starts."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rrfp_ray.models.gpt import GPTConfig
+from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.validate import parse_order
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
@@ -18,28 +20,38 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
 class PipelineConfig(BaseModel):
+    """Strings given for `cap`, `backend` and `tp_protocol` are parsed here, once; the fields
+    hold a `Cap`, a `LinkBackend` and a `TPProtocol`."""
+
     model_config = _STRICT
 
     stages: int = Field(4, ge=1, description="P: pipeline stages (one actor each)")
     chunks: int = Field(1, ge=1, description="v: model chunks per stage (v > 1: interleaved)")
     microbatches: int = Field(8, ge=1, description="M: microbatches per iteration")
     policy: str = Field("bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw, cpw")
-    cap: str = Field("2x", description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'")
+    cap: Cap = Field(
+        Cap(multiple=2.0),
+        description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf' (text is parsed)",
+    )
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
     link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collective backend for the links")
+    backend: LinkBackend = Field(LinkBackend.AUTO, description="collective backend for the links: auto, gloo or nccl")
     tp: int = Field(1, ge=1, description="T: tensor-parallel ranks (actors) per stage")
-    tp_protocol: Literal["first", "common"] = Field(
-        "common", description="TP agreement: all-gather each rank's first choice, or its k best and run the best common one"
+    tp_protocol: TPProtocol = Field(
+        TPProtocol.COMMON,
+        description="TP agreement: all-gather each rank's first choice, or its k best and run the best common one",
     )
     hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage, for policies hint/ready-hint")
 
-    @field_validator("cap")
+    @field_validator("cap", mode="plain")
     @classmethod
-    def _cap(cls, value: str) -> str:
-        Cap.parse(value)
-        return value
+    def _cap(cls, value: Any) -> Cap:
+        if isinstance(value, Cap):
+            return value
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            return Cap.parse(str(value))
+        raise ValueError(f"cap must be a Cap or text like '2x', '6' or 'inf', got {value!r}")
 
     @model_validator(mode="after")
     def _policy_fits(self) -> PipelineConfig:
@@ -57,7 +69,8 @@ class PipelineConfig(BaseModel):
 
     @property
     def parsed_cap(self) -> Cap:
-        return Cap.parse(self.cap)
+        """Deprecated alias of `cap` (which now holds the parsed `Cap`); goes in the next release."""
+        return self.cap
 
     def resolved_policy(self, name: str) -> Policy:
         hint = None
