@@ -18,15 +18,28 @@ def init_ray(*, num_cpus: int, log_to_driver: bool = True) -> bool:
     """Connect this process to Ray; returns True if it started a local Ray (the caller shuts it down).
 
     Under `ray job submit` (RAY_ADDRESS set) it attaches, and the job's runtime env applies.
-    Otherwise it starts a local Ray declaring `num_cpus` logical CPUs, one per stage actor.
+    Otherwise it starts a local Ray declaring `num_cpus` logical CPUs, one per stage actor:
+    always a new one (`address="local"`), never the cluster a leftover `ray_current_cluster`
+    file in Ray's temp dir names (a Ray that died without `ray stop` leaves it behind).
     """
     if ray.is_initialized():
         return False
-    if os.environ.get("RAY_ADDRESS"):
+    if attaching():
         ray.init(address=os.environ["RAY_ADDRESS"])
         return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver, runtime_env={"env_vars": WORKER_ENV})
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=log_to_driver,
+        runtime_env={"env_vars": WORKER_ENV},
+    )
     return True
+
+
+def attaching() -> bool:
+    """Whether `init_ray` attaches to a running cluster (RAY_ADDRESS set) rather than start one here."""
+    return bool(os.environ.get("RAY_ADDRESS"))
 
 
 def start_ray(*, num_cpus: int) -> str:
