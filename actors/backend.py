@@ -29,6 +29,8 @@ from rrfp_ray.train.workload import ModelWorkload
 
 class RayBackend:
     def __init__(self, *, gpus_per_stage: float = 0.0) -> None:
+        if gpus_per_stage < 0:
+            raise ValueError(f"gpus_per_stage must be >= 0, got {gpus_per_stage:g}")
         self.gpus_per_stage = gpus_per_stage
         self.driver: ray.actor.ActorHandle | None = None
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it

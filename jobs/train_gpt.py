@@ -108,6 +108,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     add_scenario_flags(parser, default="multimodal")
     parser.set_defaults(t_f=10.0)
     args = parser.parse_args(argv)
+    if args.gpus_per_stage < 0:
+        parser.error(f"--gpus-per-stage must be >= 0, got {args.gpus_per_stage:g}")
+    if args.gpu and args.gpus_per_stage not in (0, 1):
+        parser.error(f"--gpu means --gpus-per-stage 1; it contradicts --gpus-per-stage {args.gpus_per_stage:g}")
     try:
         run = RunConfig(
             model={"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size},
@@ -146,7 +150,30 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         config_error(parser, error, flags=FLAGS)
     except ValueError as error:
         parser.error(str(error))
+    check_local_devices(parser, args=args, run=run)
     return args, run
+
+
+def check_local_devices(parser: argparse.ArgumentParser, *, args: argparse.Namespace, run: RunConfig) -> None:
+    """Without a cluster to attach to, the stages run on this machine: NCCL links and GPUs must be here."""
+    from actors.local_ray import attaching
+    from rrfp_ray.runtime.transport import LinkBackend
+
+    if attaching():
+        return  # the cluster's nodes hold the GPUs; placement waits for them
+    where = "this run would start a local Ray here (set RAY_ADDRESS to run on a cluster)"
+    if run.pipeline.backend is LinkBackend.NCCL:
+        from actors.collective import nccl_missing
+
+        missing = nccl_missing()
+        if missing is not None:
+            parser.error(f"--backend nccl: {missing}; {where}")
+    if gpus_per_stage(args):
+        import torch
+
+        if not torch.cuda.is_available():
+            flag = "--gpu" if args.gpu else f"--gpus-per-stage {args.gpus_per_stage:g}"
+            parser.error(f"{flag}: no CUDA device is visible (torch.cuda.is_available() is False); {where}")
 
 
 def gpus_per_stage(args: argparse.Namespace) -> float:

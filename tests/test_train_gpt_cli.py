@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
+from rrfp_ray.runtime.transport import LinkBackend
+
+JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_gpt.py"
+sys.path.insert(0, str(JOB.parent))
 import train_gpt  # noqa: E402
 
 
@@ -55,3 +61,51 @@ def test_tp_that_does_not_divide_the_heads_is_named(capsys):
     with pytest.raises(SystemExit):
         train_gpt.parse(["--tp", "3"])
     assert "--tp 3 does not divide --n-head 4" in capsys.readouterr().err
+
+
+def _job(*flags: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # no cluster: the stages would run here
+    return subprocess.run(
+        [sys.executable, str(JOB), *flags], env=env, cwd=JOB.parent.parent, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--backend", "nccl"], "--backend nccl: no CUDA device is visible"),
+        (["--gpus-per-stage", "-1"], "--gpus-per-stage must be >= 0, got -1"),  # it used to hang
+    ],
+)
+def test_gpu_flags_without_cuda_fail_before_ray_starts(flags, expected):
+    done = _job(*flags)
+    assert done.returncode == 2
+    assert expected in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Ray" not in done.stdout  # start_ray prints what it started or attached to
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--gpu"], "--gpu: no CUDA device is visible"),
+        (["--gpus-per-stage", "0.5"], "--gpus-per-stage 0.5: no CUDA device is visible"),
+        (["--gpu", "--gpus-per-stage", "2"], "--gpu means --gpus-per-stage 1; it contradicts --gpus-per-stage 2"),
+    ],
+)
+def test_gpus_without_cuda_are_named(flags, expected, monkeypatch, capsys):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt.parse(flags)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_gpu_flags_pass_when_attaching_to_a_cluster(monkeypatch):
+    """Under RAY_ADDRESS the stages run on the cluster's nodes, not here: nothing to check locally."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    _, run = train_gpt.parse(["--backend", "nccl", "--gpu"])
+    assert run.pipeline.backend is LinkBackend.NCCL and run.train.device == "cuda"
