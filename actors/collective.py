@@ -28,6 +28,10 @@ from rrfp_ray.runtime.transport import LinkBackend
 
 GLOO_BACKEND = "rrfp_gloo"
 NCCL_BACKEND = "nccl"
+# The first Ray with ray.util.collective.backend_registry (pyproject.toml declares the same floor).
+RAY_FLOOR = (2, 56)
+if tuple(int(part) for part in ray.__version__.split(".")[:2]) < RAY_FLOOR:
+    raise ImportError(f"actors.collective needs ray >= {'.'.join(map(str, RAY_FLOOR))}, found {ray.__version__}")
 
 _NCCL_POLL_S = 50e-6
 _TORCH_REDUCE_OPS = {

@@ -49,8 +49,11 @@ def compare_png(path: str | Path, top: IterationReport, bottom: IterationReport)
 
 
 def _figure(*, rows: float) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError("pipeline diagrams need matplotlib: pip install 'rrfp-ray[plots]'") from error
 
     fig = Figure(figsize=(WIDTH_IN, 0.4 * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)

@@ -1,0 +1,67 @@
+"""pyproject.toml declares what the code needs: the floors it checks, and a core without the extras."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from actors.collective import RAY_FLOOR
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _floor(requirement: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.search(r">=([\d.]+)", requirement).group(1).split("."))
+
+
+def _named(requirements: list[str], name: str) -> str:
+    return next(r for r in requirements if re.match(rf"{name}\b(?!-)", r))
+
+
+def test_the_declared_ray_floor_is_the_one_the_collective_checks():
+    assert _floor(_named(PROJECT["dependencies"], "ray")) == RAY_FLOOR
+
+
+def test_the_pins_ci_installs_meet_every_floor():
+    pins = {}
+    for line in (ROOT / "requirements-cpu.txt").read_text().splitlines():
+        if "==" in line:
+            name, version = line.split("==")
+            pins[name.split("[")[0]] = tuple(int(part) for part in version.split(".")[:2])
+    for name in ("torch", "ray"):
+        assert pins[name] >= _floor(_named(PROJECT["dependencies"], name))[:2], name
+
+
+def test_the_core_leaves_plots_and_progress_bars_to_the_extras():
+    core = " ".join(PROJECT["dependencies"])
+    assert "matplotlib" not in core and "tqdm" not in core
+    extras = PROJECT["optional-dependencies"]
+    assert any(r.startswith("matplotlib") for r in extras["plots"])
+    assert {"matplotlib", "tqdm"} <= {re.split(r"[<>=\[]", r)[0] for r in extras["jobs"]}
+    # the CPU install path CI uses installs the extras too
+    pinned = (ROOT / "requirements-cpu.txt").read_text()
+    assert "matplotlib" in pinned and "tqdm" in pinned
+
+
+def test_the_library_imports_without_the_extras():
+    """Importing the public API (both backends) loads neither matplotlib nor tqdm."""
+    code = (
+        "import sys\n"
+        "sys.modules['matplotlib'] = sys.modules['tqdm'] = None\n"  # any import of them fails
+        "from rrfp_ray import Trainer, PipelineConfig, LocalBackend\n"
+        "from actors.backend import RayBackend\n"
+        "import rrfp_ray.observe.diagram\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_older_ray_is_refused_at_import_naming_the_floor():
+    code = "import ray\nray.__version__ = '2.55.1'\nimport actors.collective\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "actors.collective needs ray >= 2.56, found 2.55.1" in done.stderr
