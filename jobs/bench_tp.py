@@ -29,7 +29,9 @@ from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.sim.variability import generate
 
 
-def _runs(args: argparse.Namespace, *, cap: Cap, tp: int, protocol: TPProtocol, per_rank: bool) -> list[IterationReport]:
+def _runs(
+    args: argparse.Namespace, *, cap: Cap, tp: int, protocol: TPProtocol, per_rank: bool
+) -> list[IterationReport]:
     policy = make_policy(name=args.policy, stages=args.stages, chunks=1, microbatches=args.microbatches)
     layout = Layout(stages=args.stages, chunks=1, microbatches=args.microbatches, split=policy.split)
     reports = []

@@ -31,7 +31,7 @@ class PipelineConfig(BaseModel):
     policy: str = Field("bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw, cpw")
     cap: Cap = Field(
         Cap(multiple=2.0),
-        description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf' (text is parsed)",
+        description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'",
     )
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
