@@ -33,11 +33,11 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 T_F = 20.0
 PARTS = ("sim", "runtime", "peers", "tp")
-CAPS = ("1x", "2x", "inf")
+CAPS = tuple(Cap.parse(text) for text in ("1x", "2x", "inf"))
 FIXED = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
 BUFFER_SCENARIO = "multimodal+comm"
 BUFFER_LIMITS = (2, 4, 8, 16, 32, None)
-BUFFER_CAPS = ("2x", "inf")
+BUFFER_CAPS = tuple(Cap.parse(text) for text in ("2x", "inf"))
 DEFAULT_JSON = ROOT / "docs" / "results" / "suite.json"
 
 
@@ -74,7 +74,7 @@ class Run:
 
     policy: str
     chunks: int
-    cap: str | None
+    cap: Cap | None
 
     @property
     def label(self) -> str:
@@ -84,8 +84,9 @@ class Run:
         return make_policy(name=self.policy, stages=stages, chunks=self.chunks, microbatches=microbatches)
 
     @property
-    def parsed_cap(self) -> Cap:
-        return Cap.parse(self.cap or "inf")
+    def arbiter_cap(self) -> Cap:
+        """The cap the arbiter gets: none (inf) for a fixed list."""
+        return self.cap or Cap()
 
 
 def halved(*, trace: Trace, comm_from: Trace) -> Trace:
@@ -173,7 +174,7 @@ def sim_part(*, scenarios: Sequence[Scenario], stages: Sequence[int], seeds: int
                 traces = spec.traces(stages=p, microbatches=m, seed=seed)
                 for run in runs:
                     policy, trace = run.make(stages=p, microbatches=m), traces[run.chunks]
-                    report = simulate(policy=policy, trace=trace, cap=run.parsed_cap)
+                    report = simulate(policy=policy, trace=trace, cap=run.arbiter_cap)
                     cell = figures(report=report, policy=policy, trace=trace)
                     cell["lb_ratio"] = report.makespan_ms / bounds(trace=trace, split=policy.split).best_ms
                     per_seed[run.label].append(cell)
@@ -195,7 +196,7 @@ def where(spec: Scenario, run: Run, *, stages: int, microbatches: int) -> dict[s
         "microbatches": microbatches,
         "run": run.label,
         "policy": run.policy,
-        "cap": run.cap,
+        "cap": None if run.cap is None else str(run.cap),
         "chunks": run.chunks,
     }
 
@@ -221,11 +222,11 @@ def buffer_part(*, spec: Scenario, stages: Sequence[int], seeds: int) -> list[di
             buffered = 0
             for seed in range(seeds):
                 trace = spec.traces(stages=p, microbatches=m, seed=seed)[1]
-                free = simulate(policy=policy, trace=trace, cap=Cap.parse(cap))
+                free = simulate(policy=policy, trace=trace, cap=cap)
                 buffered = max(buffered, max(s.peak_buffered for s in free.stages))
                 for limit in BUFFER_LIMITS:
                     try:
-                        ms = simulate(policy=policy, trace=trace, cap=Cap.parse(cap), buffer_limit=limit).makespan_ms
+                        ms = simulate(policy=policy, trace=trace, cap=cap, buffer_limit=limit).makespan_ms
                     except DeadlockError:
                         deadlocks[limit] += 1
                         continue
@@ -237,7 +238,7 @@ def buffer_part(*, spec: Scenario, stages: Sequence[int], seeds: int) -> list[di
                         "stages": p,
                         "microbatches": m,
                         "policy": "bf",
-                        "cap": cap,
+                        "cap": str(cap),
                         "buffer_limit": limit,
                         "makespan_rel": statistics.mean(ratios[limit]) if ratios[limit] else None,
                         "makespan_rel_max": max(ratios[limit]) if ratios[limit] else None,
@@ -289,7 +290,7 @@ def meta(
         "readiness_policies": list(rules),
         "sim_stages": list(stages),
         "sim_seeds": seeds,
-        "caps": list(CAPS),
+        "caps": [str(cap) for cap in CAPS],
         "buffer_limits": list(BUFFER_LIMITS),
         "machine": f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs",
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 from benchmarks.suite import Run, Scenario, figures, where
 from rrfp_ray.observe.telemetry import IterationReport, tp_summary
+from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.sim.simulator import simulate
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def runtime_part(
                 for run in group:
                     policy = pipeline.resolved_policy(run.policy)
                     predicted = simulate(
-                        policy=policy, trace=trace, cap=run.parsed_cap, buffer_limit=pipeline.buffer_limit
+                        policy=policy, trace=trace, cap=run.arbiter_cap, buffer_limit=pipeline.buffer_limit
                     )
                     cells = [figures(report=r, policy=policy, trace=trace) for r in reports[run.label]]
                     row = {
@@ -112,7 +113,7 @@ def runtime_part(
     return part.section()
 
 
-TP_RUNS = (Run("1f1b", 1, None), Run("bf", 1, "2x"), Run("bfw", 1, "2x"))
+TP_RUNS = (Run("1f1b", 1, None), Run("bf", 1, Cap.parse("2x")), Run("bfw", 1, Cap.parse("2x")))
 
 
 def tp_workload(*, spec: Scenario, tp: int, stages: int, microbatches: int) -> Any:
@@ -186,7 +187,7 @@ def _turns(*, driver: Any, group: Sequence[Run], pipeline: Any, counter: Any, ro
     reports: dict[str, list] = {run.label: [] for run in group}
     for _ in range(rounds):
         for run in group:
-            ref = driver.run_iteration.remote(iteration=next(counter), policy=policies[run.label], cap=run.parsed_cap)
+            ref = driver.run_iteration.remote(iteration=next(counter), policy=policies[run.label], cap=run.arbiter_cap)
             reports[run.label].append(ray.get(ref))
     return reports
 
