@@ -16,6 +16,7 @@ from actors.stage_actor import StageActor
 from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.tcp_gather import Secret
 from rrfp_ray.runtime.worker import PipelineError, Workload
 from rrfp_ray.schedule.actions import place
 from rrfp_ray.schedule.deps import Layout
@@ -125,7 +126,9 @@ class PipelineDriver:
         self._gather(joins, what="collective groups to form", labels=labels)
         agreement = []
         if tp > 1:
-            agreement = self._gather([a.listen_agreement.remote() for a in self.stages], what="agreement listeners")
+            secret = Secret.generate()  # fresh for every wiring; it travels only in Ray's authenticated calls
+            listens = [a.listen_agreement.remote(secret=secret) for a in self.stages]
+            agreement = self._gather(listens, what="agreement listeners")
         self._gather(
             [
                 a.connect.remote(

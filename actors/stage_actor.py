@@ -13,7 +13,7 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.tcp_gather import TcpGather
+from rrfp_ray.runtime.tcp_gather import Secret, TcpGather
 from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.runtime.worker import Executor, StageWorker, Workload
 from rrfp_ray.schedule.deps import Layout, Link
@@ -46,10 +46,15 @@ class StageActor:
             name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
         )
 
-    def listen_agreement(self) -> str:
-        """Open this TP rank's end of its stage's agreement connections; returns its address."""
+    def listen_agreement(self, *, secret: Secret) -> str:
+        """Open this TP rank's end of its stage's agreement connections, admitting only ranks
+        that hold `secret`; returns its address."""
         self._agreement = TcpGather(
-            rank=self.tp_rank, size=self.tp_size, host=ray.util.get_node_ip_address(), timeout_s=self.timeout_s
+            rank=self.tp_rank,
+            size=self.tp_size,
+            host=ray.util.get_node_ip_address(),
+            secret=secret,
+            timeout_s=self.timeout_s,
         )
         return self._agreement.address
 
