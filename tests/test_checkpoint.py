@@ -68,3 +68,36 @@ def test_no_temp_files_are_left(tmp_path):
     _checkpoint(tmp_path, 5)
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
     assert json.loads((tmp_path / "manifest-00000005.json").read_text())["iteration"] == 5
+
+
+class _Payload:
+    """Unpickling this would create `path`: the code a tampered checkpoint could run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def test_a_checkpoint_holding_code_is_refused_and_nothing_runs(tmp_path):
+    _checkpoint(tmp_path, 5)
+    manifest = latest(directory=tmp_path, fingerprint=FP)
+    planted = tmp_path / "planted-by-the-checkpoint"
+    tampered = save_stage(directory=tmp_path, iteration=5, stage=0, state={"w": torch.zeros(3), "x": _Payload(planted)})
+    assert tampered.path == manifest.files[0].path  # the tampered file replaced a good one, digest matching
+    with pytest.raises(ValueError, match=r"holds objects other than tensors and plain data \(io.open\), so it was refused unread"):
+        load_stage(directory=tmp_path, file=tampered)
+    assert not planted.exists()
+
+
+def test_a_runner_state_round_trips_as_data(tmp_path):
+    module = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    module(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = {"chunks": {0: module.state_dict()}, "optimizer": optimizer.state_dict()}
+    loaded = load_stage(directory=tmp_path, file=save_stage(directory=tmp_path, iteration=1, stage=0, state=state))
+    assert loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    torch.testing.assert_close(loaded["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    torch.testing.assert_close(loaded["chunks"][0]["weight"], module.weight.detach())

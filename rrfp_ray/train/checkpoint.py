@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 _MANIFEST = re.compile(r"^manifest-(\d{8})\.json$")
+_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")  # how torch names what it refused
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,23 @@ def commit(*, directory: Path, manifest: Manifest) -> Path:
 
 
 def load_stage(*, directory: Path, file: StageFile) -> dict[str, Any]:
-    data = (directory / file.path).read_bytes()
+    """One stage's state: tensors and plain data only, so a tampered file cannot run code here.
+
+    The digest check catches corruption but authenticates nothing (the manifest sits beside the files).
+    """
+    path = directory / file.path
+    data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != file.sha256:
-        raise ValueError(f"checkpoint file {directory / file.path} is corrupt (its digest does not match the manifest)")
-    return torch.load(io.BytesIO(data), weights_only=False)
+        raise ValueError(f"checkpoint file {path} is corrupt (its digest does not match the manifest)")
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as error:
+        named = _GLOBAL.search(str(error))
+        raise ValueError(
+            f"checkpoint file {path} holds objects other than tensors and plain data"
+            + (f" ({named.group(1)})" if named else "")
+            + ", so it was refused unread; load only checkpoints this project wrote"
+        ) from None
 
 
 def latest(*, directory: Path, fingerprint: str) -> Manifest | None:
