@@ -13,6 +13,7 @@ rendezvous blocks until all ranks of the group have joined).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -169,10 +170,23 @@ def resolve_backend(*, backend: LinkBackend) -> LinkBackend:
 
 
 def host_group(*, name: str) -> str:
-    """On rank 0: open the group's rendezvous store and return its ``host:port``."""
+    """On rank 0: open the group's rendezvous store on the node's address and return its ``host:port``.
+
+    The store serves until the group is gone (its process group holds it; torch has no way
+    to close it sooner), and like all of torch.distributed it authenticates no one.
+    """
     host = ray.util.get_node_ip_address()
+    # A TCPStore binds every interface unless handed a bound socket; it owns the socket from here.
+    listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     # wait_for_workers=False: the store must exist before its address is published.
-    store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore(
+        host,
+        listener.getsockname()[1],
+        None,
+        is_master=True,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
     _SETUP.host(name=name, store=store)
     return f"{host}:{store.port}"
 

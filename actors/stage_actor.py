@@ -144,6 +144,14 @@ class StageActor:
     def ping(self) -> int:
         return self.stage
 
+    def listening(self) -> tuple[int, list[str]]:
+        """This actor's process id and the addresses its process listens on (Ray's own among them)."""
+        import psutil  # Ray vendors it; importable once ray is imported
+
+        process = psutil.Process()
+        sockets = process.net_connections(kind="tcp")
+        return process.pid, sorted(f"{s.laddr.ip}:{s.laddr.port}" for s in sockets if s.status == psutil.CONN_LISTEN)
+
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()

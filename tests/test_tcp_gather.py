@@ -215,3 +215,12 @@ def test_a_secret_never_shows_in_its_repr() -> None:
     assert repr(secret) == str(secret) == "Secret()"
     with pytest.raises(ValueError, match="at least 16 bytes, got 4"):
         Secret(value=b"abcd")
+
+
+def test_the_listener_closes_once_the_group_has_formed() -> None:
+    group = _group(2)
+    host, port = group[0].address.rsplit(":", 1)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5.0)
+    for g in group:
+        g.close()

@@ -83,12 +83,9 @@ class TcpGather:
         self.refused = 0  # connections closed for failing the handshake
         self._secret = secret
         self._listener = socket.create_server((host, 0), backlog=size + 16)
-        self._peers: dict[int, socket.socket] = {}
-
-    @property
-    def address(self) -> str:
         host, port = self._listener.getsockname()[:2]
-        return f"{host}:{port}"
+        self.address = f"{host}:{port}"  # where the higher ranks dial this one
+        self._peers: dict[int, socket.socket] = {}
 
     def connect(self, *, addresses: Sequence[str]) -> None:
         """Open a connection to every other rank; `addresses` lists every rank's `address`."""
