@@ -6,9 +6,10 @@ this way (`jobs/bench_runtime.py --stages 2 --tp 2`, its ms/round column); as a 
 all-reduce, which passes through its process group's worker threads, it cost about 1.7 ms.
 
 Setup is two-phase, so a driver can form every group at once: each rank binds a listener
-(`address`), then every rank calls `connect` with all ranks' addresses. A rank dials the
-lower ranks and accepts the higher ones; the kernel completes a dial before the peer
-accepts it, so the order of the `connect` calls does not matter.
+(`address`), then every rank calls `connect` with all ranks' addresses, all at once (one
+thread or actor each). A rank dials the lower ranks, then accepts the higher ones; a dial
+completes once its peer has accepted it, which rank 0 does straight away, so every rank gets
+through whatever order the calls start in.
 
 Every connection is authenticated once, when it forms, with the group's `Secret` (which the
 driver hands every rank through Ray): the listener sends a fresh nonce, the dialer answers
