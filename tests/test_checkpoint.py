@@ -86,7 +86,8 @@ def test_a_checkpoint_holding_code_is_refused_and_nothing_runs(tmp_path):
     planted = tmp_path / "planted-by-the-checkpoint"
     tampered = save_stage(directory=tmp_path, iteration=5, stage=0, state={"w": torch.zeros(3), "x": _Payload(planted)})
     assert tampered.path == manifest.files[0].path  # the tampered file replaced a good one, digest matching
-    with pytest.raises(ValueError, match=r"holds objects other than tensors and plain data \(io.open\), so it was refused unread"):
+    refused = r"holds objects other than tensors and plain data \(io.open\), so it was refused unread"
+    with pytest.raises(ValueError, match=refused):
         load_stage(directory=tmp_path, file=tampered)
     assert not planted.exists()
 
