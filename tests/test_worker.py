@@ -171,3 +171,35 @@ def test_synthetic_tp_forward_and_backward_end_after_the_later_rank_started(acti
 def test_a_synthetic_weight_pass_calls_no_tp_collective():
     took = _timed_tp_run(action="0W0", ranks=2, late_s=0.0, running=(0,))
     assert took[0] < 0.2  # rank 1 never runs it: a collective would have held rank 0 for the 5 s barrier timeout
+
+
+class _SlowStep:
+    """An executor whose optimizer step (`finish`) takes `step_s` on one stage."""
+
+    def __init__(self, inner, *, step_s: float) -> None:
+        self.inner, self.step_s = inner, step_s
+
+    def begin(self, *, iteration: int) -> None:
+        self.inner.begin(iteration=iteration)
+
+    def run(self, **kwargs):
+        return self.inner.run(**kwargs)
+
+    def finish(self, *, iteration: int, all_reduce):
+        time.sleep(self.step_s)
+        return self.inner.finish(iteration=iteration, all_reduce=all_reduce)
+
+
+def test_the_iteration_time_covers_the_optimizer_step():
+    policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
+    layout = Layout(stages=2, chunks=1, microbatches=2, split=False)
+    workload = SyntheticWorkload(trace=generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0), payload_elems=4)
+    executors = [workload.executor(stage=s, layout=layout) for s in range(2)]
+    executors[1] = _SlowStep(executors[1], step_s=0.3)
+    with LocalPipeline(layout=layout, timeout_s=20) as pipeline:
+        report = pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors)
+    slow = report.stages[1]
+    assert slow.step_ms >= 300 and slow.wall_ms >= slow.compute_ms + slow.step_ms
+    assert report.makespan_ms >= max(e.end_ms for e in report.events) + 300
+    assert report.step_ms >= 300 and report.schedule_ms == pytest.approx(report.makespan_ms - report.step_ms)
+    assert slow.blocked_ms < slow.wall_ms - slow.step_ms + 1e-9  # the step is not counted as blocked

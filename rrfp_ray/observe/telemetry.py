@@ -1,7 +1,10 @@
 """One telemetry format for the simulator and the runtime.
 
-Times are milliseconds from the iteration's start. A stage's wall time splits into
-compute (running ops), tp (TP agreement) and blocked (nothing eligible).
+Times are milliseconds from the iteration's start. A stage's wall time runs from the
+iteration's start to the end of its optimizer step, and splits into compute (running ops),
+tp (TP agreement), step (the executor's `finish`: gradient clipping with the all-reduce of
+the global norm, and the optimizer step) and blocked (nothing eligible). The simulator has
+no optimizer step: its step is 0, and its makespan is the op schedule alone.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class StageStats:
     compute_ms: float
     blocked_ms: float
     tp_ms: float = 0.0
+    step_ms: float = 0.0  # the optimizer step after the stage's last op (included in wall_ms)
     send_busy_ms: float = 0.0
     recv_busy_ms: float = 0.0
     overtakes: int = 0
@@ -51,6 +55,12 @@ class IterationReport:
     stages: list[StageStats]
     events: list[OpEvent] = field(default_factory=list)
     loss: float | None = None
+    step_ms: float = 0.0  # what the optimizer step adds to the makespan, after the last op of any stage
+
+    @property
+    def schedule_ms(self) -> float:
+        """The makespan of the op schedule alone (without the optimizer step): what the simulator models."""
+        return self.makespan_ms - self.step_ms
 
     @property
     def bubble(self) -> float:
@@ -88,17 +98,21 @@ class IterationReport:
             stages=[StageStats(**s) for s in data["stages"]],
             events=[OpEvent(**e) for e in data.get("events", [])],
             loss=data.get("loss"),
+            step_ms=data.get("step_ms", 0.0),
         )
 
 
-def stage_stats(*, stage: int, events: list[OpEvent], wall_ms: float, tp_ms: float = 0.0) -> StageStats:
+def stage_stats(
+    *, stage: int, events: list[OpEvent], wall_ms: float, tp_ms: float = 0.0, step_ms: float = 0.0
+) -> StageStats:
     compute = sum(e.end_ms - e.start_ms for e in events)
     return StageStats(
         stage=stage,
         wall_ms=wall_ms,
         compute_ms=compute,
-        blocked_ms=max(0.0, wall_ms - compute - tp_ms),
+        blocked_ms=max(0.0, wall_ms - compute - tp_ms - step_ms),
         tp_ms=tp_ms,
+        step_ms=step_ms,
         overtakes=sum(e.overtook for e in events),
     )
 
@@ -106,7 +120,8 @@ def stage_stats(*, stage: int, events: list[OpEvent], wall_ms: float, tp_ms: flo
 def merge_stage_reports(
     *, iteration: int, policy: str, results: list[tuple[list[OpEvent], StageStats]]
 ) -> IterationReport:
-    """One iteration's report from every stage's events and stats, on a common clock."""
+    """One iteration's report from every stage's events and stats, on a common clock. The
+    makespan runs from the first stage's start to the last stage's optimizer step's end."""
     origin = min(stats.started_at for _, stats in results)
     events, stages = [], []
     for stage_events, stats in results:
@@ -114,8 +129,17 @@ def merge_stage_reports(
         events += [replace(e, start_ms=e.start_ms + shift, end_ms=e.end_ms + shift, ready_ms=e.ready_ms + shift) for e in stage_events]
         stages.append(stats)
     makespan = max((s.started_at - origin) * 1e3 + s.wall_ms for s in stages)
+    ops_end = max((s.started_at - origin) * 1e3 + s.wall_ms - s.step_ms for s in stages)
     loss = next((s.loss for s in stages if s.loss is not None), None)
-    return IterationReport(iteration=iteration, policy=policy, makespan_ms=makespan, stages=stages, events=events, loss=loss)
+    return IterationReport(
+        iteration=iteration,
+        policy=policy,
+        makespan_ms=makespan,
+        stages=stages,
+        events=events,
+        loss=loss,
+        step_ms=makespan - ops_end,
+    )
 
 
 def tp_summary(reports: list[IterationReport]) -> dict[str, float]:

@@ -117,7 +117,10 @@ class StageWorker:
         tp: TPContext | None = None,
         all_reduce: Callable[[float], float] = float,
     ) -> tuple[list[OpEvent], StageStats]:
-        """Run every action of this stage for one iteration; returns its events and stats.
+        """Run every action of this stage for one iteration, then the executor's `finish` (the
+        optimizer step); returns its events and stats. The stage's wall time covers both; its
+        `step_ms` is the finish alone (with the all-reduce of the global gradient norm, which
+        waits for the slowest stage).
 
         With `tp`, this worker is one rank of its stage's TP group, and the ranks agree on
         every op before running it (`rrfp_ray.policy.agreement`), unless the policy is fixed: then
@@ -171,9 +174,10 @@ class StageWorker:
         finally:
             with self._cond:
                 self._arbiter = None
-        wall_ms = self._now()
+        ops_done = self._now()
         step = executor.finish(iteration=iteration, all_reduce=all_reduce)
-        stats = stage_stats(stage=self.stage, events=events, wall_ms=wall_ms, tp_ms=tp_ms)
+        wall_ms = self._now()  # the stage's iteration ends with its optimizer step
+        stats = stage_stats(stage=self.stage, events=events, wall_ms=wall_ms, tp_ms=tp_ms, step_ms=wall_ms - ops_done)
         if agreement is not None:
             stats.tp_rounds, stats.tp_disagreements = agreement.rounds, agreement.disagreements
             stats.tp_conflicts = agreement.conflicts
