@@ -52,7 +52,9 @@ def test_a_crashed_stage_is_rebuilt_and_the_run_ends_where_an_uninterrupted_one_
         clean_losses = [r.loss for r in clean.fit(ITERATIONS)]
         expected = _weights(clean)
     with _trainer(tmp_path / "crash", max_restarts=2) as trainer:
-        trainer.backend.executors[1] = _CrashOnce(trainer.backend.executors[1], at=crash_at)
+        executors = trainer.backend.executors
+        executors[1] = _CrashOnce(executors[1], at=crash_at)
+        trainer.backend.executors = executors
         losses = {}
         while trainer.iteration < ITERATIONS:
             iteration = trainer.iteration
@@ -65,7 +67,9 @@ def test_a_crashed_stage_is_rebuilt_and_the_run_ends_where_an_uninterrupted_one_
 
 def test_restarts_are_bounded(tmp_path):
     with _trainer(tmp_path, max_restarts=0) as trainer:
-        trainer.backend.executors[2] = _CrashOnce(trainer.backend.executors[2], at=5)
+        executors = trainer.backend.executors
+        executors[2] = _CrashOnce(executors[2], at=5)
+        trainer.backend.executors = executors
         with pytest.raises(PipelineError, match="after 0 restart"):
             trainer.step()
 

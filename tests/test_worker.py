@@ -200,6 +200,7 @@ def test_the_iteration_time_covers_the_optimizer_step():
         report = pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors)
     slow = report.stages[1]
     assert slow.step_ms >= 300 and slow.wall_ms >= slow.compute_ms + slow.step_ms
-    assert report.makespan_ms >= max(e.end_ms for e in report.events) + 300
-    assert report.step_ms >= 300 and report.schedule_ms == pytest.approx(report.makespan_ms - report.step_ms)
+    assert report.makespan_ms >= max(e.end_ms for e in report.events if e.stage == 1) + 300
+    assert report.schedule_ms >= max(e.end_ms for e in report.events)  # the ops alone, without the step
+    assert report.schedule_ms == pytest.approx(report.makespan_ms - report.step_ms)
     assert slow.blocked_ms < slow.wall_ms - slow.step_ms + 1e-9  # the step is not counted as blocked

@@ -1,34 +1,135 @@
 """All stages of a pipeline in one process, one thread per stage (per TP rank), over in-memory channels.
 
-Same workers, arbiters and telemetry as on Ray; for tests and debugging.
+Same workers, arbiters, telemetry and orchestration (`rrfp_ray.runtime.group`) as on Ray;
+for tests and debugging. `ThreadStages` is the in-process `Fabric`, `ThreadStage` its
+`StageHandle`; `LocalPipeline` drives them with executors given per iteration.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from torch import Tensor
 
-from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports
+from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.transport import Channel, local_channels
-from rrfp_ray.runtime.worker import Executor, PipelineError, StageWorker
+from rrfp_ray.runtime.worker import Executor, PipelineError, StageWorker, Workload
 from rrfp_ray.schedule.deps import Layout, Message
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+_SLACK_S = 5.0  # how much longer than a stage's own timeout the fabric waits for its answer
 
 
-class LocalPipeline:
-    """With `tp` > 1 every stage is `tp` workers, one per TP rank (index `stage * tp + rank`
-    in `workers` and in the executors); rank t of a stage talks to rank t of its neighbours,
-    and the ranks of a stage agree on every op. `wrap(rank, channel)` wraps every inbound
-    channel of TP rank `rank` (tests delay one rank's receives with it)."""
+@dataclass
+class _Round:
+    """What the workers of one iteration share: the float all-reduce of the optimizer step and
+    each stage's TP agreement all-gather (fresh each iteration: a failed one leaves them broken)."""
+
+    all_reduce: ThreadAllReduce
+    agree: list[ThreadAllGather]
+    joined: set[int] = field(default_factory=set)
+
+
+class ThreadStage:
+    """One stage (one TP rank of it) as a `StageHandle`: its calls run in order on a thread of
+    its own and return futures. `executor` and `latency` are what its workload gave it."""
+
+    def __init__(self, *, index: int, worker: StageWorker, tp: int, stages: ThreadStages) -> None:
+        self.index = index
+        self.worker = worker
+        self.rank = index % tp
+        self.tp = tp
+        self.label = f"stage {worker.stage}" + (f" TP rank {self.rank}" if tp > 1 else "")
+        self.executor: Executor | None = None
+        self.latency: Callable[[Message], float] | None = None
+        self._stages = stages
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.label)
+
+    def set_workload(self, *, workload: Workload, layout: Layout) -> Future:
+        """Built at once in the caller's thread: models built in parallel threads would race for torch's global RNG."""
+        done: Future = Future()
+        try:
+            self._set_workload(workload=workload, layout=layout)
+            done.set_result(None)
+        except Exception as error:  # reported by the fabric's wait, naming this stage
+            done.set_exception(error)
+        return done
+
+    def run_iteration(
+        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
+    ) -> Future:
+        shared = self._stages.join_round(self.index)
+        tp = None
+        if self.tp > 1:
+            tp = TPContext(
+                rank=self.rank,
+                size=self.tp,
+                all_gather=shared.agree[self.worker.stage].member(self.rank),
+                all_reduce=self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank),
+                protocol=tp_protocol,
+            )
+        return self._thread.submit(
+            self._run_iteration,
+            iteration=iteration,
+            layout=layout,
+            policy=policy,
+            cap=cap,
+            buffer_limit=buffer_limit,
+            all_reduce=shared.all_reduce,
+            tp=tp,
+        )
+
+    def evaluate(self, *, chunk: int, inputs: Future | None, index: int) -> Future:
+        def forward() -> Tensor:
+            given = None if inputs is None else inputs.result(timeout=self.worker.timeout_s)
+            return self._executor().evaluate(chunk=chunk, inputs=given, index=index)
+
+        return self._thread.submit(forward)
+
+    def save(self, *, directory: str, iteration: int) -> Future:
+        shard = self.index
+        return self._thread.submit(lambda: self._executor().save(directory=Path(directory), iteration=iteration, shard=shard))
+
+    def load(self, *, directory: str, file: Any) -> Future:
+        return self._thread.submit(lambda: self._executor().load(directory=Path(directory), file=file))
+
+    def close(self) -> None:
+        self.worker.close()
+        self._thread.shutdown(wait=True)
+
+    def _set_workload(self, *, workload: Workload, layout: Layout) -> None:
+        if self.tp > 1:
+            all_reduce = self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank)
+            workload = workload.with_tp(rank=self.rank, size=self.tp, all_reduce=all_reduce)
+        self.executor = workload.executor(stage=self.worker.stage, layout=layout)
+        self.latency = workload.latency
+
+    def _run_iteration(self, **kwargs: Any) -> Any:
+        return self.worker.run_iteration(executor=self._executor(), latency=self.latency, **kwargs)
+
+    def _executor(self) -> Executor:
+        if self.executor is None:
+            raise RuntimeError(f"{self.label}: no workload yet (set_workload first)")
+        return self.executor
+
+
+class ThreadStages:
+    """The in-process `Fabric`: with `tp` > 1 every stage is `tp` workers, one per TP rank;
+    rank t of a stage talks to rank t of its neighbours. `wrap(rank, channel)` wraps every
+    inbound channel of TP rank `rank` (tests delay one rank's receives with it)."""
 
     def __init__(
         self,
@@ -43,26 +144,93 @@ class LocalPipeline:
             raise ValueError(f"tp must be >= 1, got {tp}")
         self.layout = layout
         self.timeout_s = timeout_s
+        self.link_timeout_s = link_timeout_s
         self.tp = tp
-        channels = [local_channels(layout=layout, timeout_s=link_timeout_s) for _ in range(tp)]
-        self.workers = [
+        self.wrap = wrap
+        self.handles: list[ThreadStage] = []
+        self._tensor_groups: list[ThreadAllGather] = []
+        self._round: _Round | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> list[ThreadStage]:
+        layout, tp = self.layout, self.tp
+        channels = [local_channels(layout=layout, timeout_s=self.link_timeout_s) for _ in range(tp)]
+        wrap = self.wrap or (lambda _, channel: channel)
+        workers = [
             StageWorker(
                 stage=s,
-                inbound={
-                    link: ch if wrap is None else wrap(t, ch) for link, ch in channels[t].items() if link.dst == s
-                },
+                inbound={link: wrap(t, ch) for link, ch in channels[t].items() if link.dst == s},
                 outbound={link: ch for link, ch in channels[t].items() if link.src == s},
-                timeout_s=timeout_s,
+                timeout_s=self.timeout_s,
             )
             for s in range(layout.stages)
             for t in range(tp)
         ]
-        self._tensor_groups = [ThreadAllGather(parties=tp, timeout_s=timeout_s) for _ in range(layout.stages)]
-        self._pool = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="stage")
+        self._tensor_groups = [ThreadAllGather(parties=tp, timeout_s=self.timeout_s) for _ in range(layout.stages)]
+        self._round = None
+        self.handles = [ThreadStage(index=i, worker=w, tp=tp, stages=self) for i, w in enumerate(workers)]
+        logger.info("%d stage threads up (%d stages x %d TP ranks)", len(self.handles), layout.stages, tp)
+        return list(self.handles)
+
+    def wait(self, pending: list[Future], *, labels: list[str], what: str) -> list:
+        timeout_s = self.timeout_s + _SLACK_S
+        _, late = wait_all(pending, timeout=timeout_s)
+        failures = [
+            f"{label} failed during {what}: {future.exception()}"
+            for future, label in zip(pending, labels)
+            if future not in late and future.exception() is not None
+        ]
+        if failures:
+            raise PipelineError("\n".join(failures))
+        if late:
+            names = ", ".join(label for future, label in zip(pending, labels) if future in late)
+            raise PipelineError(f"{what}: no answer within {timeout_s:g} s from {names}")
+        return [future.result() for future in pending]
+
+    def stop(self, *, graceful: bool) -> None:
+        """All at once (a worker's receive threads end on its neighbours' STOP); the threads end either
+        way: after a failure, on broken links, within their timeout."""
+        with ThreadPoolExecutor(max_workers=max(1, len(self.handles))) as pool:
+            list(pool.map(ThreadStage.close, self.handles))
+        self.handles = []
 
     def tp_all_reduce(self, *, stage: int, rank: int) -> Callable[[Tensor], Tensor]:
         """The tensor sum over `stage`'s TP group, as TP rank `rank` calls it (for `rrfp_ray.models.tp`)."""
         return tensor_all_reduce(self._tensor_groups[stage].member(rank))
+
+    def join_round(self, index: int) -> _Round:
+        """The shared objects of the iteration stage `index` is starting: a stage asking again opens the next round."""
+        with self._lock:
+            if self._round is None or index in self._round.joined:
+                parties = len(self.handles)
+                self._round = _Round(
+                    all_reduce=ThreadAllReduce(parties=parties, timeout_s=self.timeout_s),
+                    agree=[ThreadAllGather(parties=self.tp, timeout_s=self.timeout_s) for _ in range(self.layout.stages)],
+                )
+            self._round.joined.add(index)
+            return self._round
+
+
+class LocalPipeline:
+    """A `StageGroup` over `ThreadStages`, driven with executors given per iteration (index
+    `stage * tp + rank`): for tests, benchmarks in one process and debugging."""
+
+    def __init__(
+        self,
+        *,
+        layout: Layout,
+        timeout_s: float = 60.0,
+        link_timeout_s: float = 600.0,
+        tp: int = 1,
+        wrap: Callable[[int, Channel], Channel] | None = None,
+    ) -> None:
+        self.layout = layout
+        self.tp = tp
+        self.stages = ThreadStages(layout=layout, timeout_s=timeout_s, link_timeout_s=link_timeout_s, tp=tp, wrap=wrap)
+        self.group = StageGroup(fabric=self.stages, layout=layout, tp=tp)
+
+    def tp_all_reduce(self, *, stage: int, rank: int) -> Callable[[Tensor], Tensor]:
+        return self.stages.tp_all_reduce(stage=stage, rank=rank)
 
     def run_iteration(
         self,
@@ -74,56 +242,19 @@ class LocalPipeline:
         buffer_limit: int | None = None,
         latency: Callable[[Message], float] | None = None,
         protocol: TPProtocol = TPProtocol.FIRST,
-        k: int = 4,
     ) -> IterationReport:
-        """`protocol` and `k`: how TP ranks agree (`rrfp_ray.policy.agreement`); unused without TP."""
-        if len(executors) != len(self.workers):
-            raise ValueError(f"executors: need {len(self.workers)} (stages x tp), got {len(executors)}")
-        layout = Layout(
-            stages=self.layout.stages, chunks=self.layout.chunks, microbatches=self.layout.microbatches, split=policy.split
+        """`protocol`: how TP ranks agree (`rrfp_ray.policy.agreement`); unused without TP."""
+        handles = self.stages.handles
+        if len(executors) != len(handles):
+            raise ValueError(f"executors: need {len(handles)} (stages x tp), got {len(executors)}")
+        for handle, executor in zip(handles, executors):
+            handle.executor, handle.latency = executor, latency
+        return self.group.run_iteration(
+            iteration=iteration, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=protocol
         )
-        all_reduce = ThreadAllReduce(parties=len(self.workers), timeout_s=self.timeout_s)
-        agree_groups = [ThreadAllGather(parties=self.tp, timeout_s=self.timeout_s) for _ in range(layout.stages)]
-        futures = []
-        for index, (worker, executor) in enumerate(zip(self.workers, executors)):
-            rank = index % self.tp
-            tp = None
-            if self.tp > 1:
-                tp = TPContext(
-                    rank=rank,
-                    size=self.tp,
-                    all_gather=agree_groups[worker.stage].member(rank),
-                    all_reduce=self.tp_all_reduce(stage=worker.stage, rank=rank),
-                    protocol=protocol,
-                    k=k,
-                )
-            futures.append(
-                self._pool.submit(
-                    worker.run_iteration,
-                    iteration=iteration,
-                    layout=layout,
-                    policy=policy,
-                    cap=cap,
-                    executor=executor,
-                    buffer_limit=buffer_limit,
-                    latency=latency,
-                    all_reduce=all_reduce,
-                    tp=tp,
-                )
-            )
-        wait(futures)
-        failures = [
-            f"stage {w.stage}: {f.exception()}" for w, f in zip(self.workers, futures) if f.exception() is not None
-        ]
-        if failures:
-            raise PipelineError(f"iteration {iteration} failed:\n" + "\n".join(failures))
-        results: list[tuple[list[OpEvent], StageStats]] = [f.result() for f in futures]
-        # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results[:: self.tp])
 
     def close(self) -> None:
-        list(self._pool.map(lambda worker: worker.close(), self.workers))
-        self._pool.shutdown(wait=True)
+        self.group.close()
 
     def __enter__(self) -> LocalPipeline:
         return self

@@ -1,0 +1,176 @@
+"""One orchestration for every backend: a `StageGroup` drives a pipeline's stages through
+iterations, evaluation, checkpoints and restarts (in the spirit of Ray Train's WorkerGroup).
+
+It speaks to each stage (each TP rank of a stage: index `stage * tp + rank`) through a
+`StageHandle`, whose calls return at once with a pending result, and to the backend through
+a `Fabric`, which brings the handles up and down and waits on their results with a timeout
+that names the stage. In-process the handles are threads (`rrfp_ray.runtime.local`); on
+Ray they are stage actors and the group runs inside the driver actor (`actors.driver`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
+from rrfp_ray.policy.agreement import TPProtocol
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.worker import PipelineError, Workload
+from rrfp_ray.schedule.actions import place
+from rrfp_ray.schedule.deps import Layout
+
+logger = logging.getLogger(__name__)
+
+Pending = Any  # a call's result to come: a concurrent.futures.Future in-process, an ObjectRef on Ray
+
+
+class StageHandle(Protocol):
+    """One stage (one TP rank of it) as the group drives it; a stage runs its calls in order."""
+
+    label: str  # names the stage in errors: "stage 1", "stage 1 TP rank 0"
+
+    def set_workload(self, *, workload: Workload, layout: Layout) -> Pending: ...
+
+    def run_iteration(
+        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
+    ) -> Pending:
+        """Pending (events, stats) of the stage's part of the iteration (`StageWorker.run_iteration`)."""
+        ...
+
+    def evaluate(self, *, chunk: int, inputs: Pending | None, index: int) -> Pending:
+        """Forward of validation microbatch `index` through `chunk`; `inputs` is the previous virtual
+        stage's pending output (None on the first): activations pass stage to stage, not through the group."""
+        ...
+
+    def save(self, *, directory: str, iteration: int) -> Pending:
+        """Pending checkpoint file of this stage (`rrfp_ray.train.checkpoint.StageFile`)."""
+        ...
+
+    def load(self, *, directory: str, file: Any) -> Pending: ...
+
+
+class Fabric(Protocol):
+    """What a backend gives the group: its stages, brought up and down, and the wait on their calls."""
+
+    def start(self) -> list[StageHandle]:
+        """Bring every stage up, linked to its neighbours; their handles, index `stage * tp + rank`."""
+        ...
+
+    def wait(self, pending: list[Pending], *, labels: list[str], what: str) -> list:
+        """Every result in order, within the fabric's timeout; else a PipelineError naming each stage
+        that failed (a dead one first) or did not answer, and `what` it was doing."""
+        ...
+
+    def stop(self, *, graceful: bool) -> None:
+        """End the stages; not `graceful` after a failure (links may be broken, stages still blocked)."""
+        ...
+
+
+class StageGroup:
+    def __init__(self, *, fabric: Fabric, layout: Layout, tp: int = 1) -> None:
+        self.fabric = fabric
+        self.layout = layout
+        self.tp = tp
+        self.workload: Workload | None = None
+        self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
+        self.handles: list[StageHandle] = fabric.start()
+        if len(self.handles) != layout.stages * tp:
+            raise ValueError(f"the fabric started {len(self.handles)} stages, the pipeline has {layout.stages} x {tp}")
+
+    def set_workload(self, *, workload: Workload) -> None:
+        """Give every stage its (fresh) workload: model weights start again from the model as given."""
+        self.workload = workload
+        self._all(lambda _, h: h.set_workload(workload=workload, layout=self.layout), what="set_workload")
+
+    def run_iteration(
+        self, *, iteration: int, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
+    ) -> IterationReport:
+        layout = dataclasses.replace(self.layout, split=policy.split)
+        try:
+            results = self._all(
+                lambda _, h: h.run_iteration(
+                    iteration=iteration,
+                    layout=layout,
+                    policy=policy,
+                    cap=cap,
+                    buffer_limit=buffer_limit,
+                    tp_protocol=tp_protocol,
+                ),
+                what=f"iteration {iteration}",
+            )
+        except PipelineError:
+            self._failed = True
+            raise
+        # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage
+        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results[:: self.tp])
+
+    def take_turns(
+        self,
+        *,
+        runs: Mapping[str, tuple[Policy, Cap]],
+        rounds: int,
+        first_iteration: int,
+        buffer_limit: int | None,
+        tp_protocol: TPProtocol,
+    ) -> dict[str, list[IterationReport]]:
+        """`rounds` iterations of every run (a policy under a cap), the runs taking turns so that
+        drift hits all of them alike; iterations are numbered on from `first_iteration`."""
+        reports: dict[str, list[IterationReport]] = {label: [] for label in runs}
+        iteration = first_iteration
+        for _ in range(rounds):
+            for label, (policy, cap) in runs.items():
+                reports[label].append(
+                    self.run_iteration(
+                        iteration=iteration, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=tp_protocol
+                    )
+                )
+                iteration += 1
+        return reports
+
+    def evaluate(self, *, microbatches: int) -> float:
+        """Mean validation loss over the first `microbatches` validation microbatches (forward only).
+
+        Each TP rank chains its own calls (the ranks of a stage meet in their all-reduces); rank 0's losses count."""
+        finals, labels = [], []
+        for index in range(microbatches):
+            for rank in range(self.tp):
+                out = None
+                for vs in range(self.layout.virtual_stages):
+                    stage, chunk = place(virtual_stage=vs, stages=self.layout.stages)
+                    out = self.handles[stage * self.tp + rank].evaluate(chunk=chunk, inputs=out, index=index)
+                finals.append(out)
+                labels.append(f"validation microbatch {index}" + (f" (TP rank {rank})" if self.tp > 1 else ""))
+        losses = self.fabric.wait(finals, labels=labels, what="validation")[:: self.tp]
+        return sum(float(loss) for loss in losses) / len(losses)
+
+    def save(self, *, directory: str, iteration: int) -> dict[int, Any]:
+        """Every stage writes its checkpoint file; returns them by stage index (the caller commits the manifest)."""
+        files = self._all(lambda _, h: h.save(directory=directory, iteration=iteration), what="checkpoint")
+        logger.info("iteration %d: %d stage files written to %s", iteration, len(files), directory)
+        return dict(enumerate(files))
+
+    def load(self, *, directory: str, files: Mapping[int, Any]) -> None:
+        self._all(lambda i, h: h.load(directory=directory, file=files[i]), what="checkpoint load")
+        logger.info("%d stage files loaded from %s", len(files), directory)
+
+    def restart(self) -> None:
+        """Tear every stage down, whatever state it is in, and bring fresh ones up with the workload."""
+        logger.info("restarting %d stages", len(self.handles))
+        self.fabric.stop(graceful=False)
+        self.handles = self.fabric.start()
+        self._failed = False
+        if self.workload is not None:
+            self.set_workload(workload=self.workload)
+
+    def close(self) -> None:
+        """Stop the stages: gracefully unless an iteration failed."""
+        self.fabric.stop(graceful=not self._failed)
+
+    def _all(self, call: Callable[[int, StageHandle], Pending], *, what: str) -> list:
+        """`call(index, handle)` on every stage at once; their results, in stage order."""
+        pending = [call(i, h) for i, h in enumerate(self.handles)]
+        return self.fabric.wait(pending, labels=[h.label for h in self.handles], what=what)
