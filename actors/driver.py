@@ -1,10 +1,14 @@
-"""The driver actor: owns placement, the stage actors and their groups; runs iterations,
-hands out the policy, gathers telemetry, and shuts the pipeline down."""
+"""The driver actor: runs the pipeline's `StageGroup` (iterations, evaluation, checkpoints,
+restarts: `rrfp_ray.runtime.group`) over `RayStages`, the Ray `Fabric`, which owns
+placement, the stage actors and their collective groups, waits on them with deadlines
+that name the stage, and shuts them down."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Mapping
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
@@ -12,16 +16,18 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
-from actors.stage_actor import StageActor
-from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
+from actors.stage_actor import RayStageHandle, StageActor
+from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.tcp_gather import Secret
+from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.worker import PipelineError, Workload
-from rrfp_ray.schedule.actions import place
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.train.backend import run_iteration
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
+
+logger = logging.getLogger(__name__)
 
 _GRACE_S = 1.0  # how long to wait for the other stages' errors once one has failed
 _SPAWN_S = 120.0  # the least time placement and actor processes get to start, whatever timeout_s is
@@ -29,21 +35,77 @@ _SPAWN_S = 120.0  # the least time placement and actor processes get to start, w
 
 @ray.remote(num_cpus=0)
 class PipelineDriver:
+    """Hands out the policy and collects each iteration's telemetry; the group does the driving."""
+
     def __init__(self, *, pipeline: PipelineConfig, workload: Workload, gpus_per_stage: float = 0.0) -> None:
         collective.register_backends()
+        self.pipeline = pipeline
+        started = time.perf_counter()
+        fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage)
+        self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp)
+        self.group.set_workload(workload=workload)
+        self.startup_s = time.perf_counter() - started
+
+    def set_workload(self, *, workload: Workload) -> None:
+        """Give every stage its (fresh) workload: model weights start again from their seed."""
+        self.group.set_workload(workload=workload)
+
+    def run_iteration(self, *, iteration: int, policy: Policy, cap: Cap | None = None) -> IterationReport:
+        """One iteration under `cap` (None: the pipeline's)."""
+        return run_iteration(group=self.group, pipeline=self.pipeline, iteration=iteration, policy=policy, cap=cap)
+
+    def take_turns(
+        self, *, runs: Mapping[str, tuple[Policy, Cap | None]], rounds: int, first_iteration: int = 0
+    ) -> dict[str, list[IterationReport]]:
+        """`StageGroup.take_turns` (a run's cap None: the pipeline's)."""
+        return self.group.take_turns(
+            runs={label: (policy, cap or self.pipeline.cap) for label, (policy, cap) in runs.items()},
+            rounds=rounds,
+            first_iteration=first_iteration,
+            buffer_limit=self.pipeline.buffer_limit,
+            tp_protocol=self.pipeline.tp_protocol,
+        )
+
+    def evaluate(self, *, microbatches: int) -> float:
+        """Mean validation loss; activations pass stage to stage as object refs, not through the driver."""
+        return self.group.evaluate(microbatches=microbatches)
+
+    def save(self, *, directory: str, iteration: int) -> dict[int, StageFile]:
+        """Every stage writes its checkpoint file; the caller commits the manifest."""
+        return self.group.save(directory=directory, iteration=iteration)
+
+    def load(self, *, directory: str, manifest: Manifest) -> None:
+        self.group.load(directory=directory, files=manifest.files)
+
+    def restart(self) -> None:
+        """Tear every stage down, whatever state it is in, and bring a fresh pipeline up."""
+        self.group.restart()
+
+    def startup_seconds(self) -> float:
+        return self.startup_s
+
+    def stage_actors(self) -> list[ray.actor.ActorHandle]:
+        """The stage actors' handles, in stage order (for inspection and fault-injection tests)."""
+        return [handle.actor for handle in self.group.handles]
+
+    def shutdown(self) -> None:
+        """Stop the stages: gracefully unless an iteration failed."""
+        self.group.close()
+
+
+class RayStages:
+    """The Ray `Fabric`: a placement group, one stage actor per (stage, TP rank), their links."""
+
+    def __init__(self, *, pipeline: PipelineConfig, gpus_per_stage: float) -> None:
         self.pipeline = pipeline
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = collective.resolve_backend(backend=pipeline.backend)
         self.gpus_per_stage = gpus_per_stage  # a fraction lets stages share one GPU (gloo links then)
-        self.workload = workload
-        started = time.perf_counter()
-        self._start()
-        self.startup_s = time.perf_counter() - started
+        self.stages: list[ray.actor.ActorHandle] = []
 
-    def _start(self) -> None:
-        """Placement, stage actors, their links and their workload."""
-        self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
+    def start(self) -> list[RayStageHandle]:
+        """Placement, stage actors and their links."""
         gpus = self.gpus_per_stage
         bundle = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}
         stages = self.pipeline.stages * self.pipeline.tp  # one actor per (stage, TP rank)
@@ -55,6 +117,7 @@ class PipelineDriver:
         self._pg = placement_group([bundle] * stages, strategy="PACK")
         spawn_s = max(self.timeout_s, _SPAWN_S)
         self._await(self._pg.ready(), what=f"a placement group of {stages} x {bundle}", timeout_s=spawn_s)
+        logger.info("placement group ready: %d bundles of %s", stages, bundle)
         self.stages = [
             StageActor.options(
                 num_cpus=1,
@@ -71,31 +134,11 @@ class PipelineDriver:
             )
             for s in range(stages)
         ]
-        self._gather([a.ping.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s)
+        self.wait([a.ping.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s)
+        logger.info("%d stage actors up", stages)
         self._wire()
-        self.set_workload(workload=self.workload)
-
-    def restart(self) -> None:
-        """Tear every stage down, whatever state it is in, and bring a fresh pipeline up."""
-        self._failed = True
-        self.shutdown()
-        self._start()
-
-    def save(self, *, directory: str, iteration: int) -> dict[int, StageFile]:
-        """Every stage writes its checkpoint file; the caller commits the manifest."""
-        files = self._gather([a.save.remote(directory=directory, iteration=iteration) for a in self.stages], what="checkpoint")
-        return dict(enumerate(files))
-
-    def load(self, *, directory: str, manifest: Manifest) -> None:
-        self._gather(
-            [a.load.remote(directory=directory, file=manifest.files[s]) for s, a in enumerate(self.stages)],
-            what="checkpoint load",
-        )
-
-    def set_workload(self, *, workload: Workload) -> None:
-        """Give every stage its (fresh) workload: model weights start again from their seed."""
-        self.workload = workload
-        self._gather([a.set_workload.remote(workload=workload, layout=self.layout) for a in self.stages], what="set_workload")
+        logger.info("%d stage actors linked (%s)", stages, self.backend)
+        return [RayStageHandle(actor=a, label=self._label(i)) for i, a in enumerate(self.stages)]
 
     def _wire(self) -> None:
         """A 2-rank group per link and TP rank, a TP group per stage (T > 1) with its agreement
@@ -109,7 +152,7 @@ class PipelineDriver:
         members |= {name: tuple(range(s * tp, (s + 1) * tp)) for s, name in tp_groups.items()}
         everyone = f"{prefix}-all"
         members[everyone] = tuple(range(len(self.stages)))
-        addresses = self._gather(
+        addresses = self.wait(
             [self.stages[ranks[0]].host_group.remote(name=name) for name, ranks in members.items()],
             what="group stores",
             labels=[self._label(ranks[0]) for ranks in members.values()],
@@ -123,13 +166,13 @@ class PipelineDriver:
                     )
                 )
                 labels.append(f"{self._label(actor)} (group {name})")
-        self._gather(joins, what="collective groups to form", labels=labels)
+        self.wait(joins, what="collective groups to form", labels=labels)
         agreement = []
         if tp > 1:
             secret = Secret.generate()  # fresh for every wiring; it travels only in Ray's authenticated calls
             listens = [a.listen_agreement.remote(secret=secret) for a in self.stages]
-            agreement = self._gather(listens, what="agreement listeners")
-        self._gather(
+            agreement = self.wait(listens, what="agreement listeners")
+        self.wait(
             [
                 a.connect.remote(
                     groups={link: name for (link, t), name in links.items() if t == i % tp},
@@ -146,58 +189,16 @@ class PipelineDriver:
         stage, rank = divmod(actor, self.pipeline.tp)
         return f"stage {stage}" + (f" TP rank {rank}" if self.pipeline.tp > 1 else "")
 
-    def run_iteration(self, *, iteration: int, policy: Policy, cap: Cap | None = None) -> IterationReport:
-        layout = Layout(
-            stages=self.layout.stages, chunks=self.layout.chunks, microbatches=self.layout.microbatches, split=policy.split
-        )
-        refs = [
-            a.run_iteration.remote(
-                iteration=iteration,
-                layout=layout,
-                policy=policy,
-                cap=cap or self.pipeline.cap,
-                buffer_limit=self.pipeline.buffer_limit,
-                tp_protocol=self.pipeline.tp_protocol,
-            )
-            for a in self.stages
-        ]
-        try:
-            results = self._gather(refs, what=f"iteration {iteration}")
-        except PipelineError:
-            self._failed = True
-            raise
-        # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results[:: self.pipeline.tp])
-
-    def evaluate(self, *, microbatches: int) -> float:
-        """Mean validation loss; activations pass stage to stage as object refs, not through the driver."""
-        finals, tp = [], self.pipeline.tp
-        for index in range(microbatches):
-            for rank in range(tp):
-                ref = None
-                for vs in range(self.layout.virtual_stages):
-                    stage, chunk = place(virtual_stage=vs, stages=self.layout.stages)
-                    ref = self.stages[stage * tp + rank].evaluate.remote(chunk=chunk, inputs=ref, index=index)
-                finals.append(ref)
-        labels = [f"validation microbatch {i // tp}" for i in range(len(finals))]
-        losses = self._gather(finals, what="validation", labels=labels)[::tp]
-        return float(sum(float(loss) for loss in losses) / len(losses))
-
-    def startup_seconds(self) -> float:
-        return self.startup_s
-
-    def stage_actors(self) -> list[ray.actor.ActorHandle]:
-        """The stage actors' handles, in stage order (for inspection and fault-injection tests)."""
-        return list(self.stages)
-
-    def shutdown(self) -> None:
-        """Stop the threads gracefully (not after a failed iteration), kill the actors, free the placement group."""
-        if not self._failed:
+    def stop(self, *, graceful: bool) -> None:
+        """Stop the threads (gracefully: not after a failure), kill the actors, free the placement group."""
+        if graceful:
             closes = [a.close.remote() for a in self.stages]
             ray.wait(closes, num_returns=len(closes), timeout=self.timeout_s)
         for actor in self.stages:
             ray.kill(actor)
         remove_placement_group(self._pg)
+        logger.info("%d stage actors stopped%s", len(self.stages), "" if graceful else " (after a failure)")
+        self.stages = []
 
     def _await(self, ref: ray.ObjectRef, *, what: str, timeout_s: float) -> object:
         try:
@@ -205,7 +206,7 @@ class PipelineDriver:
         except GetTimeoutError:
             raise PipelineError(f"timed out after {timeout_s:g} s waiting for {what}") from None
 
-    def _gather(
+    def wait(
         self, refs: list[ray.ObjectRef], *, what: str, labels: list[str] | None = None, timeout_s: float | None = None
     ) -> list:
         """ray.get with a deadline; a dead or hung stage is named in the error.

@@ -1,8 +1,12 @@
-"""A pipeline stage as a Ray actor: a thin shell around `StageWorker`."""
+"""A pipeline stage as a Ray actor (a thin shell around `StageWorker`), and its `StageHandle`
+face for the driver's `StageGroup`."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
@@ -18,6 +22,8 @@ from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.runtime.worker import Executor, StageWorker, Workload
 from rrfp_ray.schedule.deps import Layout, Link
 from rrfp_ray.train.checkpoint import StageFile
+
+logger = logging.getLogger(__name__)
 
 
 @ray.remote
@@ -37,6 +43,7 @@ class StageActor:
         self._executor: Executor | None = None
         self._everyone = ""
         self._metrics = StageMetrics(stage=stage)
+        logger.info("stage %d TP rank %d of %d: actor started", stage, tp_rank, tp_size)
 
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
@@ -159,3 +166,32 @@ class StageActor:
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None
+
+
+@dataclass(frozen=True)
+class RayStageHandle:
+    """A stage actor as the group's `StageHandle`: every call returns its ObjectRef; the fabric
+    (`actors.driver.RayStages`) waits on them."""
+
+    actor: ray.actor.ActorHandle
+    label: str
+
+    def set_workload(self, *, workload: Workload, layout: Layout) -> ray.ObjectRef:
+        return self.actor.set_workload.remote(workload=workload, layout=layout)
+
+    def run_iteration(
+        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: str
+    ) -> ray.ObjectRef:
+        return self.actor.run_iteration.remote(
+            iteration=iteration, layout=layout, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=tp_protocol
+        )
+
+    def evaluate(self, *, chunk: int, inputs: ray.ObjectRef | None, index: int) -> ray.ObjectRef:
+        """`inputs` travels as a ref: Ray hands the previous stage's output to this actor directly."""
+        return self.actor.evaluate.remote(chunk=chunk, inputs=inputs, index=index)
+
+    def save(self, *, directory: str, iteration: int) -> ray.ObjectRef:
+        return self.actor.save.remote(directory=directory, iteration=iteration)
+
+    def load(self, *, directory: str, file: Any) -> ray.ObjectRef:
+        return self.actor.load.remote(directory=directory, file=file)

@@ -139,16 +139,11 @@ def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str, list]:
     """Iteration reports per policy (the first dropped as warm-up when there are more);
-    policies take turns so drift hits all of them alike."""
+    policies take turns so drift hits all of them alike (`StageGroup.take_turns`, in the driver)."""
     import ray
 
-    reports: dict[str, list] = {name: [] for name in names}
-    policies = {name: pipeline.resolved_policy(name) for name in names}
-    iteration = 0
-    for _ in range(iterations):
-        for name in names:
-            reports[name].append(ray.get(driver.run_iteration.remote(iteration=iteration, policy=policies[name])))
-            iteration += 1
+    turns = {name: (pipeline.resolved_policy(name), None) for name in names}
+    reports = ray.get(driver.take_turns.remote(runs=turns, rounds=iterations))
     return {name: runs[1:] if len(runs) > 1 else runs for name, runs in reports.items()}
 
 

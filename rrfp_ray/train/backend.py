@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.local import ThreadStages
@@ -50,12 +51,14 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def run_iteration(*, group: StageGroup, pipeline: PipelineConfig, iteration: int, policy: Policy) -> IterationReport:
-    """One iteration under `pipeline`'s cap, receive-buffer limit and TP protocol (either backend's)."""
+def run_iteration(
+    *, group: StageGroup, pipeline: PipelineConfig, iteration: int, policy: Policy, cap: Cap | None = None
+) -> IterationReport:
+    """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`): either backend's."""
     return group.run_iteration(
         iteration=iteration,
         policy=policy,
-        cap=pipeline.cap,
+        cap=pipeline.cap if cap is None else cap,
         buffer_limit=pipeline.buffer_limit,
         tp_protocol=pipeline.tp_protocol,
     )
