@@ -14,18 +14,20 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER_ENV = {"PYTHONPATH": str(ROOT), "RAY_PROFILING": "1", "RES_OPTIONS": "timeout:1 attempts:1"}
 
 
-def init_ray(*, num_cpus: int, log_to_driver: bool = True) -> bool:
+def init_ray(*, num_cpus: int, log_to_driver: bool = True, log_level: str | None = None) -> bool:
     """Connect this process to Ray; returns True if it started a local Ray (the caller shuts it down).
 
     Under `ray job submit` (RAY_ADDRESS set) it attaches, and the job's runtime env applies.
     Otherwise it starts a local Ray declaring `num_cpus` logical CPUs, one per stage actor:
     always a new one (`address="local"`), never the cluster a leftover `ray_current_cluster`
     file in Ray's temp dir names (a Ray that died without `ray stop` leaves it behind).
+    `log_level` (e.g. "INFO"): the level of the workers' Python logging (the driver and stage actors' messages).
     """
     if ray.is_initialized():
         return False
+    logging = {} if log_level is None else {"logging_config": ray.LoggingConfig(log_level=log_level)}
     if attaching():
-        ray.init(address=os.environ["RAY_ADDRESS"])
+        ray.init(address=os.environ["RAY_ADDRESS"], **logging)
         return False
     ray.init(
         address="local",
@@ -33,6 +35,7 @@ def init_ray(*, num_cpus: int, log_to_driver: bool = True) -> bool:
         include_dashboard=False,
         log_to_driver=log_to_driver,
         runtime_env={"env_vars": WORKER_ENV},
+        **logging,
     )
     return True
 
@@ -42,8 +45,8 @@ def attaching() -> bool:
     return bool(os.environ.get("RAY_ADDRESS"))
 
 
-def start_ray(*, num_cpus: int) -> str:
+def start_ray(*, num_cpus: int, log_level: str | None = None) -> str:
     """Attach to a running cluster (as under `ray job submit`), else start an embedded local Ray."""
-    if init_ray(num_cpus=num_cpus):
+    if init_ray(num_cpus=num_cpus, log_level=log_level):
         return f"embedded local Ray ({num_cpus} logical CPUs)"
     return f"attached to {os.environ.get('RAY_ADDRESS', 'the running Ray')}"

@@ -183,7 +183,12 @@ class RayStageHandle:
         self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: str
     ) -> ray.ObjectRef:
         return self.actor.run_iteration.remote(
-            iteration=iteration, layout=layout, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=tp_protocol
+            iteration=iteration,
+            layout=layout,
+            policy=policy,
+            cap=cap,
+            buffer_limit=buffer_limit,
+            tp_protocol=tp_protocol,
         )
 
     def evaluate(self, *, chunk: int, inputs: ray.ObjectRef | None, index: int) -> ray.ObjectRef:

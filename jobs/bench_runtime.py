@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from actors.local_ray import start_ray
-from rrfp_ray.cli import add_scenario_flags, config_error, variability, write_pictures
+from rrfp_ray.cli import (
+    add_log_level_flag,
+    add_scenario_flags,
+    config_error,
+    configure_logging,
+    variability,
+    write_pictures,
+)
 from rrfp_ray.observe.telemetry import tp_summary
 
 if TYPE_CHECKING:
@@ -80,6 +87,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     bench.add_argument("--json", default=None, metavar="OUT", help="write the per-policy figures here")
     bench.add_argument("--out", default=None, metavar="DIR", help="write a Perfetto trace and a diagram per policy here")
     add_scenario_flags(parser, default="lognormal")
+    add_log_level_flag(parser)
     args = parser.parse_args(argv)
     if args.iterations < 1:
         parser.error(f"--iterations must be >= 1, got {args.iterations}")
@@ -184,7 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
         ).makespan_ms
         for name in names
     }
-    print(start_ray(num_cpus=max(2, pipeline.stages * pipeline.tp)))
+    log_level = configure_logging(args)
+    print(start_ray(num_cpus=max(2, pipeline.stages * pipeline.tp), log_level=log_level))
     driver = PipelineDriver.remote(
         pipeline=pipeline,
         workload=SyntheticWorkload(

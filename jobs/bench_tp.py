@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from rrfp_ray.cli import add_log_level_flag, configure_logging
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
@@ -35,7 +36,7 @@ def _runs(
     policy = make_policy(name=args.policy, stages=args.stages, chunks=1, microbatches=args.microbatches)
     layout = Layout(stages=args.stages, chunks=1, microbatches=args.microbatches, split=policy.split)
     reports = []
-    with LocalPipeline(layout=layout, timeout_s=60, tp=tp) as pipeline:
+    with LocalPipeline(layout=layout, timeout_s=60, tp=tp, k=args.k) as pipeline:
         for i in range(args.iterations):
             executors = []
             for s in range(args.stages):
@@ -61,7 +62,6 @@ def _runs(
                     cap=cap,
                     executors=executors,
                     protocol=protocol,
-                    k=args.k,
                 )
             )
     return reports
@@ -94,7 +94,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="ops each rank offers per round under 'common'")
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    add_log_level_flag(parser)
     args = parser.parse_args()
+    configure_logging(args)
     try:
         cap = Cap.parse(args.cap)
     except ValueError as error:

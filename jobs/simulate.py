@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rrfp_ray.cli import write_pictures
+from rrfp_ray.cli import add_log_level_flag, configure_logging, write_pictures
 from rrfp_ray.observe.telemetry import IterationReport  # noqa: E402
 from rrfp_ray.policy.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy.pickers import Policy, make_policy  # noqa: E402
@@ -31,6 +31,7 @@ PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scen
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args)
     trace = load_or_generate(parser, args)
     cap = checked(parser, "--cap", lambda: Cap.parse(args.cap))
     baseline = "1f1b" if trace.chunks == 1 else "interleaved"
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cap", default="2x", help="in-flight cap: 1x, 2x, 1.5x, a count, or inf (default 2x)")
     parser.add_argument("--json", help="write {policies: {name: {makespan_ms, ...}}} here")
     parser.add_argument("--out", help="write a Perfetto trace and a pipeline diagram per policy into this directory")
+    add_log_level_flag(parser)
     return parser
 
 

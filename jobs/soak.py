@@ -11,6 +11,7 @@ import argparse
 import time
 
 from actors.local_ray import start_ray
+from rrfp_ray.cli import add_log_level_flag, configure_logging
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--t-f", type=float, default=2.0, help="ms per forward")
     parser.add_argument("--policies", default="1f1b,bf,bfw", help="cycled through, one per iteration")
+    add_log_level_flag(parser)
     args = parser.parse_args(argv)
     if args.iterations < 2:
         parser.error("--iterations must be >= 2")
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     trace = generate(
         scenario="lognormal", stages=args.stages, microbatches=args.microbatches, chunks=1, seed=0, t_f=args.t_f
     )
-    print(start_ray(num_cpus=max(2, args.stages)))
+    print(start_ray(num_cpus=max(2, args.stages), log_level=configure_logging(args)))
     driver = PipelineDriver.remote(pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=65536))
     stages = ray.get(driver.stage_actors.remote())
 

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from actors.local_ray import start_ray
-from rrfp_ray.cli import add_scenario_flags, config_error, variability, write_pictures
+from rrfp_ray.cli import (
+    add_log_level_flag,
+    add_scenario_flags,
+    config_error,
+    configure_logging,
+    variability,
+    write_pictures,
+)
 
 if TYPE_CHECKING:
     from rrfp_ray.train.config import RunConfig
@@ -106,6 +113,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     train.add_argument("--max-restarts", type=int, default=0, help="rebuild from the last checkpoint after a lost stage")
     add_scenario_flags(parser, default="multimodal")
+    add_log_level_flag(parser)
     parser.set_defaults(t_f=10.0)
     args = parser.parse_args(argv)
     if args.gpus_per_stage < 0:
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(start_ray(num_cpus=max(2, run.pipeline.stages * run.pipeline.tp)))
+    log_level = configure_logging(args)
+    print(start_ray(num_cpus=max(2, run.pipeline.stages * run.pipeline.tp), log_level=log_level))
     started = time.perf_counter()
     with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
         print(f"{run.pipeline.stages * run.pipeline.tp} stage actors up in {trainer.backend.startup_s:.1f} s")

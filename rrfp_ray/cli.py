@@ -1,8 +1,9 @@
-"""What the job scripts share: scenario flags, config errors as flag errors, and pictures."""
+"""What the job scripts share: scenario and log-level flags, config errors as flag errors, and pictures."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,29 @@ def add_scenario_flags(parser: argparse.ArgumentParser, *, default: str = "none"
     names = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)})
     for name in names:
         group.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help="scenario parameter")
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LIBRARY_LOGGERS = ("rrfp_ray", "actors", "benchmarks")
+
+
+def add_log_level_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="warning",
+        help="show the library's log messages from this level up (info: placement, actor start, checkpoints, restarts)",
+    )
+
+
+def configure_logging(args: argparse.Namespace) -> str:
+    """The library's loggers write to stderr from --log-level up (other libraries' stay at warning);
+    returns the level's name, for the Ray workers (`actors.local_ray.start_ray(log_level=...)`)."""
+    level = args.log_level.upper()
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    return level
 
 
 def scenario_kwargs(args: argparse.Namespace) -> dict[str, float]:

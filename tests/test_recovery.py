@@ -3,6 +3,8 @@ an uninterrupted run ends."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -47,7 +49,8 @@ def _weights(trainer: Trainer) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("crash_at", [3, 17, 40])
-def test_a_crashed_stage_is_rebuilt_and_the_run_ends_where_an_uninterrupted_one_does(tmp_path, crash_at):
+def test_a_crashed_stage_is_rebuilt_and_the_run_ends_where_an_uninterrupted_one_does(tmp_path, crash_at, caplog):
+    caplog.set_level(logging.INFO, logger="rrfp_ray")
     with _trainer(tmp_path / "clean", max_restarts=0) as clean:
         clean_losses = [r.loss for r in clean.fit(ITERATIONS)]
         expected = _weights(clean)
@@ -60,6 +63,9 @@ def test_a_crashed_stage_is_rebuilt_and_the_run_ends_where_an_uninterrupted_one_
             iteration = trainer.iteration
             losses[iteration] = trainer.step().loss
         assert trainer.restarts == 1
+        logged = [r.getMessage() for r in caplog.records]
+        assert any("restart 1 of 2" in m for m in logged) and any("restarting" in m for m in logged)
+        assert any("checkpoint of iteration" in m for m in logged)
         for got, want in zip(_weights(trainer), expected):
             torch.testing.assert_close(got, want)
     assert [losses[i] for i in range(ITERATIONS)] == pytest.approx(clean_losses)

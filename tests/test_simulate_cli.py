@@ -72,6 +72,7 @@ def test_saved_trace_replays_to_the_same_numbers(tmp_path: Path) -> None:
         (["--comm-ms", "-1"], "--comm-ms"),
         (["--trace", "/nonexistent/trace.json"], "--trace"),
         (["--json", "/nonexistent/out.json"], "--json"),
+        (["--log-level", "loud"], "--log-level"),
     ],
 )
 def test_bad_flags_are_named(args: list[str], flag: str) -> None:

@@ -80,6 +80,7 @@ class ThreadStage:
                 all_gather=shared.agree[self.worker.stage].member(self.rank),
                 all_reduce=self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank),
                 protocol=tp_protocol,
+                k=self._stages.k,
             )
         return self._thread.submit(
             self._run_iteration,
@@ -100,8 +101,10 @@ class ThreadStage:
         return self._thread.submit(forward)
 
     def save(self, *, directory: str, iteration: int) -> Future:
-        shard = self.index
-        return self._thread.submit(lambda: self._executor().save(directory=Path(directory), iteration=iteration, shard=shard))
+        def save() -> Any:
+            return self._executor().save(directory=Path(directory), iteration=iteration, shard=self.index)
+
+        return self._thread.submit(save)
 
     def load(self, *, directory: str, file: Any) -> Future:
         return self._thread.submit(lambda: self._executor().load(directory=Path(directory), file=file))
@@ -128,8 +131,9 @@ class ThreadStage:
 
 class ThreadStages:
     """The in-process `Fabric`: with `tp` > 1 every stage is `tp` workers, one per TP rank;
-    rank t of a stage talks to rank t of its neighbours. `wrap(rank, channel)` wraps every
-    inbound channel of TP rank `rank` (tests delay one rank's receives with it)."""
+    rank t of a stage talks to rank t of its neighbours; `k`: ops each rank offers per agreement
+    round (`TPContext.k`). `wrap(rank, channel)` wraps every inbound channel of TP rank `rank`
+    (tests delay one rank's receives with it)."""
 
     def __init__(
         self,
@@ -138,6 +142,7 @@ class ThreadStages:
         timeout_s: float = 60.0,
         link_timeout_s: float = 600.0,
         tp: int = 1,
+        k: int = 4,
         wrap: Callable[[int, Channel], Channel] | None = None,
     ) -> None:
         if tp < 1:
@@ -146,6 +151,7 @@ class ThreadStages:
         self.timeout_s = timeout_s
         self.link_timeout_s = link_timeout_s
         self.tp = tp
+        self.k = k
         self.wrap = wrap
         self.handles: list[ThreadStage] = []
         self._tensor_groups: list[ThreadAllGather] = []
@@ -205,7 +211,9 @@ class ThreadStages:
                 parties = len(self.handles)
                 self._round = _Round(
                     all_reduce=ThreadAllReduce(parties=parties, timeout_s=self.timeout_s),
-                    agree=[ThreadAllGather(parties=self.tp, timeout_s=self.timeout_s) for _ in range(self.layout.stages)],
+                    agree=[
+                        ThreadAllGather(parties=self.tp, timeout_s=self.timeout_s) for _ in range(self.layout.stages)
+                    ],
                 )
             self._round.joined.add(index)
             return self._round
@@ -222,11 +230,14 @@ class LocalPipeline:
         timeout_s: float = 60.0,
         link_timeout_s: float = 600.0,
         tp: int = 1,
+        k: int = 4,
         wrap: Callable[[int, Channel], Channel] | None = None,
     ) -> None:
         self.layout = layout
         self.tp = tp
-        self.stages = ThreadStages(layout=layout, timeout_s=timeout_s, link_timeout_s=link_timeout_s, tp=tp, wrap=wrap)
+        self.stages = ThreadStages(
+            layout=layout, timeout_s=timeout_s, link_timeout_s=link_timeout_s, tp=tp, k=k, wrap=wrap
+        )
         self.group = StageGroup(fabric=self.stages, layout=layout, tp=tp)
 
     def tp_all_reduce(self, *, stage: int, rank: int) -> Callable[[Tensor], Tensor]:

@@ -12,6 +12,7 @@ iteration has (`microbatches`); stage 0 reads the inputs and the last stage the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.layers import ModelSource, model_layers
 from rrfp_ray.train.runner import LossFn
 from rrfp_ray.train.workload import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
+
+logger = logging.getLogger(__name__)
 
 OptimizerArg = Optim | FactoryOptim | Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -175,7 +178,9 @@ class Trainer:
             raise ValueError("save() needs checkpoints=Checkpointing(directory=...) given to the Trainer")
         directory = Path(self.checkpoints.directory)
         files = self.backend.save(directory=directory, iteration=self.iteration)
-        return commit(directory=directory, manifest=Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files))
+        path = commit(directory=directory, manifest=Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files))
+        logger.info("checkpoint of iteration %d committed: %s", self.iteration, path)
+        return path
 
     def _latest(self) -> Manifest | None:
         return latest(directory=Path(self.checkpoints.directory), fingerprint=self.fingerprint)
@@ -185,16 +190,19 @@ class Trainer:
         if self.restarts >= allowed:
             raise PipelineError(f"iteration {self.iteration} failed after {self.restarts} restart(s): {error}") from error
         self.restarts += 1
+        logger.warning("iteration %d failed; restart %d of %d: %s", self.iteration, self.restarts, allowed, error)
         self.backend.restart()
         manifest = self._latest()
         if manifest is None:
             self.iteration = 0  # no checkpoint yet: the restarted stages hold the initial weights
+            logger.info("no checkpoint yet: the restarted pipeline starts again from iteration 0")
         else:
             self._restore(manifest)
 
     def _restore(self, manifest: Manifest) -> None:
         self.backend.load(directory=Path(self.checkpoints.directory), manifest=manifest)
         self.iteration = manifest.iteration
+        logger.info("resumed from the checkpoint of iteration %d in %s", manifest.iteration, self.checkpoints.directory)
 
     def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
         if iterations < 0:
