@@ -20,8 +20,8 @@ from actors.stage_actor import RayStageHandle, StageActor
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.tcp_gather import Secret
 from rrfp_ray.runtime.group import StageGroup
+from rrfp_ray.runtime.tcp_gather import Secret
 from rrfp_ray.runtime.worker import PipelineError, Workload
 from rrfp_ray.train.backend import run_iteration
 from rrfp_ray.train.checkpoint import Manifest, StageFile
@@ -59,7 +59,7 @@ class PipelineDriver:
     ) -> dict[str, list[IterationReport]]:
         """`StageGroup.take_turns` (a run's cap None: the pipeline's)."""
         return self.group.take_turns(
-            runs={label: (policy, cap or self.pipeline.cap) for label, (policy, cap) in runs.items()},
+            runs={label: (policy, self.pipeline.cap if cap is None else cap) for label, (policy, cap) in runs.items()},
             rounds=rounds,
             first_iteration=first_iteration,
             buffer_limit=self.pipeline.buffer_limit,

@@ -180,7 +180,14 @@ class RayStageHandle:
         return self.actor.set_workload.remote(workload=workload, layout=layout)
 
     def run_iteration(
-        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: str
+        self,
+        *,
+        iteration: int,
+        layout: Layout,
+        policy: Policy,
+        cap: Cap,
+        buffer_limit: int | None,
+        tp_protocol: TPProtocol,
     ) -> ray.ObjectRef:
         return self.actor.run_iteration.remote(
             iteration=iteration,

@@ -5,7 +5,6 @@ PP=2 x TP=2 under each TP agreement protocol (tp), and PyTorch's own schedules o
 
 from __future__ import annotations
 
-import itertools
 import logging
 import statistics
 from collections.abc import Iterator, Sequence
@@ -36,7 +35,7 @@ class RayPart:
     rows: list[dict] = field(default_factory=list)
     startup_s: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    counter: Iterator[int] = field(default_factory=itertools.count)  # numbers the iterations of all its drivers
+    next_iteration: int = 0  # numbers the iterations of all its drivers
 
     def drive(
         self, *, name: str, pipeline: Any, group: Sequence[Run], workloads: Sequence[tuple[Scenario, Any]]
@@ -53,7 +52,10 @@ class RayPart:
             for spec, workload in workloads:
                 ray.get(driver.set_workload.remote(workload=workload))
                 rounds = self.warmup + self.iterations
-                reports = _turns(driver=driver, group=group, pipeline=pipeline, counter=self.counter, rounds=rounds)
+                runs = {run.label: (pipeline.resolved_policy(run.policy), run.arbiter_cap) for run in group}
+                turns = driver.take_turns.remote(runs=runs, rounds=rounds, first_iteration=self.next_iteration)
+                reports = ray.get(turns)  # the group in the driver runs them, taking turns against drift
+                self.next_iteration += rounds * len(runs)
                 yield spec, {label: runs[self.warmup :] for label, runs in reports.items()}
             ray.get(driver.shutdown.remote())
         except Exception as error:  # keep what was measured; the report says what failed
@@ -177,19 +179,6 @@ def tp_part(
         tp1_ms = baseline.get((row["scenario"], row["run"]))
         row["vs_tp1"] = row["measured_ms"] / tp1_ms if tp1_ms else None
     return part.section()
-
-
-def _turns(*, driver: Any, group: Sequence[Run], pipeline: Any, counter: Any, rounds: int) -> dict[str, list]:
-    """`rounds` iterations of every run, the runs taking turns so that drift hits all of them alike."""
-    import ray
-
-    policies = {run.label: pipeline.resolved_policy(run.policy) for run in group}
-    reports: dict[str, list] = {run.label: [] for run in group}
-    for _ in range(rounds):
-        for run in group:
-            ref = driver.run_iteration.remote(iteration=next(counter), policy=policies[run.label], cap=run.arbiter_cap)
-            reports[run.label].append(ray.get(ref))
-    return reports
 
 
 def peers_part(

@@ -193,7 +193,8 @@ class _SlowStep:
 def test_the_iteration_time_covers_the_optimizer_step():
     policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
     layout = Layout(stages=2, chunks=1, microbatches=2, split=False)
-    workload = SyntheticWorkload(trace=generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0), payload_elems=4)
+    trace = generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0)
+    workload = SyntheticWorkload(trace=trace, payload_elems=4)
     executors = [workload.executor(stage=s, layout=layout) for s in range(2)]
     executors[1] = _SlowStep(executors[1], step_s=0.3)
     with LocalPipeline(layout=layout, timeout_s=20) as pipeline:

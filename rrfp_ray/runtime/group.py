@@ -36,7 +36,14 @@ class StageHandle(Protocol):
     def set_workload(self, *, workload: Workload, layout: Layout) -> Pending: ...
 
     def run_iteration(
-        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
+        self,
+        *,
+        iteration: int,
+        layout: Layout,
+        policy: Policy,
+        cap: Cap,
+        buffer_limit: int | None,
+        tp_protocol: TPProtocol,
     ) -> Pending:
         """Pending (events, stats) of the stage's part of the iteration (`StageWorker.run_iteration`)."""
         ...

@@ -69,7 +69,14 @@ class ThreadStage:
         return done
 
     def run_iteration(
-        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
+        self,
+        *,
+        iteration: int,
+        layout: Layout,
+        policy: Policy,
+        cap: Cap,
+        buffer_limit: int | None,
+        tp_protocol: TPProtocol,
     ) -> Future:
         shared = self._stages.join_round(self.index)
         tp = None

@@ -178,7 +178,8 @@ class Trainer:
             raise ValueError("save() needs checkpoints=Checkpointing(directory=...) given to the Trainer")
         directory = Path(self.checkpoints.directory)
         files = self.backend.save(directory=directory, iteration=self.iteration)
-        path = commit(directory=directory, manifest=Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files))
+        manifest = Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files)
+        path = commit(directory=directory, manifest=manifest)
         logger.info("checkpoint of iteration %d committed: %s", self.iteration, path)
         return path
 
