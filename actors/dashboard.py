@@ -24,10 +24,10 @@ class ProfiledExecutor:
     def __getattr__(self, name: str) -> object:  # begin, finish, save, load, evaluate: as the inner one's
         return getattr(self.inner, name)
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
         extra = {"name": str(action), "iteration": str(iteration), "cname": _COLOURS[action.kind.value]}
         with profiling.profile(f"stage {self.stage}: {action.kind.value}", extra_data=extra):
-            return self.inner.run(action=action, iteration=iteration, payload=payload, split=split)
+            return self.inner.run(action=action, iteration=iteration, payload=payload)
 
 
 class StageMetrics:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-COLOURS = {Kind.F: "#3B75AF", Kind.B: "#E1812C", Kind.W: "#3A923A"}
-KIND_NAMES = {Kind.F: "F forward", Kind.B: "B backward", Kind.W: "W weight grad"}
+COLOURS = {Kind.F: "#3B75AF", Kind.I: "#E1812C", Kind.W: "#3A923A", Kind.B: "#C0504D"}
+KIND_NAMES = {Kind.F: "F forward", Kind.I: "I input grad", Kind.W: "W weight grad", Kind.B: "B full backward"}
 BLOCKED_FACE, BLOCKED_HATCH = "#F0F0F0", "#B0B0B0"
 OVERTOOK_EDGE = "#000000"
 WIDTH_IN, DPI, LABEL_PT = 13.0, 110, 7.5
@@ -80,13 +80,14 @@ def _draw_axis(ax: Axes, report: IterationReport, *, title: str, xmax: float) ->
         )
     px_per_ms = _AXES_WIDTH_IN * DPI / xmax
     for event in report.events:
-        action, width = parse_action(event.action), event.end_ms - event.start_ms
+        action, width = parse_action(event.action, stages=len(stages)), event.end_ms - event.start_ms
         edge, line = (OVERTOOK_EDGE, 1.6) if event.overtook else ("white", 0.6)
         ax.broken_barh(
             [(event.start_ms, width)], (event.stage - _BAR_HEIGHT / 2, _BAR_HEIGHT),
             facecolor=COLOURS[action.kind], edgecolor=edge, linewidth=line,
         )
-        label = str(action.microbatch) if action.chunk == 0 else f"{action.microbatch}c{action.chunk}"
+        chunk = action.virtual_stage // len(stages)  # the chunk under either placement
+        label = str(action.microbatch) if chunk == 0 else f"{action.microbatch}c{chunk}"
         if width * px_per_ms > (len(label) * 0.65 * LABEL_PT + 4) * DPI / 72:
             ax.text(
                 event.start_ms + width / 2, event.stage, label,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
-from rrfp_ray.schedule.actions import parse_action
+from rrfp_ray.schedule.actions import action_kind
 
 COMPUTE, BLOCKED, SEND, RECV = 0, 1, 2, 3
 TRACK_NAMES = {COMPUTE: "compute", BLOCKED: "blocked", SEND: "send", RECV: "recv"}
@@ -132,7 +132,7 @@ def _offsets(reports: list[IterationReport]) -> list[float]:
 
 
 def _compute_event(event: OpEvent) -> dict:
-    kind = parse_action(event.action).kind.value
+    kind = action_kind(event.action).value
     trace_event = _span(
         name=event.action, cat=kind, pid=event.stage, tid=COMPUTE, start_ms=event.start_ms, end_ms=event.end_ms
     )

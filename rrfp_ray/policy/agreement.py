@@ -38,7 +38,7 @@ class TPProtocol(enum.Enum):
 
 
 NONE = -1
-_KINDS = (Kind.F, Kind.B, Kind.W)
+_KINDS = (Kind.F, Kind.B, Kind.W, Kind.I)
 _CHUNK_BITS = 16
 
 

@@ -3,7 +3,7 @@
 One object per stage per iteration-run, shared by the simulator and the runtime (which
 calls it under its own lock from the compute and receive threads).
 
-In flight: a microbatch enters a stage with its chunk-0 F and leaves with its chunk-0 B
+In flight: a microbatch enters a stage with its chunk-0 F and leaves with its chunk-0 B or I
 (the F->B count) or, under the B/W split, its chunk-0 W (the F->W count). Caps gate only
 those admissions; see `rrfp_ray.policy.pickers`.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rrfp_ray.policy.pickers import Policy, ranked, take
 from rrfp_ray.schedule.actions import Action, Kind
@@ -116,13 +116,13 @@ class Arbiter:
                 self._picker.add(action)
 
     def _slot(self, action: Action) -> int:
-        kind = 0 if action.kind is Kind.F else 1 if action.kind is Kind.B else 2
+        kind = 0 if action.kind is Kind.F else 2 if action.kind is Kind.W else 1  # I and B share a slot
         return (kind * self.layout.chunks + action.chunk) * self.layout.microbatches + action.microbatch
 
     def _in_layout(self, action: Action) -> bool:
         return (
-            action.stage == self.stage
-            and 0 <= action.chunk < self.layout.chunks
+            0 <= action.virtual_stage < self.layout.virtual_stages
+            and self.layout.locate(action.virtual_stage) == (self.stage, action.chunk)
             and 0 <= action.microbatch < self.layout.microbatches
         )
 
@@ -131,7 +131,7 @@ class Arbiter:
         if not self._in_layout(action):
             return len(self._started) - 1
         if action.kind is Kind.W and not self.layout.split:  # a policy without the split runs W inside its B
-            return self._slot(Action(stage=action.stage, kind=Kind.B, microbatch=action.microbatch, chunk=action.chunk))
+            return self._slot(replace(action, kind=Kind.B))
         return self._slot(action)
 
     @property
@@ -201,7 +201,7 @@ class Arbiter:
         self._done[slot] = True
         self._done_count += 1
         if action.chunk == 0 and action.kind is not Kind.F:
-            if action.kind is Kind.B:
+            if action.kind.backward:
                 self.inflight_fb -= 1
             if action.kind is (Kind.W if self.layout.split else Kind.B):
                 self.inflight_fw -= 1

@@ -3,9 +3,10 @@
 A policy is plain data (`Policy`), built once from its CLI name and sent to every stage;
 each stage's arbiter turns it into a `Picker` that holds that stage's ready actions.
 
-- fixed (`gpipe`, `1f1b`, `interleaved`, `zb-h1`, `hint`): only the next action of the list.
+- fixed (a schedule name: `gpipe`, `1f1b`, `interleaved`, `looped-bfs`, `zb-h1`,
+  `zb-interleaved`, `zbv`, `dualpipev`; or `hint`): only the next action of the list.
 - `ready-<schedule>` / `ready-hint`: the first *ready* action in list order.
-- `bf`: alternate one ready B then one ready F; F prefers the lowest chunk, B the highest,
+- `bf`: alternate one ready backward (B, or I under the split) then one ready F; F prefers the lowest chunk, B the highest,
   then the lowest microbatch. `bfw` adds the B/W split: W only when no F or B is eligible.
 - `cpw`: `bfw`, except that when an admission waits on the F->W cap alone, the chunk-0 W that
   frees it runs first (it inherits the admission's priority); see `CPWPicker` and
@@ -24,14 +25,29 @@ them, for callers that must agree with others before starting one (`rrfp_ray.pol
 from __future__ import annotations
 
 import copy
+import enum
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.generators import SCHEDULES, build, splits
+from rrfp_ray.schedule.actions import Action, Kind, Placement
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.generators import SCHEDULES, build, lookup
+from rrfp_ray.schedule.validate import Hint
 
-RULES = ("bf", "bfw", "cpw")
-SPLIT_RULES = ("bfw", "cpw")
+
+class Rule(enum.Enum):
+    """Policies that pick by rule over the ready set, not by a list."""
+
+    BF = "bf"
+    BFW = "bfw"
+    CPW = "cpw"
+
+    @property
+    def split(self) -> bool:
+        return self is not Rule.BF
+
+    def picker(self) -> Picker:
+        return CPWPicker() if self is Rule.CPW else BFPicker(with_w=self is Rule.BFW)
 
 
 @dataclass(frozen=True)
@@ -39,45 +55,51 @@ class Policy:
     name: str
     order: dict[int, list[Action]] = field(repr=False)  # the hint list per stage (the reference list for rules)
     fixed: bool
-    rule: str | None  # one of RULES, or None for list policies
+    rule: Rule | None  # None for list policies
     split: bool
+    placement: Placement = Placement.LOOPED
+
+    def layout_over(self, pipeline: Layout) -> Layout:
+        """The pipeline's layout with this policy's B/W split; its placement must be the pipeline's."""
+        if self.placement is not pipeline.placement:
+            raise ValueError(
+                f"policy {self.name!r} runs on the {self.placement.value} placement, the pipeline was built "
+                f"{pipeline.placement.value}: run policies of one placement on one pipeline"
+            )
+        return replace(pipeline, split=self.split)
 
     def picker(self, *, stage: int) -> Picker:
-        if self.rule == "cpw":
-            return CPWPicker()
         if self.rule is not None:
-            return BFPicker(with_w=self.rule == "bfw")
+            return self.rule.picker()
         if self.fixed:
             return FixedPicker(order=self.order[stage])
         return ListPicker(order=self.order[stage])
 
 
 def policy_names() -> list[str]:
-    return [*SCHEDULES, *(f"ready-{name}" for name in SCHEDULES), *RULES, "hint", "ready-hint"]
+    return [*SCHEDULES, *(f"ready-{name}" for name in SCHEDULES), *(r.value for r in Rule), "hint", "ready-hint"]
 
 
-def make_policy(
-    *, name: str, stages: int, chunks: int, microbatches: int, hint: dict[int, list[Action]] | None = None
-) -> Policy:
-    """Resolve a CLI policy name; `hint` is the user's list for `hint` / `ready-hint`."""
+def make_policy(*, name: str, stages: int, chunks: int, microbatches: int, hint: Hint | None = None) -> Policy:
+    """Resolve a CLI policy name; `hint` is the user's order for `hint` / `ready-hint`."""
     base = name.removeprefix("ready-")
     if base == "hint":
         if hint is None:
             raise ValueError(f"policy {name!r} needs a hint order (--hint FILE)")
-        return Policy(name=name, order=hint, fixed=base == name, rule=None, split=_has_w(hint))
-    if name in RULES:
-        split = name in SPLIT_RULES
-        reference = ("zb-h1" if split else "1f1b") if chunks == 1 else "interleaved"
+        split = any(a.kind is Kind.W for actions in hint.order.values() for a in actions)
+        return Policy(name=name, order=hint.order, fixed=base == name, rule=None, split=split, placement=hint.placement)
+    if name in {r.value for r in Rule}:
+        rule = Rule(name)
+        reference = ("zb-h1" if rule.split else "1f1b") if chunks == 1 else "interleaved"
         order = build(name=reference, stages=stages, chunks=chunks, microbatches=microbatches)
-        return Policy(name=name, order=order, fixed=False, rule=name, split=split)
+        return Policy(name=name, order=order, fixed=False, rule=rule, split=rule.split)
     if base not in SCHEDULES:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+    schedule = lookup(base)
     order = build(name=base, stages=stages, chunks=chunks, microbatches=microbatches)
-    return Policy(name=name, order=order, fixed=base == name, rule=None, split=splits(base))
-
-
-def _has_w(order: dict[int, list[Action]]) -> bool:
-    return any(a.kind is Kind.W for actions in order.values() for a in actions)
+    return Policy(
+        name=name, order=order, fixed=base == name, rule=None, split=schedule.splits, placement=schedule.placement
+    )
 
 
 def _admits(action: Action) -> bool:
@@ -140,7 +162,7 @@ class BFPicker:
         self._w: list[tuple[int, int, Action]] = []
 
     def add(self, action: Action) -> None:
-        if action.kind is Kind.B:
+        if action.kind.backward:
             heapq.heappush(self._b, (-action.chunk, action.microbatch, action))
         elif action.kind is Kind.W:
             heapq.heappush(self._w, (action.microbatch, -action.chunk, action))
@@ -193,7 +215,7 @@ class CPWPicker(BFPicker):
                 return freeing
         action = super().pick(admit=admit)
         if action is not None and action.chunk == 0:
-            self._held += (action.kind is Kind.F) - (action.kind is Kind.B)
+            self._held += (action.kind is Kind.F) - action.kind.backward
         return action
 
     def _chunk0_w(self) -> Action | None:

@@ -10,7 +10,6 @@ Ray they are stage actors and the group runs inside the driver actor (`actors.dr
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -20,7 +19,6 @@ from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.worker import PipelineError, Workload
-from rrfp_ray.schedule.actions import place
 from rrfp_ray.schedule.deps import Layout
 
 logger = logging.getLogger(__name__)
@@ -96,7 +94,7 @@ class StageGroup:
     def run_iteration(
         self, *, iteration: int, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
     ) -> IterationReport:
-        layout = dataclasses.replace(self.layout, split=policy.split)
+        layout = policy.layout_over(self.layout)
         try:
             results = self._all(
                 lambda _, h: h.run_iteration(
@@ -147,7 +145,7 @@ class StageGroup:
             for rank in range(self.tp):
                 out = None
                 for vs in range(self.layout.virtual_stages):
-                    stage, chunk = place(virtual_stage=vs, stages=self.layout.stages)
+                    stage, chunk = self.layout.locate(vs)
                     out = self.handles[stage * self.tp + rank].evaluate(chunk=chunk, inputs=out, index=index)
                 finals.append(out)
                 labels.append(f"validation microbatch {index}" + (f" (TP rank {rank})" if self.tp > 1 else ""))

@@ -83,11 +83,11 @@ class SleepExecutor:
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> None:
         return None
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
         start = time.time()
         if self._in_step is not None:
             start = self._in_step.start(action=action, now=start)
-        deadline = start + self._trace.duration(action, split=split) / 1e3
+        deadline = start + self._trace.duration(action) / 1e3
         while (left := deadline - time.time()) > 0:
             time.sleep(left)
         if self._layout.sends(action) is None:

@@ -42,10 +42,10 @@ class Executor(Protocol):
         """After every action of the iteration: e.g. clip by the global norm and step."""
         ...
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
         """Run one action on its input (activation or gradient); return what it sends, if anything.
 
-        Without `split`, B also computes the weight gradients."""
+        I is the input gradient alone, W the weight gradient, B both."""
         ...
 
 
@@ -151,7 +151,7 @@ class StageWorker:
                 with self._cond:
                     payload = self._take_input(layout, action)
                 start = self._now()
-                output = executor.run(action=action, iteration=iteration, payload=payload, split=layout.split)
+                output = executor.run(action=action, iteration=iteration, payload=payload)
                 end = self._now()
                 events.append(
                     OpEvent(
@@ -267,6 +267,12 @@ class StageWorker:
     ) -> None:
         if output is None:
             raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
+        if layout.is_local(message):  # the V's turn: straight into this stage's own inbox, no link
+            self._inbox[message] = output
+            self._arbiter.on_arrival(message)
+            consumer = layout.consumer(message)
+            self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
+            return
         release = time.monotonic() + (latency(message) / 1e3 if latency else 0.0)
         header = Header.for_payload(message=message, iteration=iteration, payload=output)
         item = _Outgoing(link=layout.link(message), header=header, payload=output)

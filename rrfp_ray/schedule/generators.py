@@ -1,6 +1,6 @@
 """Classic pipeline schedules as plain data: per stage, its compute order for one iteration.
 
-Each generator returns ``{stage: [Action, ...]}`` with F, B and (for zb-h1) W actions only.
+Each generator returns ``{stage: [Action, ...]}``: F and B actions, or F, I and W for zb-h1.
 The orders are those of PyTorch's ``torch.distributed.pipelining`` (2.13) schedules for the
 same stages P, chunks v and microbatches M, and so are the microbatch counts they refuse:
 
@@ -10,18 +10,20 @@ same stages P, chunks v and microbatches M, and so are the microbatch counts the
 - ``interleaved``: the same pattern over v chunks per stage, in rounds of ``M // R``
   microbatches per chunk, ``R = max(1, M // P)`` (``ScheduleInterleaved1F1B``; needs
   ``M % R == 0``).
-- ``zb-h1``: 1F1B with the backward split into B (input gradient) and W (weight gradient);
-  stage ``s`` runs each W ``s`` backwards after its B, filling the drain bubble
+- ``zb-h1``: 1F1B with the backward split into I (input gradient) and W (weight gradient);
+  stage ``s`` runs each W ``s`` input gradients after its I, filling the drain bubble
   (``ScheduleInterleavedZeroBubble`` with one stage per rank; needs ``M % R == 0``).
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.actions import Action, Kind, Placement
+from rrfp_ray.schedule.torch_import import imported
 
 Order = dict[int, list[Action]]
 
@@ -29,7 +31,7 @@ Order = dict[int, list[Action]]
 def gpipe(*, stages: int, microbatches: int) -> Order:
     _require_positive(stages=stages, microbatches=microbatches)
     return {
-        s: [Action(stage=s, kind=kind, microbatch=m) for kind in (Kind.F, Kind.B) for m in range(microbatches)]
+        s: [_action(kind=kind, stage=s, stages=stages, microbatch=m) for kind in (Kind.F, Kind.B) for m in range(microbatches)]
         for s in range(stages)
     }
 
@@ -47,12 +49,13 @@ def one_f_one_b(*, stages: int, microbatches: int) -> Order:
 def interleaved(*, stages: int, chunks: int, microbatches: int) -> Order:
     _require_positive(stages=stages, microbatches=microbatches)
     if chunks < 2:
-        raise ValueError(f"chunks must be >= 2 for interleaved (use 1f1b for one chunk), got {chunks}")
+        raise ValueError(f"chunks (--chunks) must be >= 2 for interleaved (use 1f1b for one chunk), got {chunks}")
     per_round = _microbatches_per_round(stages=stages, microbatches=microbatches, name="interleaved")
     order: Order = {}
     for s in range(stages):
-        forwards = _chunk_turns(stage=s, kind=Kind.F, chunks=chunks, per_round=per_round, microbatches=microbatches)
-        backwards = _chunk_turns(stage=s, kind=Kind.B, chunks=chunks, per_round=per_round, microbatches=microbatches)
+        turns = {"stage": s, "stages": stages, "chunks": chunks, "per_round": per_round, "microbatches": microbatches}
+        forwards = _chunk_turns(kind=Kind.F, **turns)
+        backwards = _chunk_turns(kind=Kind.B, **turns)
         warmup = min((chunks - 1) * per_round + 2 * (stages - 1 - s), chunks * microbatches)
         order[s] = _alternate(forwards=forwards, backwards=backwards, warmup=warmup)
     return order
@@ -62,55 +65,76 @@ def zb_h1(*, stages: int, microbatches: int) -> Order:
     _require_positive(stages=stages, microbatches=microbatches)
     _microbatches_per_round(stages=stages, microbatches=microbatches, name="zb-h1")
     return {
-        s: _defer_weights(_one_f_one_b_stage(stage=s, stages=stages, microbatches=microbatches), lag=s)
+        s: _defer_weights(_one_f_one_b_stage(stage=s, stages=stages, microbatches=microbatches, backward=Kind.I), lag=s)
         for s in range(stages)
     }
 
 
+class Chunks(enum.Enum):
+    """The chunk counts a schedule takes."""
+
+    ONE = "1"
+    MANY = ">= 2"
+    ANY = ">= 1"
+    TWO = "2"
+
+    def allows(self, chunks: int) -> bool:
+        return {Chunks.ONE: chunks == 1, Chunks.MANY: chunks >= 2, Chunks.ANY: chunks >= 1, Chunks.TWO: chunks == 2}[self]
+
+
 @dataclass(frozen=True)
 class Schedule:
-    generate: Callable[..., Order]
-    chunked: bool  # takes chunks (>= 2); the others run one chunk per stage
-    splits: bool  # has W actions (backward split into input and weight gradients)
+    generate: Callable[..., Order]  # (stages, chunks, microbatches) -> Order
+    chunks: Chunks
+    splits: bool  # has I and W actions (backward split into input and weight gradients)
+    placement: Placement = Placement.LOOPED
+
+
+def _imported(name: str) -> Callable[..., Order]:
+    return lambda *, stages, chunks, microbatches: imported(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
 
 
 SCHEDULES: dict[str, Schedule] = {
-    "gpipe": Schedule(generate=gpipe, chunked=False, splits=False),
-    "1f1b": Schedule(generate=one_f_one_b, chunked=False, splits=False),
-    "interleaved": Schedule(generate=interleaved, chunked=True, splits=False),
-    "zb-h1": Schedule(generate=zb_h1, chunked=False, splits=True),
+    "gpipe": Schedule(generate=lambda *, chunks, **size: gpipe(**size), chunks=Chunks.ONE, splits=False),
+    "1f1b": Schedule(generate=lambda *, chunks, **size: one_f_one_b(**size), chunks=Chunks.ONE, splits=False),
+    "interleaved": Schedule(generate=interleaved, chunks=Chunks.MANY, splits=False),
+    "looped-bfs": Schedule(generate=_imported("looped-bfs"), chunks=Chunks.ANY, splits=False),
+    "zb-h1": Schedule(generate=lambda *, chunks, **size: zb_h1(**size), chunks=Chunks.ONE, splits=True),
+    "zb-interleaved": Schedule(generate=_imported("zb-interleaved"), chunks=Chunks.ANY, splits=True),
+    "zbv": Schedule(generate=_imported("zbv"), chunks=Chunks.TWO, splits=True, placement=Placement.V),
+    "dualpipev": Schedule(generate=_imported("dualpipev"), chunks=Chunks.TWO, splits=True, placement=Placement.V),
 }
 
 
 def build(*, name: str, stages: int, chunks: int, microbatches: int) -> Order:
-    schedule = _lookup(name)
-    if schedule.chunked:
-        return schedule.generate(stages=stages, chunks=chunks, microbatches=microbatches)
-    if chunks != 1:
-        raise ValueError(f"chunks must be 1 for schedule {name!r} (only 'interleaved' takes chunks), got {chunks}")
-    return schedule.generate(stages=stages, microbatches=microbatches)
+    schedule = lookup(name)
+    if not schedule.chunks.allows(chunks):
+        why = " (the V placement holds two virtual stages per stage)" if schedule.placement is Placement.V else ""
+        raise ValueError(f"chunks (--chunks) must be {schedule.chunks.value} for schedule {name!r}{why}, got {chunks}")
+    _require_positive(stages=stages, microbatches=microbatches)
+    return schedule.generate(stages=stages, chunks=chunks, microbatches=microbatches)
 
 
 def splits(name: str) -> bool:
-    return _lookup(name).splits
+    return lookup(name).splits
+
+
+def lookup(name: str) -> Schedule:
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule name {name!r}; known: {', '.join(SCHEDULES)}")
+    return SCHEDULES[name]
 
 
 def peak_inflight(order: Order, *, stage: int) -> int:
     """Most microbatches held between their chunk-0 F and their last chunk-0 backward (W if split)."""
     actions = _stage_list(order, stage=stage)
-    release = Kind.W if any(a.kind is Kind.W for a in actions) else Kind.B
+    release = (Kind.W,) if any(a.kind is Kind.W for a in actions) else (Kind.B,)
     return _peak(actions, release=release)
 
 
 def peak_inflight_fb(order: Order, *, stage: int) -> int:
-    """Most microbatches held between their chunk-0 F and their chunk-0 B, split or not."""
-    return _peak(_stage_list(order, stage=stage), release=Kind.B)
-
-
-def _lookup(name: str) -> Schedule:
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule name {name!r}; known: {', '.join(SCHEDULES)}")
-    return SCHEDULES[name]
+    """Most microbatches held between their chunk-0 F and their chunk-0 I or B, split or not."""
+    return _peak(_stage_list(order, stage=stage), release=(Kind.I, Kind.B))
 
 
 def _require_positive(**values: int) -> None:
@@ -129,8 +153,13 @@ def _microbatches_per_round(*, stages: int, microbatches: int, name: str) -> int
     return microbatches // rounds
 
 
+def _action(*, kind: Kind, stage: int, stages: int, microbatch: int, chunk: int = 0) -> Action:
+    virtual_stage = Placement.LOOPED.virtual_stage(stage=stage, chunk=chunk, stages=stages)
+    return Placement.LOOPED.action(kind=kind, virtual_stage=virtual_stage, microbatch=microbatch, stages=stages)
+
+
 def _chunk_turns(
-    *, stage: int, kind: Kind, chunks: int, per_round: int, microbatches: int
+    *, stage: int, stages: int, kind: Kind, chunks: int, per_round: int, microbatches: int
 ) -> list[Action]:
     """Every action of one kind, chunks taking turns in blocks of ``per_round`` microbatches.
 
@@ -141,13 +170,13 @@ def _chunk_turns(
         turn = (k // per_round) % chunks
         microbatch = (k // (per_round * chunks)) * per_round + k % per_round
         chunk = turn if kind is Kind.F else chunks - 1 - turn
-        ops.append(Action(stage=stage, kind=kind, microbatch=microbatch, chunk=chunk))
+        ops.append(_action(kind=kind, stage=stage, stages=stages, microbatch=microbatch, chunk=chunk))
     return ops
 
 
-def _one_f_one_b_stage(*, stage: int, stages: int, microbatches: int) -> list[Action]:
-    forwards = [Action(stage=stage, kind=Kind.F, microbatch=m) for m in range(microbatches)]
-    backwards = [Action(stage=stage, kind=Kind.B, microbatch=m) for m in range(microbatches)]
+def _one_f_one_b_stage(*, stage: int, stages: int, microbatches: int, backward: Kind = Kind.B) -> list[Action]:
+    forwards = [_action(kind=Kind.F, stage=stage, stages=stages, microbatch=m) for m in range(microbatches)]
+    backwards = [_action(kind=backward, stage=stage, stages=stages, microbatch=m) for m in range(microbatches)]
     return _alternate(forwards=forwards, backwards=backwards, warmup=min(stages - 1 - stage, microbatches))
 
 
@@ -163,13 +192,13 @@ def _alternate(*, forwards: Sequence[Action], backwards: Sequence[Action], warmu
 
 
 def _defer_weights(ops: Sequence[Action], *, lag: int) -> list[Action]:
-    """Insert each B's W after the B that comes ``lag`` backwards later; the rest at the end."""
+    """Insert each I's W after the I that comes ``lag`` input gradients later; the rest at the end."""
     out: list[Action] = []
     pending: deque[Action] = deque()
     for op in ops:
         out.append(op)
-        if op.kind is Kind.B:
-            pending.append(Action(stage=op.stage, kind=Kind.W, microbatch=op.microbatch, chunk=op.chunk))
+        if op.kind is Kind.I:
+            pending.append(replace(op, kind=Kind.W))
             if len(pending) > lag:
                 out.append(pending.popleft())
     return out + list(pending)
@@ -181,7 +210,7 @@ def _stage_list(order: Order, *, stage: int) -> list[Action]:
     return order[stage]
 
 
-def _peak(actions: Sequence[Action], *, release: Kind) -> int:
+def _peak(actions: Sequence[Action], *, release: tuple[Kind, ...]) -> int:
     held = peak = 0
     for action in actions:
         if action.chunk != 0:
@@ -189,6 +218,6 @@ def _peak(actions: Sequence[Action], *, release: Kind) -> int:
         if action.kind is Kind.F:
             held += 1
             peak = max(peak, held)
-        elif action.kind is release:
+        elif action.kind in release:
             held -= 1
     return peak

@@ -4,15 +4,20 @@ Deadlock is checked by running the order at unit times: every action takes one s
 message sent at step t can be used from step t+1, and each stage runs only the next action
 of its list, once what it needs is there. Errors print the stage x step grid with the
 faulty cells drawn as ``>1B3<``.
+
+A hint file is JSON ``{stage: ["0F0", ...]}`` or torch's CSV (one row per stage); see `load_hint`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
-from rrfp_ray.schedule.actions import Action, Kind, parse_action
+from rrfp_ray.schedule.actions import Action, Kind, Placement
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.generators import Order
+from rrfp_ray.schedule.torch_import import translate
 
 Cell = tuple[int, int]  # (stage, position in that stage's list)
 
@@ -112,7 +117,7 @@ def _why_foreign(action: Action, *, stage: int, layout: Layout) -> str:
     if action.stage != stage:
         return f"which belongs to stage {action.stage}"
     if action.kind is Kind.W:
-        return "but the layout does not split B into B and W"
+        return "but the layout does not split B into I and W"
     return f"which is out of range (chunks={layout.chunks}, microbatches={layout.microbatches})"
 
 
@@ -197,12 +202,44 @@ def _cycle(blocker: Mapping[int, Action]) -> list[int]:
     return path[path.index(s):]
 
 
-def parse_order(data: dict[str, list[str]] | dict[int, list[str]], *, stages: int, chunks: int, microbatches: int) -> dict[int, list[Action]]:
-    """A user's hint order from JSON (`{"0": ["0F0", "0F1", ...], ...}`), validated; W actions mean the B/W split."""
-    try:
-        order = {int(stage): [parse_action(text) for text in actions] for stage, actions in data.items()}
-    except (TypeError, AttributeError) as error:
-        raise ValueError(f"a hint order maps each stage to a list of actions like '0F0': {error}") from None
+@dataclass(frozen=True)
+class Hint:
+    """A user's hint order and the placement its rows imply."""
+
+    order: Order
+    placement: Placement
+
+
+def load_hint(text: str) -> dict[int, list[str]]:
+    """A hint file's action texts per stage: JSON ``{"0": ["0F0", ...]}`` or torch's CSV."""
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"hint file is not valid JSON: {error}") from None
+        if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+            raise ValueError('a hint order maps each stage to a list of actions like "0F0"')
+        try:
+            return {int(stage): [str(word) for word in words] for stage, words in data.items()}
+        except ValueError as error:
+            raise ValueError(f"hint stages must be integers: {error}") from None
+    return {rank: row.split(",") for rank, row in enumerate(text.splitlines()) if row.strip()}
+
+
+def parse_order(data: Mapping[int, Sequence[str]], *, stages: int, chunks: int, microbatches: int) -> Hint:
+    """A user's hint order, validated; I and W actions mean the B/W split.
+
+    The placement is the one under which each stage lists its own virtual stages (looped
+    unless only V fits, which needs two chunks)."""
+    cells = {int(stage): list(words) for stage, words in data.items()}
+    candidates = [Placement.LOOPED, Placement.V] if chunks == 2 else [Placement.LOOPED]
+    orders = {p: translate(cells, stages=stages, placement=p) for p in candidates}
+    placement = next((p for p in candidates if _own_stages(orders[p])), Placement.LOOPED)
+    order = orders[placement]
     split = any(a.kind is Kind.W for actions in order.values() for a in actions)
-    validate(order, layout=Layout(stages=stages, chunks=chunks, microbatches=microbatches, split=split))
-    return order
+    validate(order, layout=Layout(stages=stages, chunks=chunks, microbatches=microbatches, split=split, placement=placement))
+    return Hint(order=order, placement=placement)
+
+
+def _own_stages(order: Order) -> bool:
+    return all(a.stage == s for s, actions in order.items() for a in actions)

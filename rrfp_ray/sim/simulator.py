@@ -37,7 +37,13 @@ class DeadlockError(RuntimeError):
 
 
 def layout_for(*, policy: Policy, trace: Trace) -> Layout:
-    return Layout(stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches, split=policy.split)
+    return Layout(
+        stages=trace.stages,
+        chunks=trace.chunks,
+        microbatches=trace.microbatches,
+        split=policy.split,
+        placement=policy.placement,
+    )
 
 
 def simulate(
@@ -47,7 +53,7 @@ def simulate(
     arbiters = [
         Arbiter(layout=layout, stage=s, policy=policy, cap=cap, buffer_limit=buffer_limit) for s in range(layout.stages)
     ]
-    duration = _duration_of(trace=trace, split=layout.split)
+    duration = _duration_of(trace=trace)
     events: list[list[OpEvent]] = [[] for _ in arbiters]
     busy = [False] * layout.stages
     ready_at: dict[Action, float] = {}
@@ -63,7 +69,8 @@ def simulate(
     def deliver(message: Message, now: float) -> None:
         dst = layout.dst(message)
         # A stage with room has nothing waiting: every pick drains its links right away.
-        if arbiters[dst].has_room():
+        # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
+        if layout.is_local(message) or arbiters[dst].has_room():
             arrive(message, arbiter=arbiters[dst], now=now)
         else:
             waiting[dst].setdefault(layout.link(message), deque()).append(message)
@@ -117,7 +124,7 @@ def simulate(
             for follower in layout.local_followers(item):
                 ready_at[follower] = max(ready_at.get(follower, 0.0), now)
             if message is not None:
-                push(now + trace.latency(message), message)
+                push(now + (0.0 if layout.is_local(message) else trace.latency(message)), message)
     stuck = [a.waiting_for() for a in arbiters if not a.finished]
     if stuck:
         raise DeadlockError(f"simulation of {policy.name} stopped at {now:.1f} ms:\n" + "\n".join(stuck))
@@ -135,16 +142,13 @@ def simulate(
     )
 
 
-def _duration_of(*, trace: Trace, split: bool) -> Callable[[Action], float]:
+def _duration_of(*, trace: Trace) -> Callable[[Action], float]:
     """`trace.duration` without its per-call checks (the layout only makes valid actions)."""
-    stages = trace.stages
-    backward = trace.B if split else tuple(tuple(b + w for b, w in zip(*rows)) for rows in zip(trace.B, trace.W))
+    full = tuple(tuple(b + w for b, w in zip(*rows)) for rows in zip(trace.B, trace.W))
+    rows_of = {Kind.F: trace.F, Kind.I: trace.B, Kind.W: trace.W, Kind.B: full}
 
     def duration(action: Action) -> float:
-        vs = action.chunk * stages + action.stage
-        kind = action.kind
-        rows = trace.F if kind is Kind.F else backward if kind is Kind.B else trace.W
-        return rows[vs][action.microbatch]
+        return rows_of[action.kind][action.virtual_stage][action.microbatch]
 
     return duration
 
@@ -160,9 +164,9 @@ def bounds(*, trace: Trace, split: bool) -> Bounds:
     """
     layout = Layout(stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches, split=split)
     V, M = layout.virtual_stages, layout.microbatches
-    duration = _duration_of(trace=trace, split=split)
+    duration = _duration_of(trace=trace)
     backward = [
-        [duration(layout.action(kind=Kind.B, virtual_stage=vs, microbatch=m)) for m in range(M)] for vs in range(V)
+        [duration(layout.action(kind=layout.backward, virtual_stage=vs, microbatch=m)) for m in range(M)] for vs in range(V)
     ]
     # head[vs][m]: earliest start of F(vs, m); chain[vs][m]: what must run after B(vs, m) ends.
     head, chain = [[0.0] * M], [[0.0] * M]

@@ -90,23 +90,20 @@ class Trace:
     def virtual_stages(self) -> int:
         return self.stages * self.chunks
 
-    def duration(self, action: Action, *, split: bool) -> float:
-        """ms of one op; without the split, B does W's work too and W does not exist."""
+    def duration(self, action: Action) -> float:
+        """ms of one op: I is the trace's B, W its W, and a full backward B both (B + W)."""
         for name, value, bound in (
-            ("stage", action.stage, self.stages),
-            ("chunk", action.chunk, self.chunks),
+            ("virtual stage", action.virtual_stage, self.virtual_stages),
             ("microbatch", action.microbatch, self.microbatches),
         ):
             if not 0 <= value < bound:
                 raise ValueError(f"action {action}: {name} {value} outside the trace (0..{bound - 1})")
-        vs, m = action.virtual_stage(stages=self.stages), action.microbatch
+        vs, m = action.virtual_stage, action.microbatch
         if action.kind is Kind.F:
             return self.F[vs][m]
         if action.kind is Kind.W:
-            if not split:
-                raise ValueError(f"action {action}: W exists only when backward is split")
             return self.W[vs][m]
-        return self.B[vs][m] if split else self.B[vs][m] + self.W[vs][m]
+        return self.B[vs][m] if action.kind is Kind.I else self.B[vs][m] + self.W[vs][m]
 
     def latency(self, message: Message) -> float:
         """ms of one delivery: an activation into vs comes from vs-1, a gradient from vs+1."""

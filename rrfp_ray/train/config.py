@@ -65,7 +65,14 @@ class PipelineConfig(BaseModel):
 
     @property
     def layout(self) -> Layout:
-        return Layout(stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, split=self.resolved_policy(self.policy).split)
+        policy = self.resolved_policy(self.policy)
+        return Layout(
+            stages=self.stages,
+            chunks=self.chunks,
+            microbatches=self.microbatches,
+            split=policy.split,
+            placement=policy.placement,
+        )
 
     @property
     def parsed_cap(self) -> Cap:

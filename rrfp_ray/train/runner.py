@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
+from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.train.split_backward import WeightPass, collect, split_backward, unchanged
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -35,12 +36,16 @@ def partition(*, n_layers: int, parts: int) -> list[range]:
     return [range(start, end) for start, end in zip(starts, starts[1:])]
 
 
-def stage_chunks(*, layers: Sequence[nn.Module], stages: int, chunks: int, stage: int) -> dict[int, nn.Sequential]:
-    """The modules ``stage`` holds: its chunk c runs virtual stage ``c * stages + stage``."""
+def stage_chunks(
+    *, layers: Sequence[nn.Module], stages: int, chunks: int, stage: int, placement: Placement = Placement.LOOPED
+) -> dict[int, nn.Sequential]:
+    """The modules ``stage`` holds: its chunk c runs the virtual stage the placement gives it
+    (looped: ``c * stages + stage``)."""
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} is not in [0, {stages})")
     parts = partition(n_layers=len(layers), parts=stages * chunks)
-    return {c: nn.Sequential(*(layers[i] for i in parts[c * stages + stage])) for c in range(chunks)}
+    held = {c: placement.virtual_stage(stage=stage, chunk=c, stages=stages) for c in range(chunks)}
+    return {c: nn.Sequential(*(layers[i] for i in parts[vs])) for c, vs in held.items()}
 
 
 def build_stage(
@@ -52,12 +57,14 @@ def build_stage(
     loss_fn: LossFn,
     loss_scale: float,
     optimizer_factory: OptimizerFactory,
+    placement: Placement = Placement.LOOPED,
 ) -> StageRunner:
     """A runner for ``stage`` of a ``stages`` x ``chunks`` pipeline over ``layers``."""
+    last_stage, last_chunk = placement.locate(virtual_stage=stages * chunks - 1, stages=stages)
     return StageRunner(
-        chunks=stage_chunks(layers=layers, stages=stages, chunks=chunks, stage=stage),
+        chunks=stage_chunks(layers=layers, stages=stages, chunks=chunks, stage=stage, placement=placement),
         first_chunk=0 if stage == 0 else None,
-        last_chunk=chunks - 1 if stage == stages - 1 else None,
+        last_chunk=last_chunk if stage == last_stage else None,
         loss_fn=loss_fn,
         loss_scale=loss_scale,
         optimizer_factory=optimizer_factory,

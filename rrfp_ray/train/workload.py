@@ -2,7 +2,8 @@
 
 `ModelWorkload` is plain data sent to every stage; each stage builds the whole module
 list from the same seed, keeps its own chunks, and returns a `ModelExecutor` that the
-runtime drives action by action. Stage 0 reads its inputs and the last stage its
+runtime drives action by action. Stage 0 reads its inputs and the stage holding the last
+virtual stage (`Layout.loss_stage`: the last stage when looped, stage 0 under V) its
 targets from the data source by (iteration, microbatch): no data passes through the
 driver. After every action of an iteration, the stages agree on the global gradient
 norm (one all-reduce over all stages), clip, and step.
@@ -106,6 +107,7 @@ class ModelWorkload:
             layers=[layer.to(self.device) for layer in self.layers()],
             stages=layout.stages,
             chunks=layout.chunks,
+            placement=layout.placement,
             stage=stage,
             loss_fn=self.loss_fn,
             loss_scale=1.0 / self.microbatches,
@@ -133,7 +135,7 @@ class ModelExecutor:
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
 
-    def run(self, *, action: Action, iteration: int, payload: Tensor | None, split: bool) -> Tensor | None:
+    def run(self, *, action: Action, iteration: int, payload: Tensor | None) -> Tensor | None:
         vs = self._layout.vs(action)
         m, c = action.microbatch, action.chunk
         payload = _to(payload, device=self._workload.device)
@@ -144,17 +146,18 @@ class ModelExecutor:
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
             out = self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets)
+        elif action.kind is Kind.I:
+            out = self.runner.backward_input(chunk=c, microbatch=m, grad=payload)
         elif action.kind is Kind.B:
-            backward = self.runner.backward_input if split else self.runner.backward
-            out = backward(chunk=c, microbatch=m, grad=payload)
+            out = self.runner.backward(chunk=c, microbatch=m, grad=payload)
         else:
             out = self.runner.backward_weight(chunk=c, microbatch=m)
-        self._inject(action, split=split)
+        self._inject(action)
         return out
 
-    def _inject(self, action: Action, *, split: bool) -> None:
+    def _inject(self, action: Action) -> None:
         if self._workload.injected is not None:
-            time.sleep(self._workload.injected.duration(action, split=split) / 1e3)
+            time.sleep(self._workload.injected.duration(action) / 1e3)
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult:
         """Clip by the global gradient norm (summed over all stages) and step."""
@@ -184,7 +187,7 @@ class ModelExecutor:
         """Forward only on validation microbatch `index`: the activation, or the loss on the last virtual stage."""
         if self._workload.val_data is None:
             raise ValueError("this workload has no validation data (val_data)")
-        vs = chunk * self._layout.stages + self.stage
+        vs = self._layout.virtual_stage(stage=self.stage, chunk=chunk)
         x, y = _to(self._workload.val_data.microbatch(iteration=0, index=index), device=self._workload.device)
         out = self.runner.module(chunk)(x if vs == 0 else _to(inputs, device=self._workload.device))
         return (self._workload.loss_fn(out, y) if vs == self._layout.virtual_stages - 1 else out).cpu()
