@@ -67,7 +67,7 @@ def test_pipeline_png_writes_a_readable_chart_with_every_mark(bf, tmp_path):
     assert 0 < len(labels) <= len(bf.events)
     assert set(labels) <= {str(m) for m in range(8)}
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert {"F forward", "B backward", "W weight grad", "blocked (idle)"} <= set(legend)
+    assert {"F forward", "I input grad", "W weight grad", "B full backward", "blocked (idle)"} <= set(legend)
 
 
 def test_compare_png_stacks_two_charts_on_one_time_axis(bf, tmp_path):

@@ -11,7 +11,7 @@ from rrfp_ray.observe.perfetto import BLOCKED, COMPUTE, RECV, SEND, blocked_span
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports, stage_stats
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
-from rrfp_ray.schedule.actions import parse_action
+from rrfp_ray.schedule.actions import action_kind
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
@@ -46,7 +46,7 @@ def test_written_trace_parses_and_has_one_compute_event_per_op(report, tmp_path)
         traced = by_name[(event.stage, event.action)]
         assert traced["ts"] == pytest.approx(event.start_ms * 1e3)
         assert traced["dur"] == pytest.approx((event.end_ms - event.start_ms) * 1e3)
-        assert traced["cat"] == parse_action(event.action).kind.value
+        assert traced["cat"] == action_kind(event.action).value
         assert traced["args"]["waited_ms"] == pytest.approx(event.start_ms - event.ready_ms)
         assert traced["args"]["overtook"] == event.overtook
         assert traced["args"]["hint_pos"] == event.hint_pos

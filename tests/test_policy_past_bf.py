@@ -11,7 +11,7 @@ from test_simulator import bf_choice, builds, readiness, traces
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Arbiter, Cap
-from rrfp_ray.policy.pickers import BFPicker, CPWPicker, Policy, make_policy
+from rrfp_ray.policy.pickers import BFPicker, CPWPicker, Policy, Rule, make_policy
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
@@ -21,7 +21,7 @@ from rrfp_ray.sim.variability import Trace, generate
 
 
 def acts(text: str) -> list[Action]:
-    return [parse_action(word) for word in text.split()]
+    return [parse_action(word, stages=4) for word in text.split()]  # picker tests: P = 4, so 4F1 is chunk 1
 
 
 def feed(picker: CPWPicker | BFPicker, steps: list[tuple[str, bool]]) -> list[Action | None]:
@@ -41,7 +41,7 @@ def feed(picker: CPWPicker | BFPicker, steps: list[tuple[str, bool]]) -> list[Ac
 def test_cpw_resolves_to_bfws_layout_and_caps(chunks: int) -> None:
     cpw = make_policy(name="cpw", stages=4, chunks=chunks, microbatches=8)
     bfw = make_policy(name="bfw", stages=4, chunks=chunks, microbatches=8)
-    assert (cpw.name, cpw.rule, cpw.split, cpw.fixed) == ("cpw", "cpw", True, False)
+    assert (cpw.name, cpw.rule, cpw.split, cpw.fixed) == ("cpw", Rule.CPW, True, False)
     assert cpw.order == bfw.order  # same reference list, so the same caps at any multiple
     assert isinstance(cpw.picker(stage=0), CPWPicker)
 
@@ -56,31 +56,31 @@ def test_unknown_policy_error_lists_cpw() -> None:
 # A stage at caps F->B 2 and F->W 2: it admits 0F0 and 0F1, then is held; 0B0 brings the F->B
 # count back to 1, a level at which it admitted before, so only the F->W cap (0W0 pending) holds
 # 0F2, and 0W0 goes ahead of the ready 0B1.
-HELD_BY_W = [("0F0 0F1", True), ("", True), ("0B0", False), ("0W0 0B1 0F2", False), ("", True)]
+HELD_BY_W = [("0F0 0F1", True), ("", True), ("0I0", False), ("0W0 0I1 0F2", False), ("", True)]
 
 
 def test_cpw_runs_the_w_that_frees_a_held_admission_first() -> None:
-    assert feed(CPWPicker(), HELD_BY_W) == acts("0F0 0F1 0B0 0W0 0F2")
-    assert feed(BFPicker(with_w=True), HELD_BY_W[:4]) == acts("0F0 0F1 0B0 0B1")
+    assert feed(CPWPicker(), HELD_BY_W) == acts("0F0 0F1 0I0 0W0 0F2")
+    assert feed(BFPicker(with_w=True), HELD_BY_W[:4]) == acts("0F0 0F1 0I0 0I1")
 
 
 def test_cpw_keeps_bfw_order_when_the_f_to_b_cap_may_be_the_one() -> None:
     """At caps F->B 1: 0F1 brings the F->B count to 1, a level it never admitted at, so the held
     0F2 may wait on the F->B cap, which no W can free: BFW's choice, the backward, stands."""
-    steps = [("0F0", True), ("0B0", False), ("0W0 0F1", True), ("0B1 0F2", False)]
-    assert feed(CPWPicker(), steps) == feed(BFPicker(with_w=True), steps) == acts("0F0 0B0 0F1 0B1")
+    steps = [("0F0", True), ("0I0", False), ("0W0 0F1", True), ("0I1 0F2", False)]
+    assert feed(CPWPicker(), steps) == feed(BFPicker(with_w=True), steps) == acts("0F0 0I0 0F1 0I1")
 
 
 def test_cpw_lets_a_later_chunk_forward_go_first() -> None:
-    steps = [*HELD_BY_W[:3], ("0W0 0F1c1 0F2", False)]
-    assert feed(CPWPicker(), steps)[-1] == parse_action("0F1c1")
+    steps = [*HELD_BY_W[:3], ("0W0 4F1 0F2", False)]
+    assert feed(CPWPicker(), steps)[-1] == parse_action(stages=4, text="4F1")
 
 
 def test_cpw_frees_with_a_chunk_0_w_only() -> None:
-    steps = [*HELD_BY_W[:3], ("0W0c1 0B1 0F2", False)]
-    assert feed(CPWPicker(), steps)[-1] == parse_action("0B1")
-    steps = [*HELD_BY_W[:3], ("0W0c1 0W1 0B1 0F2", False)]
-    assert feed(CPWPicker(), steps)[-1] == parse_action("0W1")
+    steps = [*HELD_BY_W[:3], ("4W0 0I1 0F2", False)]
+    assert feed(CPWPicker(), steps)[-1] == parse_action(stages=4, text="0I1")
+    steps = [*HELD_BY_W[:3], ("4W0 0W1 0I1 0F2", False)]
+    assert feed(CPWPicker(), steps)[-1] == parse_action(stages=4, text="0W1")
 
 
 def test_cpw_is_bfw_when_the_cap_never_binds() -> None:
@@ -101,9 +101,9 @@ def check_cpw_run(report: IterationReport, *, policy: Policy, trace: Trace, cap:
     layout = layout_for(policy=policy, trace=trace)
     ops = {}
     for event in report.events:
-        action = parse_action(event.action)
+        action = parse_action(event.action, stages=layout.stages)
         assert action not in ops, f"{action} ran twice"
-        assert event.end_ms - event.start_ms == pytest.approx(trace.duration(action, split=True))
+        assert event.end_ms - event.start_ms == pytest.approx(trace.duration(action))
         ops[action] = event
     assert set(ops) == {a for s in range(layout.stages) for a in layout.actions(stage=s)}
     ready = readiness(ops, layout=layout, trace=trace)
@@ -116,7 +116,7 @@ def check_cpw_run(report: IterationReport, *, policy: Policy, trace: Trace, cap:
             assert start >= max(free, ready[action]), f"{action} started before its stage was free or it was ready"
             done, pending = timeline[:k], timeline[k:]
             admitted = sum(a.kind is Kind.F and a.chunk == 0 for a in done)
-            held_fb = admitted - sum(a.kind is Kind.B and a.chunk == 0 for a in done)
+            held_fb = admitted - sum(a.kind.backward and a.chunk == 0 for a in done)
             held_fw = admitted - sum(a.kind is Kind.W and a.chunk == 0 for a in done)
             room = held_fb < arbiter.cap_fb and held_fw < arbiter.cap_fw
             if room:

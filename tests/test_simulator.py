@@ -136,10 +136,10 @@ def check_run(
     layout = layout_for(policy=policy, trace=trace)
     ops: dict[Action, OpEvent] = {}
     for event in report.events:
-        action = parse_action(event.action)
+        action = parse_action(event.action, stages=layout.stages, placement=layout.placement)
         assert action not in ops, f"{action} ran twice"
         assert action.stage == event.stage
-        assert event.end_ms - event.start_ms == pytest.approx(trace.duration(action, split=layout.split))
+        assert event.end_ms - event.start_ms == pytest.approx(trace.duration(action))
         ops[action] = event
     for stage in range(layout.stages):
         assert {a for a in ops if a.stage == stage} == set(layout.actions(stage=stage)), f"stage {stage} incomplete"
@@ -202,7 +202,7 @@ def check_greedy(timeline: list[Action], *, ops: dict, ready: dict, policy: Poli
         start = ops[action].start_ms
         free = ops[timeline[k - 1]].end_ms if k else 0.0
         done, pending = timeline[:k], timeline[k:]
-        held_fb = sum(admits(a) for a in done) - sum(a.kind is Kind.B and a.chunk == 0 for a in done)
+        held_fb = sum(admits(a) for a in done) - sum(a.kind.backward and a.chunk == 0 for a in done)
         release = Kind.W if split else Kind.B
         held_fw = sum(admits(a) for a in done) - sum(a.kind is release and a.chunk == 0 for a in done)
         room = held_fb < arbiter.cap_fb and held_fw < arbiter.cap_fw
@@ -221,7 +221,7 @@ def list_choice(eligible: list[Action], *, arbiter: Arbiter) -> Action:
 
 def bf_choice(eligible: list[Action], *, done: list[Action]) -> Action:
     """The paper's BF (see rrfp_ray.policy.pickers): B turn after an F (or at the start), W only when idle."""
-    backwards = sorted((a for a in eligible if a.kind is Kind.B), key=lambda a: (-a.chunk, a.microbatch))
+    backwards = sorted((a for a in eligible if a.kind.backward), key=lambda a: (-a.chunk, a.microbatch))
     later = sorted((a for a in eligible if a.kind is Kind.F and a.chunk > 0), key=lambda a: (a.chunk, a.microbatch))
     admissions = sorted((a for a in eligible if admits(a)), key=lambda a: a.microbatch)
     weights = sorted((a for a in eligible if a.kind is Kind.W), key=lambda a: (a.microbatch, -a.chunk))

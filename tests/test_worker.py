@@ -61,12 +61,12 @@ def test_dependencies_hold_in_the_runtime(name):
     for report in reports:
         ends = {e.action: e.end_ms for e in report.events}
         for event in report.events:
-            action = parse_action(event.action)
+            action = parse_action(event.action, stages=layout.stages)
             local, message = layout.local_need(action), layout.message_need(action)
             if local is not None:
                 assert event.start_ms >= ends[str(local)]
             if message is not None:
-                sender = layout.action(kind=message.kind, virtual_stage=message.virtual_stage + (-1 if message.kind is Kind.F else 1), microbatch=message.microbatch)
+                sender = layout.action(kind=Kind.F if message.kind is Kind.F else layout.backward, virtual_stage=message.virtual_stage + (-1 if message.kind is Kind.F else 1), microbatch=message.microbatch)
                 assert event.start_ms >= ends[str(sender)]
         for stage in range(P):
             spans = sorted((e.start_ms, e.end_ms) for e in report.events if e.stage == stage)
@@ -76,12 +76,12 @@ def test_dependencies_hold_in_the_runtime(name):
 def test_messages_carry_kind_microbatch_chunk_and_shape():
     channel = LocalChannel(name="test", timeout_s=1)
     layout = Layout(stages=2, chunks=2, microbatches=3)
-    message = layout.sends(parse_action("1F2"))
+    message = layout.sends(parse_action("1F2", stages=2))
     payload = torch.randn(2, 3, 5)
     send_message(channel=channel, header=Header.for_payload(message=message, iteration=7, payload=payload), payload=payload)
     header, got = recv_message(channel=channel)
     assert (header.message, header.iteration, header.shape) == (message, 7, (2, 3, 5))
-    assert layout.consumer(header.message) == parse_action("0F2c1")
+    assert layout.consumer(header.message) == parse_action("2F2", stages=2)
     torch.testing.assert_close(got, payload)
 
 
@@ -150,7 +150,7 @@ def _timed_tp_run(
         time.sleep(late_s * rank)
         tp = workload.with_tp(rank=rank, size=ranks, all_reduce=tensor_all_reduce(gather.member(rank)))
         began = time.perf_counter()
-        tp.executor(stage=0, layout=layout).run(action=parse_action(action), iteration=0, payload=None, split=True)
+        tp.executor(stage=0, layout=layout).run(action=parse_action(action, stages=2), iteration=0, payload=None)
         took[rank] = time.perf_counter() - began
 
     threads = [threading.Thread(target=run, args=(rank,)) for rank in (running or range(ranks))]
@@ -161,7 +161,7 @@ def _timed_tp_run(
     return took
 
 
-@pytest.mark.parametrize("action", ["0F0", "0B0"])
+@pytest.mark.parametrize("action", ["0F0", "0I0"])
 def test_synthetic_tp_forward_and_backward_end_after_the_later_rank_started(action: str):
     """As the TP collectives inside real F and B ops make them: rank 0 waits for rank 1, then runs."""
     took = _timed_tp_run(action=action, ranks=2, late_s=0.2)

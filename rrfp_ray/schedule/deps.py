@@ -142,8 +142,10 @@ class Layout:
         return self.locate(message.virtual_stage + step)[0]
 
     def is_local(self, message: Message) -> bool:
-        """Whether sender and receiver are one stage (a hand-off, no link)."""
-        return self.src(message) == self.dst(message)
+        """Whether the delivery is the V's turn (virtual stage P-1 to P on stage P-1): a hand-off, no link.
+
+        Looped with one stage the wrap link 0->0 stays a link, as before V placement existed."""
+        return self.placement is Placement.V and self.src(message) == self.dst(message)
 
     def link(self, message: Message) -> Link:
         return Link(src=self.src(message), dst=self.dst(message), kind=message.kind)
