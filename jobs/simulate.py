@@ -20,8 +20,8 @@ from rrfp_ray.cli import add_log_level_flag, configure_logging, write_pictures
 from rrfp_ray.observe.telemetry import IterationReport  # noqa: E402
 from rrfp_ray.policy.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy.pickers import Policy, make_policy  # noqa: E402
-from rrfp_ray.schedule.actions import Action  # noqa: E402
-from rrfp_ray.schedule.validate import parse_order  # noqa: E402
+
+from rrfp_ray.schedule.validate import Hint, parse_order, read_hint  # noqa: E402
 from rrfp_ray.sim.simulator import bounds, simulate  # noqa: E402
 from rrfp_ray.sim.variability import SCENARIOS, Trace, describe, generate, scenario_params  # noqa: E402
 
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--policies", help="comma-separated (default gpipe,1f1b,zb-h1,bf,bfw; interleaved,bf,bfw when v > 1)"
     )
-    parser.add_argument("--hint", help="JSON {stage: [\"0F0\", ...]}: the order for policies hint / ready-hint")
+    parser.add_argument("--hint", help="JSON {stage: [\"0F0\", ...]} or torch's CSV schedule: the order for policies hint / ready-hint")
     parser.add_argument("--cap", default="2x", help="in-flight cap: 1x, 2x, 1.5x, a count, or inf (default 2x)")
     parser.add_argument("--json", help="write {policies: {name: {makespan_ms, ...}}} here")
     parser.add_argument("--out", help="write a Perfetto trace and a pipeline diagram per policy into this directory")
@@ -156,12 +156,12 @@ def default_policies(trace: Trace) -> list[Policy]:
     return policies
 
 
-def policy(name: str, trace: Trace, *, hint: dict[int, list[Action]] | None = None) -> Policy:
+def policy(name: str, trace: Trace, *, hint: Hint | None = None) -> Policy:
     return make_policy(name=name, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches, hint=hint)
 
 
-def load_hint(path: str, trace: Trace) -> dict[int, list[Action]]:
-    data = json.loads(Path(path).read_text())
+def load_hint(path: str, trace: Trace) -> Hint:
+    data = read_hint(Path(path).read_text())
     return parse_order(data, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
 
 

@@ -33,6 +33,7 @@ from rrfp_ray.cli import (
     variability,
     write_pictures,
 )
+from rrfp_ray.schedule.validate import read_hint
 
 if TYPE_CHECKING:
     from rrfp_ray.train.config import RunConfig
@@ -78,7 +79,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument("--chunks", type=int, default=1)
     pipe.add_argument("--microbatches", type=int, default=8)
     pipe.add_argument("--policy", default="bf", help="gpipe, 1f1b, interleaved, zb-h1, ready-<schedule>, bf, bfw")
-    pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]}: the order for policies hint / ready-hint")
+    pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]} or torch's CSV schedule: the order for policies hint / ready-hint")
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
@@ -131,7 +132,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
                 "cap": args.cap,
                 "backend": args.backend,
                 "timeout_s": args.timeout,
-                "hint": json.loads(Path(args.hint).read_text()) if args.hint else None,
+                "hint": read_hint(Path(args.hint).read_text()) if args.hint else None,
                 "tp": args.tp,
                 "tp_protocol": args.tp_protocol,
             },

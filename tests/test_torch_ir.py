@@ -13,7 +13,7 @@ from rrfp_ray.schedule.actions import Kind, Placement, parse_action
 from rrfp_ray.schedule.deps import Layout, Link, Message
 from rrfp_ray.schedule.generators import build
 from rrfp_ray.schedule.torch_import import imported
-from rrfp_ray.schedule.validate import load_hint, parse_order
+from rrfp_ray.schedule.validate import read_hint, parse_order
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
@@ -115,7 +115,7 @@ def test_a_csv_written_by_torch_loads_as_a_hint(tmp_path) -> None:
     schedule = torch_schedules.ScheduleZBVZeroBubble([_Stage(vs=0, stages=P), _Stage(vs=2 * P - 1, stages=P)], M)
     path = tmp_path / "zbv.csv"
     schedule._dump_csv(str(path))
-    hint = parse_order(load_hint(path.read_text()), stages=P, chunks=2, microbatches=M)
+    hint = parse_order(read_hint(path.read_text()), stages=P, chunks=2, microbatches=M)
     assert hint.placement is Placement.V
     assert hint.order == build(name="zbv", stages=P, chunks=2, microbatches=M)
     policy = make_policy(name="hint", stages=P, chunks=2, microbatches=M, hint=hint)
@@ -126,11 +126,11 @@ def test_a_csv_written_by_torch_loads_as_a_hint(tmp_path) -> None:
 @pytest.mark.parametrize("text", ['{"0": ["0F0", "1B3c1"]}', '{"0": ["0F0", "0B0", "0W0"], "1": []}'])
 def test_old_notation_is_refused_pointing_at_the_readme_table(text: str) -> None:
     with pytest.raises(ValueError, match="old action notation.*README.md, section 'Action notation"):
-        parse_order(load_hint(text), stages=2, chunks=1, microbatches=1)
+        parse_order(read_hint(text), stages=2, chunks=1, microbatches=1)
 
 
 def test_a_hint_naming_a_foreign_action_or_deadlocking_prints_the_grid() -> None:
     with pytest.raises(ValueError, match=r"(?s)stage 0 lists 1F0.*>1F0<"):
-        parse_order(load_hint("0F0,1F0,0B0\n1F0,1B0\n"), stages=2, chunks=1, microbatches=1)
+        parse_order(read_hint("0F0,1F0,0B0\n1F0,1B0\n"), stages=2, chunks=1, microbatches=1)
     with pytest.raises(ValueError, match=r"(?s)deadlock.*>"):
-        parse_order(load_hint("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n"), stages=2, chunks=1, microbatches=2)
+        parse_order(read_hint("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n"), stages=2, chunks=1, microbatches=2)

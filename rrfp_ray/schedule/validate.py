@@ -5,7 +5,7 @@ message sent at step t can be used from step t+1, and each stage runs only the n
 of its list, once what it needs is there. Errors print the stage x step grid with the
 faulty cells drawn as ``>1B3<``.
 
-A hint file is JSON ``{stage: ["0F0", ...]}`` or torch's CSV (one row per stage); see `load_hint`.
+A hint file is JSON ``{stage: ["0F0", ...]}`` or torch's CSV (one row per stage); see `read_hint`.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class Hint:
     placement: Placement
 
 
-def load_hint(text: str) -> dict[int, list[str]]:
+def read_hint(text: str) -> dict[int, list[str]]:
     """A hint file's action texts per stage: JSON ``{"0": ["0F0", ...]}`` or torch's CSV."""
     if text.lstrip().startswith("{"):
         try:

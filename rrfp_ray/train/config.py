@@ -42,7 +42,7 @@ class PipelineConfig(BaseModel):
         TPProtocol.COMMON,
         description="TP agreement: all-gather each rank's first choice, or its k best and run the best common one",
     )
-    hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage, for policies hint/ready-hint")
+    hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint")
 
     @field_validator("cap", mode="plain")
     @classmethod
