@@ -6,20 +6,25 @@ import pytest
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import RULES, SPLIT_RULES, BFPicker, FixedPicker, ListPicker, make_policy, policy_names
-from rrfp_ray.schedule.actions import Action, parse_action
+from rrfp_ray.policy.pickers import BFPicker, FixedPicker, ListPicker, Rule, make_policy, policy_names
+from rrfp_ray.schedule.actions import Action, Placement, parse_action
 from rrfp_ray.schedule.generators import build
+from rrfp_ray.schedule.validate import Hint
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
 
-def acts(text: str) -> list[Action]:
-    return [parse_action(word) for word in text.split()]
+def acts(text: str, *, stages: int) -> list[Action]:
+    return [parse_action(word, stages=stages) for word in text.split()]
 
 
-def executed(report: IterationReport, *, stage: int) -> list[Action]:
+def executed(report: IterationReport, *, stage: int) -> list[str]:
     events = sorted((e for e in report.events if e.stage == stage), key=lambda e: e.start_ms)
-    return [parse_action(e.action) for e in events]
+    return [e.action for e in events]
+
+
+def texts(actions: list[Action]) -> list[str]:
+    return [str(a) for a in actions]
 
 
 def run(
@@ -34,15 +39,18 @@ def run(
 
 
 def test_policy_names_resolve() -> None:
+    rules = {r.value for r in Rule}
     for name in policy_names():
         if name.endswith("hint"):
             continue
-        chunks = 2 if "interleaved" in name else 1
+        base = name.removeprefix("ready-")
+        chunks = 2 if base in ("interleaved", "zbv", "dualpipev") else 1
         policy = make_policy(name=name, stages=2, chunks=chunks, microbatches=4)
         assert policy.name == name
-        assert policy.fixed == (not name.startswith("ready-") and name not in RULES)
-        assert policy.split == (name.endswith("zb-h1") or name in SPLIT_RULES)
-        assert policy.rule == (name if name in RULES else None)
+        assert policy.fixed == (not name.startswith("ready-") and name not in rules)
+        assert policy.split == (base in ("zb-h1", "zb-interleaved", "zbv", "dualpipev") or name in ("bfw", "cpw"))
+        assert policy.rule == (Rule(name) if name in rules else None)
+        assert policy.placement is (Placement.V if base in ("zbv", "dualpipev") else Placement.LOOPED)
 
 
 def test_rules_take_their_reference_list() -> None:
@@ -58,7 +66,7 @@ def test_rules_take_their_reference_list() -> None:
 
 
 def test_hint_policies() -> None:
-    hint = {0: acts("0F0 0F1 0B0 0B1")}
+    hint = Hint(order={0: acts("0F0 0F1 0B0 0B1", stages=1)}, placement=Placement.LOOPED)
     assert make_policy(name="hint", stages=1, chunks=1, microbatches=2, hint=hint).fixed
     ready = make_policy(name="ready-hint", stages=1, chunks=1, microbatches=2, hint=hint)
     assert not ready.fixed and not ready.split
@@ -90,74 +98,75 @@ def test_bad_caps_are_refused(text: str) -> None:
 
 
 def test_fixed_picker_runs_only_the_next_list_action() -> None:
-    picker = FixedPicker(order=acts("0F0 0F1 0B0 0B1"))
-    picker.add(parse_action("0F1"))
+    picker = FixedPicker(order=acts("0F0 0F1 0B0 0B1", stages=1))
+    picker.add(parse_action("0F1", stages=1))
     assert picker.pick(admit=True) is None
-    picker.add(parse_action("0F0"))
-    assert picker.pick(admit=False) == parse_action("0F0")  # the list is its own cap
-    assert picker.pick(admit=True) == parse_action("0F1")
+    picker.add(parse_action("0F0", stages=1))
+    assert picker.pick(admit=False) == parse_action("0F0", stages=1)  # the list is its own cap
+    assert picker.pick(admit=True) == parse_action("0F1", stages=1)
     assert picker.pick(admit=True) is None
 
 
 def test_list_picker_takes_the_first_ready_action_and_gates_admissions() -> None:
-    picker = ListPicker(order=acts("1F0 1F1 1B0 1F2 1B1 1B2"))
-    for action in acts("1F2 1B1 1F1"):
+    picker = ListPicker(order=acts("1F0 1F1 1B0 1F2 1B1 1B2", stages=2))
+    for action in acts("1F2 1B1 1F1", stages=2):
         picker.add(action)
-    assert picker.pick(admit=False) == parse_action("1B1")
+    assert picker.pick(admit=False) == parse_action("1B1", stages=2)
     assert picker.pick(admit=False) is None
-    assert picker.pick(admit=True) == parse_action("1F1")
-    assert picker.pick(admit=True) == parse_action("1F2")
+    assert picker.pick(admit=True) == parse_action("1F1", stages=2)
+    assert picker.pick(admit=True) == parse_action("1F2", stages=2)
 
 
 def test_bf_picker_alternates_backward_and_forward() -> None:
     picker = BFPicker(with_w=False)
-    for action in acts("0F2 0F3 0B0 0B1"):
+    for action in acts("0F2 0F3 0B0 0B1", stages=1):
         picker.add(action)
     picked = [picker.pick(admit=True) for _ in range(5)]
-    assert picked == [*acts("0B0 0F2 0B1 0F3"), None]
+    assert picked == [*acts("0B0 0F2 0B1 0F3", stages=1), None]
 
 
 def test_bf_picker_falls_back_to_the_other_direction() -> None:
     picker = BFPicker(with_w=False)
-    for action in acts("0B0 0B1"):
+    for action in acts("0B0 0B1", stages=1):
         picker.add(action)
-    assert [picker.pick(admit=True) for _ in range(2)] == acts("0B0 0B1")
-    picker.add(parse_action("0F5"))
-    picker.add(parse_action("0F6"))
-    assert picker.pick(admit=True) == parse_action("0F5")
-    picker.add(parse_action("0B2"))
-    assert picker.pick(admit=True) == parse_action("0B2")  # after an F it is B's turn
-    assert picker.pick(admit=True) == parse_action("0F6")
+    assert [picker.pick(admit=True) for _ in range(2)] == acts("0B0 0B1", stages=1)
+    picker.add(parse_action("0F5", stages=1))
+    picker.add(parse_action("0F6", stages=1))
+    assert picker.pick(admit=True) == parse_action("0F5", stages=1)
+    picker.add(parse_action("0B2", stages=1))
+    assert picker.pick(admit=True) == parse_action("0B2", stages=1)  # after an F it is B's turn
+    assert picker.pick(admit=True) == parse_action("0F6", stages=1)
 
 
 def test_bf_picker_orders_within_a_direction() -> None:
+    """Two stages, stage 0: virtual stage 2 is its chunk 1, virtual stage 4 its chunk 2."""
     picker = BFPicker(with_w=False)
-    for action in acts("0B3 0B1c1 0B2c1 0B0"):
+    for action in acts("0B3 2B1 2B2 0B0", stages=2):
         picker.add(action)
-    assert [picker.pick(admit=True) for _ in range(4)] == acts("0B1c1 0B2c1 0B0 0B3")
+    assert [picker.pick(admit=True) for _ in range(4)] == acts("2B1 2B2 0B0 0B3", stages=2)
     picker = BFPicker(with_w=False)
-    for action in acts("0F4 0F3c2 0F1c2 0F2c1 0F3"):
+    for action in acts("0F4 4F3 4F1 2F2 0F3", stages=2):
         picker.add(action)
-    assert [picker.pick(admit=True) for _ in range(5)] == acts("0F2c1 0F1c2 0F3c2 0F3 0F4")
+    assert [picker.pick(admit=True) for _ in range(5)] == acts("2F2 4F1 4F3 0F3 0F4", stages=2)
 
 
 def test_bf_picker_gates_only_admissions() -> None:
     picker = BFPicker(with_w=False)
-    for action in acts("0F0 0F1c1"):
+    for action in acts("0F0 2F1", stages=2):
         picker.add(action)
-    assert picker.pick(admit=False) == parse_action("0F1c1")
+    assert picker.pick(admit=False) == parse_action("2F1", stages=2)
     assert picker.pick(admit=False) is None
-    assert picker.pick(admit=True) == parse_action("0F0")
+    assert picker.pick(admit=True) == parse_action("0F0", stages=2)
 
 
 def test_bfw_picker_runs_w_only_when_nothing_else_is_eligible() -> None:
     picker = BFPicker(with_w=True)
-    for action in acts("0W1 0W0 0F3 0B2"):
+    for action in acts("0W1 0W0 0F3 0I2", stages=1):
         picker.add(action)
-    assert [picker.pick(admit=False) for _ in range(4)] == [*acts("0B2 0W0 0W1"), None]
-    picker.add(parse_action("0B4"))
-    assert picker.pick(admit=True) == parse_action("0F3")  # still F's turn: a W does not take it
-    assert picker.pick(admit=True) == parse_action("0B4")
+    assert [picker.pick(admit=False) for _ in range(4)] == [*acts("0I2 0W0 0W1", stages=1), None]
+    picker.add(parse_action("0I4", stages=1))
+    assert picker.pick(admit=True) == parse_action("0F3", stages=1)  # still F's turn: a W does not take it
+    assert picker.pick(admit=True) == parse_action("0I4", stages=1)
 
 
 # --- what they run at constant durations -------------------------------------------------
@@ -178,7 +187,7 @@ def test_ready_list_at_1x_runs_exactly_its_list(schedule: str, trace_args: dict)
                 continue
             report = run(f"ready-{schedule}", stages=stages, microbatches=microbatches, **trace_args)
             for s in range(stages):
-                assert executed(report, stage=s) == order[s], (stages, microbatches, s)
+                assert executed(report, stage=s) == texts(order[s]), (stages, microbatches, s)
 
 
 @pytest.mark.parametrize(
@@ -207,24 +216,24 @@ def test_ready_list_at_1x_matches_its_list_makespan(schedule: str, chunks: int, 
 
 
 def test_ready_interleaved_fills_the_lists_idle_gap() -> None:
-    """P=4, v=2, M=8: the list makes stage 0 wait for 0B0c1 (ready at 14) after 0F6; the ready
-    policy runs the already admissible 0F7 at 11 instead."""
+    """P=4, v=2, M=8: the list makes stage 0 wait for 4B0 (its chunk 1, ready at 14) after 0F6;
+    the ready policy runs the already admissible 0F7 at 11 instead."""
     report = run("ready-interleaved", stages=4, chunks=2, microbatches=8, t_f=1.0)
     fixed = run("interleaved", stages=4, chunks=2, microbatches=8, t_f=1.0)
     starts = {e.action: e.start_ms for e in report.events if e.stage == 0}
     fixed_starts = {e.action: e.start_ms for e in fixed.events if e.stage == 0}
-    assert (fixed_starts["0B0c1"], fixed_starts["0F7"]) == (14.0, 16.0)
-    assert (starts["0F7"], starts["0B0c1"]) == (11.0, 14.0)
+    assert (fixed_starts["4B0"], fixed_starts["0F7"]) == (14.0, 16.0)
+    assert (starts["0F7"], starts["4B0"]) == (11.0, 14.0)
 
 
 def test_readiness_can_lose_to_the_fixed_list() -> None:
     """Greedy is not optimal: with B = 2.1 t_f and W = 0.9 t_f (P=3, M=3) stage 1 starts 1W1 at
-    112 because 1B2 is ready only at 113, and 1B2 then waits until 121."""
+    112 because 1I2 is ready only at 113, and 1I2 then waits until 121."""
     args = {"t_f": 10.0, "b_ratio": 3.0, "w_split": 0.3}
     ready = run("ready-zb-h1", stages=3, microbatches=3, **args)
     fixed = run("zb-h1", stages=3, microbatches=3, **args)
     assert (ready.makespan_ms, fixed.makespan_ms) == (172.0, 164.0)
-    assert {e.action: e.start_ms for e in ready.events if e.stage == 1}["1B2"] == 121.0
+    assert {e.action: e.start_ms for e in ready.events if e.stage == 1}["1I2"] == 121.0
 
 
 def test_fixed_policies_run_their_list_under_jitter_at_any_cap() -> None:
@@ -233,7 +242,7 @@ def test_fixed_policies_run_their_list_under_jitter_at_any_cap() -> None:
         trace = generate(scenario="lognormal+comm", stages=4, microbatches=8, chunks=chunks, seed=1)
         for cap in ("1", "1x", "inf"):
             report = simulate(policy=policy, trace=trace, cap=Cap.parse(cap))
-            assert all(executed(report, stage=s) == policy.order[s] for s in range(4)), (name, cap)
+            assert all(executed(report, stage=s) == texts(policy.order[s]) for s in range(4)), (name, cap)
 
 
 # The literal "F prefers the lowest chunk" rule (an admission, chunk 0, ranked before the
@@ -255,4 +264,4 @@ def test_bf_admits_no_more_than_the_cap_with_chunks() -> None:
     trace = generate(scenario="lognormal", stages=4, microbatches=16, chunks=2, seed=0)
     report = simulate(policy=policy, trace=trace, cap=Cap.parse("3"))
     assert max(s.peak_inflight for s in report.stages) == 3
-    assert {e.action for e in report.events} >= {f"{s}{k}{m}c1" for s in range(4) for k in "FB" for m in range(16)}
+    assert {e.action for e in report.events} >= {f"{4 + s}{k}{m}" for s in range(4) for k in "FB" for m in range(16)}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from rrfp_ray.schedule.actions import Action, Kind, parse_action, place
+from rrfp_ray.schedule.actions import Action, Kind, Placement, parse_action
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.generators import SCHEDULES, build, peak_inflight, peak_inflight_fb, splits
 from rrfp_ray.schedule.validate import format_grid, unit_steps, validate
 
-_KINDS = {"F": Kind.F, "B": Kind.B, "I": Kind.B, "W": Kind.W}  # PyTorch's I (input grad) is our split B
+_KINDS = {"F": Kind.F, "B": Kind.B, "I": Kind.I, "W": Kind.W}
 
 
 class _FakeStage:
@@ -29,10 +29,16 @@ class _FakeStage:
         self.ran: list[Action] = []
 
     def forward_one_chunk(self, microbatch: int, *args: object, **kwargs: object) -> None:
-        self.ran.append(Action(stage=self.group_rank, kind=Kind.F, microbatch=microbatch))
+        self._record(kind=Kind.F, microbatch=microbatch)
 
     def backward_one_chunk(self, microbatch: int, **kwargs: object) -> None:
-        self.ran.append(Action(stage=self.group_rank, kind=Kind.B, microbatch=microbatch))
+        self._record(kind=Kind.B, microbatch=microbatch)
+
+    def _record(self, *, kind: Kind, microbatch: int) -> None:
+        action = Placement.LOOPED.action(
+            kind=kind, virtual_stage=self.stage_index, microbatch=microbatch, stages=self.group_size
+        )
+        self.ran.append(action)
 
     def get_fwd_recv_ops(self, microbatch: int) -> list[object]:
         return []
@@ -51,9 +57,9 @@ def _compute_only(pipeline_order: dict[int, list], *, stages: int) -> dict[int, 
         for action in actions:
             if action is None or action.computation_type.value not in _KINDS:
                 continue
-            stage, chunk = place(virtual_stage=action.stage_index, stages=stages)
             kind = _KINDS[action.computation_type.value]
-            order[rank].append(Action(stage=stage, kind=kind, microbatch=action.microbatch_index, chunk=chunk))
+            vs, microbatch = action.stage_index, action.microbatch_index
+            order[rank].append(Placement.LOOPED.action(kind=kind, virtual_stage=vs, microbatch=microbatch, stages=stages))
     return order
 
 
@@ -112,8 +118,8 @@ def _layout(name: str, stages: int, chunks: int, microbatches: int) -> Layout:
     return Layout(stages=stages, chunks=chunks, microbatches=microbatches, split=splits(name))
 
 
-def _order(text: dict[int, str]) -> dict[int, list[Action]]:
-    return {stage: [parse_action(word) for word in line.split()] for stage, line in text.items()}
+def _order(text: dict[int, str], *, stages: int = 2) -> dict[int, list[Action]]:
+    return {stage: [parse_action(word, stages=stages) for word in line.split()] for stage, line in text.items()}
 
 
 @pytest.mark.parametrize("case", GRID, ids=_id)
@@ -173,14 +179,14 @@ def test_peak_inflight(stages: int, microbatches: int) -> None:
 
 
 def test_peak_inflight_counts_chunk_zero_only() -> None:
-    order = _order({0: "0F0 0F0c1 0F1 0F1c1 0B0c1 0B0 0B1c1 0B1"})
+    order = _order({0: "0F0 1F0 0F1 1F1 1B0 0B0 1B1 0B1"}, stages=1)  # one stage, two chunks
     assert peak_inflight(order, stage=0) == 2
-    assert peak_inflight(_order({0: "0F0 0B0 0F1 0B1"}), stage=0) == 1
+    assert peak_inflight(_order({0: "0F0 0B0 0F1 0B1"}, stages=1), stage=0) == 1
 
 
 def test_names_and_splits() -> None:
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved", "zb-h1"]
-    assert [splits(name) for name in SCHEDULES] == [False, False, False, True]
+    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved", "looped-bfs", "zb-h1", "zb-interleaved", "zbv", "dualpipev"]
+    assert [splits(name) for name in SCHEDULES] == [False, False, False, False, True, True, True, True]
     assert any(a.kind is Kind.W for a in build(name="zb-h1", stages=2, chunks=1, microbatches=2)[0])
     with pytest.raises(ValueError, match=r"unknown schedule name 'x'; known: gpipe"):
         splits("x")
@@ -189,7 +195,7 @@ def test_names_and_splits() -> None:
 @pytest.mark.parametrize(
     "kwargs,field",
     [
-        (dict(name="looped-bfs", stages=2, chunks=1, microbatches=4), "name"),
+        (dict(name="pipedream", stages=2, chunks=1, microbatches=4), "name"),
         (dict(name="interleaved", stages=2, chunks=1, microbatches=4), "chunks"),
         (dict(name="gpipe", stages=2, chunks=2, microbatches=4), "chunks"),
         (dict(name="zb-h1", stages=2, chunks=3, microbatches=4), "chunks"),
@@ -204,7 +210,7 @@ def test_build_errors_name_the_argument(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field) as error:
         build(**kwargs)
     if field == "name":
-        assert "gpipe, 1f1b, interleaved, zb-h1" in str(error.value)
+        assert "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zb-interleaved, zbv, dualpipev" in str(error.value)
 
 
 def _error(order: dict[int, list[Action]], layout: Layout) -> str:
@@ -219,7 +225,7 @@ def _two_stages() -> tuple[dict[int, list[Action]], Layout]:
 
 def test_missing_action() -> None:
     order, layout = _two_stages()
-    order[1].remove(parse_action("1B2"))
+    order[1].remove(parse_action("1B2", stages=2))
     message = _error(order, layout)
     assert "stage 1 never runs 1B2" in message
     assert "stage 0  0F0  0F1  0B0" in message and message.endswith("stage 1  1F0  1B0  1F1  1B1  1F2")
@@ -227,7 +233,7 @@ def test_missing_action() -> None:
 
 def test_duplicated_action_marks_the_second_copy() -> None:
     order, layout = _two_stages()
-    order[0].insert(3, parse_action("0F1"))
+    order[0].insert(3, parse_action("0F1", stages=2))
     message = _error(order, layout)
     assert "stage 0 lists 0F1 twice (positions 1 and 3)" in message
     assert "stage 0  0F0  0F1  0B0  >0F1<  0F2" in message
@@ -265,7 +271,7 @@ def test_backward_before_its_forward() -> None:
 
 def test_weight_before_its_backward() -> None:
     order = build(name="zb-h1", stages=2, chunks=1, microbatches=2)
-    order[0] = _order({0: "0F0 0F1 0W0 0B0 0B1 0W1"})[0]
+    order[0] = _order({0: "0F0 0F1 0W0 0I0 0I1 0W1"})[0]
     assert ">0W0<" in _error(order, Layout(stages=2, chunks=1, microbatches=2, split=True))
 
 
@@ -288,19 +294,19 @@ def test_cross_stage_deadlock_prints_the_unit_time_grid() -> None:
 def test_deadlock_through_the_wrap_link() -> None:
     layout = Layout(stages=2, chunks=2, microbatches=2)
     order = build(name="interleaved", stages=2, chunks=2, microbatches=2)
-    order[0].remove(parse_action("0F0c1"))
-    order[0].insert(0, parse_action("0F0c1"))
+    order[0].remove(parse_action("2F0", stages=2))
+    order[0].insert(0, parse_action("2F0", stages=2))
     message = _error(order, layout)
-    assert "0F0c1 waits for the activation from 1F0" in message
-    assert "1F0 waits for the activation from 0F0, which stage 0 runs only after 0F0c1" in message
-    assert "stage 0  >0F0c1<" in message and "stage 1  >1F0<" in message
+    assert "2F0 waits for the activation from 1F0" in message
+    assert "1F0 waits for the activation from 0F0, which stage 0 runs only after 2F0" in message
+    assert "stage 0  >2F0<" in message and "stage 1  >1F0<" in message
 
 
 def test_deadlock_marks_only_the_wait_cycle() -> None:
     # Stages 0 and 1 wait on each other; stage 2 merely waits for stage 1's activations.
     order = build(name="1f1b", stages=3, chunks=1, microbatches=3)
-    order[1] = _order({1: "1F0 1B0 1F1 1F2 1B1 1B2"})[1]
-    order[0] = _order({0: "0F0 0F1 0B0 0B1 0F2 0B2"})[0]
+    order[1] = _order({1: "1F0 1B0 1F1 1F2 1B1 1B2"}, stages=3)[1]
+    order[0] = _order({0: "0F0 0F1 0B0 0B1 0F2 0B2"}, stages=3)[0]
     message = _error(order, Layout(stages=3, chunks=1, microbatches=3))
     assert "deadlock at step 8: 0B1 waits" in message and "1F2 waits" in message and "2F2" not in message
     rows = {line[:7]: line for line in message.splitlines() if line.startswith("stage")}

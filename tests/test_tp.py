@@ -17,7 +17,7 @@ from rrfp_ray.policy.agreement import Agreement, TPContext, TPProtocol, decide, 
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.runtime.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
-from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.actions import Action, Kind, Placement
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.gpt_workload import gpt_workload
@@ -26,16 +26,21 @@ from rrfp_ray.train.runner import StageRunner, partition
 TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}
 
 
+def _on_stage_0(kind: Kind, m: int, chunk: int = 0) -> Action:
+    """An action of stage 0 of two (looped: chunk c is virtual stage 2c)."""
+    return Placement.LOOPED.action(kind=kind, virtual_stage=2 * chunk, microbatch=m, stages=2)
+
+
 def _f(m: int, chunk: int = 0) -> Action:
-    return Action(stage=0, kind=Kind.F, microbatch=m, chunk=chunk)
+    return _on_stage_0(Kind.F, m, chunk)
 
 
 def _b(m: int, chunk: int = 0) -> Action:
-    return Action(stage=0, kind=Kind.B, microbatch=m, chunk=chunk)
+    return _on_stage_0(Kind.B, m, chunk)
 
 
 def test_op_ids_are_distinct_per_action():
-    actions = [Action(stage=0, kind=k, microbatch=m, chunk=c) for k in Kind for m in range(40) for c in range(3)]
+    actions = [_on_stage_0(k, m, c) for k in Kind for m in range(40) for c in range(3)]
     assert len({op_id(a) for a in actions}) == len(actions)
     assert all(op_id(a) >= 0 for a in actions)
 

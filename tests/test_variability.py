@@ -1,10 +1,11 @@
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.actions import Action, Kind, Placement
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.sim.variability import SCENARIOS, Trace, describe, generate, scenario_params
 
@@ -203,31 +204,31 @@ def test_scenario_params_and_describe():
         scenario_params("bogus")
 
 
-def test_duration_with_and_without_split():
+def _action(kind: Kind, *, virtual_stage: int, microbatch: int, stages: int = 4) -> Action:
+    return Placement.LOOPED.action(kind=kind, virtual_stage=virtual_stage, microbatch=microbatch, stages=stages)
+
+
+def test_duration_of_each_kind():
+    """I is the trace's B, W its W, a full backward B both."""
     t = numbered(stages=4, microbatches=6, chunks=2)
-    a = Action(stage=2, kind=Kind.F, microbatch=5, chunk=1)  # vs 6
-    assert t.duration(a, split=False) == t.duration(a, split=True) == 10_605
-    b = Action(stage=1, kind=Kind.B, microbatch=3, chunk=1)  # vs 5
-    assert t.duration(b, split=True) == 20_503
-    assert t.duration(b, split=False) == 20_503 + 30_503
-    w = Action(stage=1, kind=Kind.W, microbatch=3, chunk=1)
-    assert t.duration(w, split=True) == 30_503
-    with pytest.raises(ValueError, match="W exists only when backward is split"):
-        t.duration(w, split=False)
+    assert t.duration(_action(Kind.F, virtual_stage=6, microbatch=5)) == 10_605
+    assert t.duration(_action(Kind.I, virtual_stage=5, microbatch=3)) == 20_503
+    assert t.duration(_action(Kind.B, virtual_stage=5, microbatch=3)) == 20_503 + 30_503
+    assert t.duration(_action(Kind.W, virtual_stage=5, microbatch=3)) == 30_503
 
 
 @pytest.mark.parametrize(
     "action,field",
     [
-        (Action(stage=4, kind=Kind.F, microbatch=0), "stage 4"),
-        (Action(stage=0, kind=Kind.F, microbatch=0, chunk=2), "chunk 2"),
-        (Action(stage=0, kind=Kind.B, microbatch=6), "microbatch 6"),
-        (Action(stage=0, kind=Kind.B, microbatch=-1), "microbatch -1"),
+        (_action(Kind.F, virtual_stage=8, microbatch=0), "virtual stage 8"),
+        (_action(Kind.F, virtual_stage=11, microbatch=0), "virtual stage 11"),
+        (_action(Kind.B, virtual_stage=0, microbatch=6), "microbatch 6"),
+        (_action(Kind.B, virtual_stage=0, microbatch=-1), "microbatch -1"),
     ],
 )
 def test_duration_rejects_actions_outside(action, field):
     with pytest.raises(ValueError, match=field):
-        numbered(stages=4, microbatches=6, chunks=2).duration(action, split=True)
+        numbered(stages=4, microbatches=6, chunks=2).duration(action)
 
 
 def test_latency_index_mapping():
@@ -288,15 +289,13 @@ def test_property_every_trace_is_valid():
                 layout = Layout(stages=stages, chunks=chunks, microbatches=6, split=True)
                 for s in range(stages):
                     for action in layout.actions(stage=s):
-                        assert t.duration(action, split=True) > 0
+                        assert t.duration(action) > 0
                         need = layout.message_need(action)
                         if need is not None:
                             assert t.latency(need) >= 0
-                        if action.kind is Kind.B:
-                            w = Action(stage=s, kind=Kind.W, microbatch=action.microbatch, chunk=action.chunk)
-                            assert t.duration(action, split=False) == pytest.approx(
-                                t.duration(action, split=True) + t.duration(w, split=True)
-                            )
+                        if action.kind is Kind.I:
+                            full, w = replace(action, kind=Kind.B), replace(action, kind=Kind.W)
+                            assert t.duration(full) == pytest.approx(t.duration(action) + t.duration(w))
 
 
 def test_property_straggler_only_slows():
