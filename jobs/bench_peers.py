@@ -10,8 +10,9 @@ the trace's F / B / W times (benchmarks/peers/torch_pipelining.py says how they 
 what the ideal is). ``order`` says whether PyTorch's order is our schedule of the same name.
 
 Schedules: gpipe (ScheduleGPipe), 1f1b (Schedule1F1B), interleaved (ScheduleInterleaved1F1B,
-v >= 2), zb-h1 (ScheduleInterleavedZeroBubble, v = 1) and zb-interleaved (the same with v >= 2;
-no order of ours to compare with).
+v >= 2), zb-h1 (ScheduleInterleavedZeroBubble, v = 1), zb-interleaved (the same with v >= 2),
+zbv (ScheduleZBVZeroBubble, v = 2) and dualpipev (ScheduleDualPipeV, v = 2); the last two on the
+V placement.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
 def _trace(args: argparse.Namespace, *, names: list[str]) -> Trace:
     if args.trace:
         return Trace.load(args.trace)
-    chunked = any(PEERS[name].chunked for name in names if name in PEERS)
+    chunked = any(not PEERS[name].chunks.allows(1) for name in names if name in PEERS)
     params = {name: getattr(args, name) for name in PARAMS if getattr(args, name) is not None}
     return generate(
         scenario=args.scenario,
@@ -80,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stages", type=_at_least(1), default=4, help="pipeline stages P = processes (default 4)")
     parser.add_argument("--microbatches", type=_at_least(1), default=16, help="microbatches M (default 16)")
     parser.add_argument(
-        "--chunks", type=_at_least(1), help="chunks per stage v (default 2 for the interleaved ones, else 1)"
+        "--chunks", type=_at_least(1), help="chunks per stage v (default 2 for the interleaved and V ones, else 1)"
     )
     parser.add_argument("--scenario", default="none", help=f"'+'-joined names from: {', '.join(SCENARIOS)}")
     for name in PARAMS:

@@ -13,6 +13,7 @@ from benchmarks.peers.sleep_module import stage_costs
 from benchmarks.peers.torch_pipelining import KEYS, measure, measure_all
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
@@ -36,6 +37,29 @@ def test_pytorch_schedules_run_our_order_and_no_faster_than_its_makespan() -> No
         assert 0 < r["rank0_ms"] <= r["measured_ms"]
 
 
+def test_pytorch_runs_the_v_schedules_in_our_order() -> None:
+    """ZBV and DualPipeV (V placement: rank s holds virtual stages s and 2P-1-s) on the same sleep
+    trace: what PyTorch's runtime executed is our imported order (DualPipeV's overlapped F&B as F then B)."""
+    trace = generate(scenario="lognormal", stages=2, microbatches=4, chunks=2, seed=3, t_f=5.0)
+    results = measure_all(schedules=["zbv", "dualpipev"], trace=trace, iterations=1, warmup=0)
+    for name, r in results.items():
+        assert r["order_matches"] is True, name
+        ours = make_policy(name=name, stages=2, chunks=2, microbatches=4)
+        assert r["ideal_ms"] == pytest.approx(simulate(policy=ours, trace=trace, cap=Cap.parse("inf")).makespan_ms)
+        assert r["measured_ms"] >= r["ideal_ms"] > 0, name
+
+
+def test_v_stage_costs_sleep_no_latency_at_the_turn() -> None:
+    """Under V virtual stages P-1 and P share a rank: the turn between them is a local hand-off."""
+    trace = generate(scenario="lognormal+comm", stages=2, microbatches=3, chunks=2, seed=1, t_f=10.0)
+    turn_in = stage_costs(trace=trace, virtual_stage=2, placement=Placement.V)
+    turn_out = stage_costs(trace=trace, virtual_stage=1, placement=Placement.V)
+    for m in range(3):
+        assert turn_in.forward_s[m] == pytest.approx(trace.F[2][m] / 1000)
+        assert turn_out.input_grad_s[m] == pytest.approx(trace.B[1][m] / 1000)
+        assert stage_costs(trace=trace, virtual_stage=2).forward_s[m] > turn_in.forward_s[m]
+
+
 def test_stage_costs_add_the_incoming_message_latency() -> None:
     trace = generate(scenario="lognormal+comm", stages=2, microbatches=3, chunks=2, seed=1, t_f=10.0)
     last = trace.virtual_stages - 1
@@ -56,6 +80,7 @@ def test_stage_costs_add_the_incoming_message_latency() -> None:
     [
         ({"schedule": "pipedream"}, "unknown schedule"),
         ({"schedule": "interleaved"}, "chunks"),
+        ({"schedule": "zbv"}, "chunks"),
         ({"schedule": "1f1b", "iterations": 0}, "iterations"),
         ({"schedule": "1f1b", "payload_elems": 0}, "payload_elems"),
         ({"schedule": "1f1b", "microbatches": 1}, "microbatches"),

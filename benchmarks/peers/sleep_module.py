@@ -25,7 +25,8 @@ The graph of one stage, for output ``y = x' + z``::
 
 Communication latency is modelled on the receiving side: PyTorch sends inside the schedule, so
 a message's trace latency (``commF`` into this stage, ``commB`` back into it) is slept at the
-start of the op that consumes it, on top of the op's own time.
+start of the op that consumes it, on top of the op's own time. Under the V placement the turn
+from virtual stage P-1 to P stays on rank P-1 (a local hand-off in PyTorch as here): no latency.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rrfp_ray.schedule.actions import Action, Kind, place
-from rrfp_ray.schedule.deps import Message
+from rrfp_ray.schedule.actions import Kind, Placement
+from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.sim.variability import Trace
 
 
@@ -50,23 +51,25 @@ class StageCosts:
     weight_grad_s: tuple[float, ...]
 
 
-def stage_costs(*, trace: Trace, virtual_stage: int) -> StageCosts:
-    """What virtual stage ``virtual_stage`` sleeps: F (+ commF in), B (+ commB in) and W, split."""
+def stage_costs(*, trace: Trace, virtual_stage: int, placement: Placement = Placement.LOOPED) -> StageCosts:
+    """What virtual stage ``virtual_stage`` sleeps: F (+ commF in), I (+ commB in) and W."""
     if not 0 <= virtual_stage < trace.virtual_stages:
         raise ValueError(f"virtual_stage {virtual_stage} outside the trace (0..{trace.virtual_stages - 1})")
-    stage, chunk = place(virtual_stage=virtual_stage, stages=trace.stages)
+    layout = Layout(stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches, placement=placement)
     last = trace.virtual_stages - 1
 
-    def cost(kind: Kind, m: int, *, receives: bool) -> float:
-        op = trace.duration(Action(stage=stage, kind=kind, microbatch=m, chunk=chunk), split=True)
-        message = Message(kind=kind, virtual_stage=virtual_stage, microbatch=m)
-        return (op + (trace.latency(message) if receives else 0.0)) / 1000
+    def cost(kind: Kind, m: int, *, receives: Kind | None) -> float:
+        op = trace.duration(layout.action(kind=kind, virtual_stage=virtual_stage, microbatch=m))
+        if receives is None:
+            return op / 1000
+        message = Message(kind=receives, virtual_stage=virtual_stage, microbatch=m)
+        return (op + (0.0 if layout.is_local(message) else trace.latency(message))) / 1000
 
     span = range(trace.microbatches)
     return StageCosts(
-        forward_s=tuple(cost(Kind.F, m, receives=virtual_stage > 0) for m in span),
-        input_grad_s=tuple(cost(Kind.B, m, receives=virtual_stage < last) for m in span),
-        weight_grad_s=tuple(cost(Kind.W, m, receives=False) for m in span),
+        forward_s=tuple(cost(Kind.F, m, receives=Kind.F if virtual_stage > 0 else None) for m in span),
+        input_grad_s=tuple(cost(Kind.I, m, receives=Kind.B if virtual_stage < last else None) for m in span),
+        weight_grad_s=tuple(cost(Kind.W, m, receives=None) for m in span),
     )
 
 

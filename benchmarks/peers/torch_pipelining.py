@@ -3,7 +3,8 @@
 
 The schedules run one after another in the same P processes (torch.multiprocessing spawn, gloo
 on 127.0.0.1, one thread each). Each runs ``torch.distributed.pipelining``: one ``PipelineStage``
-per virtual stage, ``vs = chunk * P + rank``, each a ``SleepStage`` that sleeps the trace's F / B / W
+per virtual stage the rank holds (looped: ``vs = chunk * P + rank``; V: ``rank`` and ``2P-1-rank``),
+each a ``SleepStage`` that sleeps the trace's F / B / W
 times (``sleep_module`` says how the sleeps land in PyTorch's passes and how message latency is
 modelled). Every timed ``schedule.step`` follows a barrier; its time is the pipeline's makespan,
 from the first rank's start to the last rank's end on the machine's monotonic clock.
@@ -12,10 +13,15 @@ The ideal is the simulated makespan (``rrfp_ray.sim.simulator``, no memory cap, 
 of the order PyTorch executed, as the sleeps logged it, on the same trace. The measured time
 cannot be below it: every op sleeps at least its trace time after what it depends on.
 ``order_matches`` says whether that order is our schedule of the same name for the same P, v, M.
+Two runtime rules of PyTorch leave it unchanged: DualPipeV's overlapped F and B run as the F then
+the B, as our import of its order has them; and virtual stage 0's input gradient runs inside its
+weight pass (there is no input gradient to send), where every schedule here has that W right
+after its I.
 
 Schedules (`PEERS`): gpipe (ScheduleGPipe), 1f1b (Schedule1F1B), interleaved
-(ScheduleInterleaved1F1B, v >= 2), zb-h1 (ScheduleInterleavedZeroBubble, v = 1) and
-zb-interleaved (the same with v >= 2; no order of ours to compare with).
+(ScheduleInterleaved1F1B, v >= 2), zb-h1 (ScheduleInterleavedZeroBubble, v = 1), zb-interleaved
+(the same with v >= 2), zbv (ScheduleZBVZeroBubble, V placement, v = 2) and dualpipev
+(ScheduleDualPipeV, V placement, v = 2).
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ from torch.distributed import pipelining
 from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
-from rrfp_ray.schedule.actions import Action, Kind, parse_action, place
+from rrfp_ray.schedule.actions import Action, Placement, parse_action
+from rrfp_ray.schedule.generators import Chunks, lookup
+from rrfp_ray.schedule.validate import Hint
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import Trace
 
@@ -48,22 +56,30 @@ from rrfp_ray.sim.variability import Trace
 @dataclass(frozen=True)
 class Peer:
     pytorch_class: str  # in torch.distributed.pipelining
-    ours: str | None  # our schedule of the same order, if any
-    chunked: bool  # v >= 2; else v = 1
+    ours: str  # our schedule of the same name
+    chunks: Chunks  # the chunk counts v it runs with here
     multi: bool  # takes the list of a rank's stages; else its one stage
-    split: bool  # backward split into input (I) and weight (W) gradients
+
+    @property
+    def split(self) -> bool:
+        """Backward split into input (I) and weight (W) gradients."""
+        return lookup(self.ours).splits
+
+    @property
+    def placement(self) -> Placement:
+        return lookup(self.ours).placement
 
 
 PEERS: dict[str, Peer] = {
-    "gpipe": Peer(pytorch_class="ScheduleGPipe", ours="gpipe", chunked=False, multi=False, split=False),
-    "1f1b": Peer(pytorch_class="Schedule1F1B", ours="1f1b", chunked=False, multi=False, split=False),
-    "interleaved": Peer(
-        pytorch_class="ScheduleInterleaved1F1B", ours="interleaved", chunked=True, multi=True, split=False
-    ),
-    "zb-h1": Peer(pytorch_class="ScheduleInterleavedZeroBubble", ours="zb-h1", chunked=False, multi=True, split=True),
+    "gpipe": Peer(pytorch_class="ScheduleGPipe", ours="gpipe", chunks=Chunks.ONE, multi=False),
+    "1f1b": Peer(pytorch_class="Schedule1F1B", ours="1f1b", chunks=Chunks.ONE, multi=False),
+    "interleaved": Peer(pytorch_class="ScheduleInterleaved1F1B", ours="interleaved", chunks=Chunks.MANY, multi=True),
+    "zb-h1": Peer(pytorch_class="ScheduleInterleavedZeroBubble", ours="zb-h1", chunks=Chunks.ONE, multi=True),
     "zb-interleaved": Peer(
-        pytorch_class="ScheduleInterleavedZeroBubble", ours=None, chunked=True, multi=True, split=True
+        pytorch_class="ScheduleInterleavedZeroBubble", ours="zb-interleaved", chunks=Chunks.MANY, multi=True
     ),
+    "zbv": Peer(pytorch_class="ScheduleZBVZeroBubble", ours="zbv", chunks=Chunks.TWO, multi=True),
+    "dualpipev": Peer(pytorch_class="ScheduleDualPipeV", ours="dualpipev", chunks=Chunks.TWO, multi=True),
 }
 KEYS = (
     "schedule",
@@ -121,7 +137,7 @@ def measure_all(
     Per schedule, a dict with KEYS: runs_ms (the makespan of each timed step after ``warmup``
     untimed ones), measured_ms (their median), rank0_ms (median of rank 0's own step time),
     ideal_ms (the simulated makespan of the order PyTorch ran), ratio (measured / ideal) and
-    order_matches (that order is our schedule's; None when we have none). ``timeout_s`` bounds
+    order_matches (that order is our schedule's). ``timeout_s`` bounds
     every wait of a rank on another.
     """
     if isinstance(schedules, str) or not schedules:
@@ -150,27 +166,27 @@ def measure_all(
     return {name: _figures(name, raw=raw[name], ours=ours[name], trace=trace) for name in schedules}
 
 
-def our_order(*, schedule: str, trace: Trace) -> dict[int, list[Action]] | None:
-    """Our order for the schedule (None if we have none), or ValueError if it cannot run on the trace
+def our_order(*, schedule: str, trace: Trace) -> dict[int, list[Action]]:
+    """Our order for the schedule, or ValueError if it cannot run on the trace
     (what jobs/bench_peers.py checks before any process starts)."""
     if schedule not in PEERS:
         raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(PEERS)}")
     peer = PEERS[schedule]
-    if peer.chunked != (trace.chunks > 1):
-        wanted = "chunks >= 2" if peer.chunked else "chunks = 1"
-        raise ValueError(f"trace has chunks={trace.chunks}; schedule {schedule!r} needs {wanted}")
-    name = peer.ours or "interleaved"  # zb-interleaved: PyTorch refuses the same microbatch counts
+    if not peer.chunks.allows(trace.chunks):
+        raise ValueError(f"trace has chunks={trace.chunks}; schedule {schedule!r} needs chunks {peer.chunks.value}")
     shape = {"stages": trace.stages, "chunks": trace.chunks, "microbatches": trace.microbatches}
-    order = make_policy(name=name, **shape).order
-    return order if peer.ours else None
+    return make_policy(name=peer.ours, **shape).order
 
 
-def _figures(
-    schedule: str, *, raw: dict[str, Any], ours: dict[int, list[Action]] | None, trace: Trace
-) -> dict[str, Any]:
-    ran = {int(stage): [parse_action(a) for a in actions] for stage, actions in raw["order"].items()}
+def _figures(schedule: str, *, raw: dict[str, Any], ours: dict[int, list[Action]], trace: Trace) -> dict[str, Any]:
+    placement = PEERS[schedule].placement
+    ran = {
+        int(stage): [parse_action(a, stages=trace.stages, placement=placement) for a in actions]
+        for stage, actions in raw["order"].items()
+    }
     shape = {"stages": trace.stages, "chunks": trace.chunks, "microbatches": trace.microbatches}
-    ideal = simulate(policy=make_policy(name="hint", **shape, hint=ran), trace=trace, cap=Cap.parse("inf")).makespan_ms
+    hint = Hint(order=ran, placement=placement)
+    ideal = simulate(policy=make_policy(name="hint", **shape, hint=hint), trace=trace, cap=Cap.parse("inf")).makespan_ms
     runs = [1000 * (max(ends) - min(starts)) for starts, ends in raw["times"]]
     measured = statistics.median(runs)
     return {
@@ -183,7 +199,7 @@ def _figures(
         "rank0_ms": statistics.median(1000 * (ends[0] - starts[0]) for starts, ends in raw["times"]),
         "ideal_ms": ideal,
         "ratio": measured / ideal,
-        "order_matches": None if ours is None else ours == ran,
+        "order_matches": ours == ran,
     }
 
 
@@ -233,9 +249,10 @@ def _run(schedule: str, *, rank: int, job: _Job) -> dict[str, Any]:
     """This rank's (start, end) of every timed step and the order its last step ran in."""
     trace, peer = job.trace, PEERS[schedule]
     log: list[tuple[str, int, int]] = []
+    held = [peer.placement.virtual_stage(stage=rank, chunk=c, stages=trace.stages) for c in range(trace.chunks)]
     stages = [
-        _stage(trace=trace, virtual_stage=vs, payload_elems=job.payload_elems, log=log)
-        for vs in range(rank, trace.virtual_stages, trace.stages)
+        _stage(trace=trace, virtual_stage=vs, placement=peer.placement, payload_elems=job.payload_elems, log=log)
+        for vs in held
     ]
     make: Callable[..., Any] = getattr(pipelining, peer.pytorch_class)
     runner = make(stages if peer.multi else stages[0], n_microbatches=trace.microbatches, loss_fn=_loss)
@@ -249,7 +266,7 @@ def _run(schedule: str, *, rank: int, job: _Job) -> dict[str, Any]:
         runner.step(batch, target=target, return_outputs=False)
         if i >= job.warmup:
             times.append((start, time.clock_gettime(time.CLOCK_MONOTONIC)))
-    return {"times": times, "order": _ran(log, stages=trace.stages, split=peer.split)}
+    return {"times": times, "order": _ran(log, split=peer.split)}
 
 
 def _merge(schedule: str, gathered: list[dict[str, Any]]) -> dict[str, Any]:
@@ -262,30 +279,29 @@ def _merge(schedule: str, gathered: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _ran(log: list[tuple[str, int, int]], *, stages: int, split: bool) -> list[str]:
-    """The logged sleeps as our actions: a microbatch's first backward sleep on a virtual stage
-    is its B; with the split, the second is its W, else part of that same B."""
+def _ran(log: list[tuple[str, int, int]], *, split: bool) -> list[str]:
+    """The logged sleeps as action texts: a microbatch's first backward sleep on a virtual stage is
+    its I with the split (the second its W), else its B (the second is part of that same B)."""
     backwards: Counter[tuple[int, int]] = Counter()
     order = []
     for kind, vs, m in log:
-        stage, chunk = place(virtual_stage=vs, stages=stages)
         if kind == "F":
-            order.append(Action(stage=stage, kind=Kind.F, microbatch=m, chunk=chunk))
+            order.append(f"{vs}F{m}")
             continue
         backwards[vs, m] += 1
-        if backwards[vs, m] == 1 or split:
-            ran_as = Kind.B if backwards[vs, m] == 1 else Kind.W
-            order.append(Action(stage=stage, kind=ran_as, microbatch=m, chunk=chunk))
-    return [str(a) for a in order]
+        if split:
+            order.append(f"{vs}{'I' if backwards[vs, m] == 1 else 'W'}{m}")
+        elif backwards[vs, m] == 1:
+            order.append(f"{vs}B{m}")
+    return order
 
 
 def _stage(
-    *, trace: Trace, virtual_stage: int, payload_elems: int, log: list[tuple[str, int, int]]
+    *, trace: Trace, virtual_stage: int, placement: Placement, payload_elems: int, log: list[tuple[str, int, int]]
 ) -> pipelining.PipelineStage:
     example = torch.zeros(1, payload_elems)
-    module = SleepStage(
-        costs=stage_costs(trace=trace, virtual_stage=virtual_stage), virtual_stage=virtual_stage, log=log
-    )
+    costs = stage_costs(trace=trace, virtual_stage=virtual_stage, placement=placement)
+    module = SleepStage(costs=costs, virtual_stage=virtual_stage, log=log)
     return pipelining.PipelineStage(
         module,
         stage_index=virtual_stage,
