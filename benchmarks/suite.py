@@ -23,7 +23,7 @@ from typing import Any
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy, make_policy, policy_names
-from rrfp_ray.schedule.actions import Kind, parse_action
+from rrfp_ray.schedule.actions import Kind, action_kind
 from rrfp_ray.schedule.generators import SCHEDULES
 from rrfp_ray.sim.simulator import DeadlockError, bounds, simulate
 from rrfp_ray.sim.variability import Trace, generate
@@ -138,7 +138,7 @@ def activation_peak(*, events: Sequence[OpEvent], chunks: int, split: bool) -> f
     release = Kind.W if split else Kind.B
     changes: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for event in events:
-        kind = parse_action(event.action).kind
+        kind = action_kind(event.action)
         if kind is Kind.F:
             changes[event.stage].append((event.start_ms, 1 / chunks))
         elif kind is release:

@@ -4,10 +4,15 @@ Every policy runs on one driver (the stage actors sleep each op's trace duration
 real tensors over gloo links); the simulator replays the very same trace. Per policy it
 prints the median measured iteration time (optimizer step included), the simulated one
 (the op schedule alone: the simulator has no optimizer step, so the ratio compares it with
-the measured time less the step), and the speedup over the fixed baseline (1f1b, or
-interleaved when --chunks > 1), measured and predicted:
+the measured time less the step), and the speedup over the fixed baseline (1f1b,
+interleaved when --chunks > 1, zbv for the V-placed policies), measured and predicted:
 
     python jobs/bench_runtime.py --scenario lognormal --sigma 0.3 --microbatches 16
+    python jobs/bench_runtime.py --chunks 2 --policies zbv,ready-zbv,dualpipev,ready-dualpipev
+
+The policies of one run share one pipeline, so they must share a placement: looped
+(gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zb-interleaved, bf, bfw, cpw and their ready-*)
+or V (zbv, dualpipev, ready-zbv, ready-dualpipev); a mix is refused before Ray starts.
 
 With --trace FILE the trace's P, M and v set --stages, --microbatches and --chunks.
 
@@ -34,8 +39,10 @@ from actors.local_ray import start_ray
 from rrfp_ray.cli import (
     add_log_level_flag,
     add_scenario_flags,
+    baseline_policy,
     config_error,
     configure_logging,
+    one_placement,
     variability,
     write_pictures,
 )
@@ -96,31 +103,39 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     if args.rank_comm and (args.tp < 2 or args.trace):
         parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
     shape_from_trace(parser, args)
-    baseline = "1f1b" if args.chunks == 1 else "interleaved"
+    baseline = baseline_policy(chunks=args.chunks)
     names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
-    names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
-    try:
-        pipeline = PipelineConfig(
+
+    def pipeline_of(policy: str) -> PipelineConfig:
+        return PipelineConfig(
             stages=args.stages,
             chunks=args.chunks,
             microbatches=args.microbatches,
-            policy=baseline,
+            policy=policy,
             cap=args.cap,
             timeout_s=args.timeout,
             tp=args.tp,
             tp_protocol=args.tp_protocol,
         )
+
+    try:
+        pipeline = pipeline_of(baseline)
         seeds = range(args.variability_seed, args.variability_seed + (args.tp if args.rank_comm else 1))
         traces = [VariabilityConfig(**{**variability(args), "seed": seed}).trace(pipeline=pipeline) for seed in seeds]
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
     except ValueError as error:
         parser.error(str(error))
-    for name in names:
-        try:
-            pipeline.resolved_policy(name)
-        except ValueError as error:
-            parser.error(f"--policies: {error}")
+    try:
+        placement = one_placement({name: pipeline.resolved_policy(name) for name in names})
+    except ValueError as error:
+        parser.error(f"--policies: {error}")
+    baseline = baseline_policy(chunks=args.chunks, placement=placement)
+    try:
+        pipeline = pipeline_of(baseline)
+    except ValidationError as error:
+        config_error(parser, error, flags=FLAGS)
+    names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
     return args, pipeline, traces, names
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.variability import SCENARIOS, scenario_params
 
 
@@ -59,6 +62,27 @@ def variability(args: argparse.Namespace) -> dict[str, Any]:
         "params": scenario_kwargs(args),
         "trace_file": args.trace,
     }
+
+
+def baseline_policy(*, chunks: int, placement: Placement = Placement.LOOPED) -> str:
+    """The fixed schedule a run's policies are compared with: 1f1b, interleaved when v > 1, zbv on the V placement."""
+    if placement is Placement.V:
+        return "zbv"
+    return "1f1b" if chunks == 1 else "interleaved"
+
+
+def one_placement(policies: Mapping[str, Policy]) -> Placement:
+    """The placement every policy (name -> Policy) runs on; ValueError naming two that differ.
+
+    One pipeline's stages, links and loss stage follow one placement, so its policies share it."""
+    by_placement = {policy.placement: name for name, policy in policies.items()}
+    if len(by_placement) > 1:
+        v, looped = by_placement[Placement.V], by_placement[Placement.LOOPED]
+        raise ValueError(
+            f"{v} runs on the V placement and {looped} on the looped one; one pipeline runs policies of one "
+            "placement (its links and loss stage follow it): measure them in separate runs"
+        )
+    return next(iter(by_placement), Placement.LOOPED)
 
 
 def config_error(parser: argparse.ArgumentParser, error: ValidationError, *, flags: dict[str, str]) -> None:

@@ -19,6 +19,8 @@ import bench_runtime  # noqa: E402
         (["--tp", "2", "--rank-comm", "--trace", "t.json"], "not with --trace"),
         (["--tp", "2", "--tp-protocol", "vote"], "--tp-protocol"),
         (["--iterations", "0"], "--iterations must be >= 1"),
+        (["--chunks", "2", "--policies", "zbv,bf"], "--policies: zbv runs on the V placement and bf on the looped one"),
+        (["--policies", "dualpipev"], "--policies: chunks (--chunks) must be 2"),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv: list[str], expected: str, capsys) -> None:
@@ -79,3 +81,11 @@ def test_an_unreadable_trace_is_named(tmp_path: Path, capsys) -> None:
         bench_runtime.parse(["--trace", str(tmp_path / "bad.json")])
     assert exit_info.value.code == 2
     assert f"--trace {tmp_path / 'bad.json'}:" in capsys.readouterr().err
+
+
+def test_v_policies_share_a_v_pipeline_with_the_zbv_baseline() -> None:
+    _, pipeline, _, names = bench_runtime.parse(["--chunks", "2", "--microbatches", "8", "--policies", "ready-zbv,dualpipev"])
+    assert names == ["zbv", "ready-zbv", "dualpipev"]
+    assert pipeline.layout.placement.value == "v" and pipeline.layout.loss_stage == 0
+    _, looped, _, names = bench_runtime.parse(["--chunks", "2", "--policies", "zb-interleaved,bf"])
+    assert names == ["interleaved", "zb-interleaved", "bf"] and looped.layout.placement.value == "looped"
