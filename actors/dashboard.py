@@ -9,9 +9,9 @@ from ray.util.metrics import Gauge
 
 from rrfp_ray.observe.telemetry import StageStats
 from rrfp_ray.runtime.worker import Executor
-from rrfp_ray.schedule.actions import Action
+from rrfp_ray.schedule.actions import Action, Kind
 
-_COLOURS = {"F": "thread_state_running", "B": "rail_response", "W": "good"}
+_COLOURS = {Kind.F: "thread_state_running", Kind.I: "rail_response", Kind.B: "rail_response", Kind.W: "good"}
 
 
 class ProfiledExecutor:
@@ -25,7 +25,7 @@ class ProfiledExecutor:
         return getattr(self.inner, name)
 
     def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
-        extra = {"name": str(action), "iteration": str(iteration), "cname": _COLOURS[action.kind.value]}
+        extra = {"name": str(action), "iteration": str(iteration), "cname": _COLOURS[action.kind]}
         with profiling.profile(f"stage {self.stage}: {action.kind.value}", extra_data=extra):
             return self.inner.run(action=action, iteration=iteration, payload=payload)
 

@@ -24,12 +24,14 @@ def _alive(ray, ids: set[str]) -> set[str]:
 
 
 @contextmanager
-def _driver(ray, *, stages: int = P, chunks: int = 1, t_f: float = 2.0, timeout_s: float = 20.0, tp: int = 1):
+def _driver(
+    ray, *, stages: int = P, chunks: int = 1, t_f: float = 2.0, timeout_s: float = 20.0, tp: int = 1, policy: str = "bf"
+):
     """A driver over a synthetic pipeline; on exit it is shut down, its actors are dead and their CPUs free."""
     from actors.driver import PipelineDriver
 
     cpus = ray.available_resources().get("CPU", 0.0)
-    pipeline = PipelineConfig(stages=stages, chunks=chunks, microbatches=M, timeout_s=timeout_s, tp=tp)
+    pipeline = PipelineConfig(stages=stages, chunks=chunks, microbatches=M, timeout_s=timeout_s, tp=tp, policy=policy)
     trace = generate(scenario="lognormal", stages=stages, microbatches=M, chunks=chunks, seed=1, t_f=t_f)
     driver = PipelineDriver.remote(pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=64))
     ids = {driver._actor_id.hex()}
@@ -62,6 +64,22 @@ def test_policies_take_turns_on_one_driver(ray_session, chunks, names):
                     assert sorted(ran) == sorted(str(a) for a in layout.actions(stage=stage)), (name, stage)
                     if policy.fixed:
                         assert ran == [str(a) for a in policy.order[stage]], (name, stage)
+
+
+def test_zbv_runs_on_ray_with_the_v_turn_as_a_local_hand_off(ray_session):
+    """V placement: stage s holds virtual stages s and 2P-1-s, the loss on stage 0; no link joins stage P-1 to itself."""
+    ray = ray_session
+    with _driver(ray, chunks=2, policy="zbv") as (pipeline, driver):
+        layout = pipeline.layout
+        assert layout.loss_stage == 0 and all(link.src != link.dst for link in layout.links())
+        for iteration, name in enumerate(("zbv", "ready-zbv")):
+            policy = pipeline.resolved_policy(name)
+            report = ray.get(driver.run_iteration.remote(iteration=iteration, policy=policy))
+            for stage in range(P):
+                ran = [e.action for e in sorted(report.events, key=lambda e: e.start_ms) if e.stage == stage]
+                assert sorted(ran) == sorted(str(a) for a in layout.actions(stage=stage)), (name, stage)
+                if policy.fixed:
+                    assert ran == [str(a) for a in policy.order[stage]], stage
 
 
 def test_eight_stage_actors_start_and_a_killed_one_is_named_within_the_timeout(ray_session):
