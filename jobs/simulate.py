@@ -20,7 +20,6 @@ from rrfp_ray.cli import add_log_level_flag, configure_logging, write_pictures
 from rrfp_ray.observe.telemetry import IterationReport  # noqa: E402
 from rrfp_ray.policy.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy.pickers import Policy, make_policy  # noqa: E402
-
 from rrfp_ray.schedule.validate import Hint, parse_order, read_hint  # noqa: E402
 from rrfp_ray.sim.simulator import bounds, simulate  # noqa: E402
 from rrfp_ray.sim.variability import SCENARIOS, Trace, describe, generate, scenario_params  # noqa: E402

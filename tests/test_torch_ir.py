@@ -13,7 +13,7 @@ from rrfp_ray.schedule.actions import Kind, Placement, parse_action
 from rrfp_ray.schedule.deps import Layout, Link, Message
 from rrfp_ray.schedule.generators import build
 from rrfp_ray.schedule.torch_import import imported
-from rrfp_ray.schedule.validate import read_hint, parse_order
+from rrfp_ray.schedule.validate import parse_order, read_hint
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
