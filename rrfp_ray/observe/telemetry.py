@@ -45,6 +45,13 @@ class StageStats:
     tp_conflicts: int = 0  # disagreements where every TP rank had an op to offer
     started_at: float = 0.0  # unix seconds; aligns stages of one iteration
     loss: float | None = None  # the iteration's mean training loss, on the stage that computes it
+    replica: int = 0  # the data-parallel replica this stage belongs to
+    last_op_ms: float = 0.0  # when the stage's last op ended (set with data parallelism)
+    reduce_ms: float = 0.0  # time in the DP gradient all-reduces
+    reduce_bytes: int = 0  # gradient bytes summed over the DP group
+    reduce_end_ms: float = 0.0  # when the last bucket was summed
+    reduce_exposed_ms: float = 0.0  # reduce time after every stage's last op: what it adds to the iteration
+    reduce_exposed_own_ms: float = 0.0  # reduce time after this stage's own last op
 
 
 @dataclass
@@ -130,7 +137,9 @@ def merge_stage_reports(
         stages.append(stats)
     makespan = max((s.started_at - origin) * 1e3 + s.wall_ms for s in stages)
     ops_end = max((s.started_at - origin) * 1e3 + s.wall_ms - s.step_ms for s in stages)
-    loss = next((s.loss for s in stages if s.loss is not None), None)
+    stages = _with_exposed_reduce(stages, origin=origin)
+    losses = [s.loss for s in stages if s.loss is not None]  # one per replica, each the mean of its microbatches
+    loss = sum(losses) / len(losses) if losses else None
     return IterationReport(
         iteration=iteration,
         policy=policy,
@@ -140,6 +149,41 @@ def merge_stage_reports(
         loss=loss,
         step_ms=makespan - ops_end,
     )
+
+
+def _with_exposed_reduce(stages: list[StageStats], *, origin: float) -> list[StageStats]:
+    """Each stage's DP reduce time past the last op of every stage (on the common clock: the step
+    needs every stage's gradients, so only that part can delay it) and past its own last op."""
+    if not any(s.reduce_bytes for s in stages):
+        return stages
+    last_op = max((s.started_at - origin) * 1e3 + s.last_op_ms for s in stages)
+    exposed = []
+    for s in stages:
+        end = (s.started_at - origin) * 1e3 + s.reduce_end_ms
+        exposed.append(
+            replace(
+                s,
+                reduce_exposed_ms=min(s.reduce_ms, max(0.0, end - last_op)),
+                reduce_exposed_own_ms=min(s.reduce_ms, max(0.0, s.reduce_end_ms - s.last_op_ms)),
+            )
+        )
+    return exposed
+
+
+def dp_summary(reports: list[IterationReport]) -> dict[str, float]:
+    """What the DP reduction cost: exposed over total reduce time, the median over stages and
+    iterations (`dp_exposed_fraction`: past every stage's last op; `_own`: past the stage's own),
+    and the median reduce ms and bytes per stage."""
+    stages = [s for r in reports for s in r.stages if s.reduce_ms > 0]
+    if not stages:
+        return {}
+    return {
+        "dp_exposed_fraction": statistics.median(s.reduce_exposed_ms / s.reduce_ms for s in stages),
+        "dp_exposed_own_fraction": statistics.median(s.reduce_exposed_own_ms / s.reduce_ms for s in stages),
+        "dp_reduce_ms": statistics.median(s.reduce_ms for s in stages),
+        "dp_exposed_ms": statistics.median(s.reduce_exposed_ms for s in stages),
+        "dp_reduce_bytes": statistics.median(s.reduce_bytes for s in stages),
+    }
 
 
 def tp_summary(reports: list[IterationReport]) -> dict[str, float]:

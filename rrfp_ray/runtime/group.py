@@ -1,8 +1,8 @@
 """One orchestration for every backend: a `StageGroup` drives a pipeline's stages through
 iterations, evaluation, checkpoints and restarts (in the spirit of Ray Train's WorkerGroup).
 
-It speaks to each stage (each TP rank of a stage: index `stage * tp + rank`) through a
-`StageHandle`, whose calls return at once with a pending result, and to the backend through
+It speaks to each stage (each TP rank of a stage, in each data-parallel replica: index
+`(replica * stages + stage) * tp + rank`) through a `StageHandle`, whose calls return at once with a pending result, and to the backend through
 a `Fabric`, which brings the handles up and down and waits on their results with a timeout
 that names the stage. In-process the handles are threads (`rrfp_ray.runtime.local`); on
 Ray they are stage actors and the group runs inside the driver actor (`actors.driver`).
@@ -29,7 +29,7 @@ Pending = Any  # a call's result to come: a concurrent.futures.Future in-process
 class StageHandle(Protocol):
     """One stage (one TP rank of it) as the group drives it; a stage runs its calls in order."""
 
-    label: str  # names the stage in errors: "stage 1", "stage 1 TP rank 0"
+    label: str  # names the stage in errors: "stage 1", "stage 1 TP rank 0", "replica 1 stage 1" (`stage_label`)
 
     def set_workload(self, *, workload: Workload, layout: Layout) -> Pending: ...
 
@@ -62,7 +62,7 @@ class Fabric(Protocol):
     """What a backend gives the group: its stages, brought up and down, and the wait on their calls."""
 
     def start(self) -> list[StageHandle]:
-        """Bring every stage up, linked to its neighbours; their handles, index `stage * tp + rank`."""
+        """Bring every stage up, linked to its neighbours; their handles, index `(replica * stages + stage) * tp + rank`."""
         ...
 
     def wait(self, pending: list[Pending], *, labels: list[str], what: str) -> list:
@@ -75,16 +75,29 @@ class Fabric(Protocol):
         ...
 
 
+def stage_label(*, stage: int, rank: int, replica: int, tp: int, dp: int) -> str:
+    """How errors and logs name one actor of a DP x PP x TP group."""
+    replica_text = f"replica {replica} " if dp > 1 else ""
+    return f"{replica_text}stage {stage}" + (f" TP rank {rank}" if tp > 1 else "")
+
+
 class StageGroup:
-    def __init__(self, *, fabric: Fabric, layout: Layout, tp: int = 1) -> None:
+    """With `dp` > 1, `dp` replicas of the pipeline train on their own shares of each iteration's
+    data; their stages sum gradients before the step, so every replica holds the same weights:
+    replica 0 alone evaluates and writes checkpoints, and every replica loads them."""
+
+    def __init__(self, *, fabric: Fabric, layout: Layout, tp: int = 1, dp: int = 1) -> None:
         self.fabric = fabric
         self.layout = layout
         self.tp = tp
+        self.dp = dp
         self.workload: Workload | None = None
         self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
         self.handles: list[StageHandle] = fabric.start()
-        if len(self.handles) != layout.stages * tp:
-            raise ValueError(f"the fabric started {len(self.handles)} stages, the pipeline has {layout.stages} x {tp}")
+        if len(self.handles) != dp * layout.stages * tp:
+            raise ValueError(
+                f"the fabric started {len(self.handles)} stages, the pipeline has {dp} x {layout.stages} x {tp}"
+            )
 
     def set_workload(self, *, workload: Workload) -> None:
         """Give every stage its (fresh) workload: model weights start again from the model as given."""
@@ -110,8 +123,11 @@ class StageGroup:
         except PipelineError:
             self._failed = True
             raise
-        # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=results[:: self.tp])
+        # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage (in every replica)
+        # the events of replica 0 alone: the diagrams and traces show one pipeline
+        per_replica = self.layout.stages * self.tp
+        shown = [(events if i < per_replica else [], stats) for i, (events, stats) in enumerate(results)]
+        return merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.tp])
 
     def take_turns(
         self,
@@ -153,13 +169,18 @@ class StageGroup:
         return sum(float(loss) for loss in losses) / len(losses)
 
     def save(self, *, directory: str, iteration: int) -> dict[int, Any]:
-        """Every stage writes its checkpoint file; returns them by stage index (the caller commits the manifest)."""
-        files = self._all(lambda _, h: h.save(directory=directory, iteration=iteration), what="checkpoint")
+        """Every stage of replica 0 writes its checkpoint file (the replicas hold the same state); returns
+        them by stage index (the caller commits the manifest)."""
+        files = self._all(
+            lambda _, h: h.save(directory=directory, iteration=iteration), what="checkpoint", replica=0
+        )
         logger.info("iteration %d: %d stage files written to %s", iteration, len(files), directory)
         return dict(enumerate(files))
 
     def load(self, *, directory: str, files: Mapping[int, Any]) -> None:
-        self._all(lambda i, h: h.load(directory=directory, file=files[i]), what="checkpoint load")
+        """Every replica's stage loads the one file of its (stage, TP rank)."""
+        per_replica = self.layout.stages * self.tp
+        self._all(lambda i, h: h.load(directory=directory, file=files[i % per_replica]), what="checkpoint load")
         logger.info("%d stage files loaded from %s", len(files), directory)
 
     def restart(self) -> None:
@@ -175,7 +196,11 @@ class StageGroup:
         """Stop the stages: gracefully unless an iteration failed."""
         self.fabric.stop(graceful=not self._failed)
 
-    def _all(self, call: Callable[[int, StageHandle], Pending], *, what: str) -> list:
-        """`call(index, handle)` on every stage at once; their results, in stage order."""
-        pending = [call(i, h) for i, h in enumerate(self.handles)]
-        return self.fabric.wait(pending, labels=[h.label for h in self.handles], what=what)
+    def _all(self, call: Callable[[int, StageHandle], Pending], *, what: str, replica: int | None = None) -> list:
+        """`call(index, handle)` on every stage at once (of `replica` only, if given); their results, in stage order."""
+        handles = self.handles
+        if replica is not None:
+            per_replica = self.layout.stages * self.tp
+            handles = handles[replica * per_replica : (replica + 1) * per_replica]
+        pending = [call(i, h) for i, h in enumerate(handles)]
+        return self.fabric.wait(pending, labels=[h.label for h in handles], what=what)

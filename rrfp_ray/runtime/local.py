@@ -23,7 +23,8 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.group import StageGroup
+from rrfp_ray.runtime.group import StageGroup, stage_label
+from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer, reduce_order
 from rrfp_ray.runtime.transport import Channel, local_channels
 from rrfp_ray.runtime.worker import Executor, PipelineError, StageWorker, Workload
 from rrfp_ray.schedule.deps import Layout, Message
@@ -44,18 +45,21 @@ class _Round:
 
 
 class ThreadStage:
-    """One stage (one TP rank of it) as a `StageHandle`: its calls run in order on a thread of
-    its own and return futures. `executor` and `latency` are what its workload gave it."""
+    """One stage (one TP rank of it, in one DP replica) as a `StageHandle`: its calls run in order
+    on a thread of its own and return futures. `executor` and `latency` are what its workload gave it."""
 
     def __init__(self, *, index: int, worker: StageWorker, tp: int, stages: ThreadStages) -> None:
         self.index = index
         self.worker = worker
         self.rank = index % tp
+        self.replica = index // (tp * stages.layout.stages)
         self.tp = tp
-        self.label = f"stage {worker.stage}" + (f" TP rank {self.rank}" if tp > 1 else "")
+        self.label = stage_label(stage=worker.stage, rank=self.rank, replica=self.replica, tp=tp, dp=stages.dp_size)
         self.executor: Executor | None = None
         self.latency: Callable[[Message], float] | None = None
         self._stages = stages
+        self._group = self.replica * stages.layout.stages + worker.stage  # this stage's TP group, in this replica
+        self._dp = stages.dp_context(stage=worker.stage, rank=self.rank, replica=self.replica, name=self.label)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.label)
 
     def set_workload(self, *, workload: Workload, layout: Layout) -> Future:
@@ -84,8 +88,8 @@ class ThreadStage:
             tp = TPContext(
                 rank=self.rank,
                 size=self.tp,
-                all_gather=shared.agree[self.worker.stage].member(self.rank),
-                all_reduce=self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank),
+                all_gather=shared.agree[self._group].member(self.rank),
+                all_reduce=self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank, replica=self.replica),
                 protocol=tp_protocol,
                 k=self._stages.k,
             )
@@ -98,6 +102,7 @@ class ThreadStage:
             buffer_limit=buffer_limit,
             all_reduce=shared.all_reduce,
             tp=tp,
+            dp=self._dp,
         )
 
     def evaluate(self, *, chunk: int, inputs: Future | None, index: int) -> Future:
@@ -118,17 +123,23 @@ class ThreadStage:
 
     def close(self) -> None:
         self.worker.close()
+        if self._dp is not None:
+            self._dp.reducer.close()
         self._thread.shutdown(wait=True)
 
     def _set_workload(self, *, workload: Workload, layout: Layout) -> None:
         if self.tp > 1:
-            all_reduce = self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank)
+            all_reduce = self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank, replica=self.replica)
             workload = workload.with_tp(rank=self.rank, size=self.tp, all_reduce=all_reduce)
+        if self._dp is not None:
+            workload = workload.with_dp(rank=self.replica)
         self.executor = workload.executor(stage=self.worker.stage, layout=layout)
         self.latency = workload.latency
 
     def _run_iteration(self, **kwargs: Any) -> Any:
-        return self.worker.run_iteration(executor=self._executor(), latency=self.latency, **kwargs)
+        events, stats = self.worker.run_iteration(executor=self._executor(), latency=self.latency, **kwargs)
+        stats.replica = self.replica
+        return events, stats
 
     def _executor(self) -> Executor:
         if self.executor is None:
@@ -139,8 +150,10 @@ class ThreadStage:
 class ThreadStages:
     """The in-process `Fabric`: with `tp` > 1 every stage is `tp` workers, one per TP rank;
     rank t of a stage talks to rank t of its neighbours; `k`: ops each rank offers per agreement
-    round (`TPContext.k`). `wrap(rank, channel)` wraps every inbound channel of TP rank `rank`
-    (tests delay one rank's receives with it)."""
+    round (`TPContext.k`). With `dp`, `dp.size` replicas of all that (index
+    `(replica * stages + stage) * tp + rank`), the workers of one (stage, TP rank) summing their
+    gradients. `wrap(rank, channel)` wraps every inbound channel of TP rank `rank` (tests delay one
+    rank's receives with it)."""
 
     def __init__(
         self,
@@ -151,9 +164,12 @@ class ThreadStages:
         tp: int = 1,
         k: int = 4,
         wrap: Callable[[int, Channel], Channel] | None = None,
+        dp: DPSpec | None = None,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
+        self.dp = dp
+        self.dp_size = 1 if dp is None else dp.size
         self.layout = layout
         self.timeout_s = timeout_s
         self.link_timeout_s = link_timeout_s
@@ -162,27 +178,32 @@ class ThreadStages:
         self.wrap = wrap
         self.handles: list[ThreadStage] = []
         self._tensor_groups: list[ThreadAllGather] = []
+        self._dp_groups: list[ThreadAllGather] = []
         self._round: _Round | None = None
         self._lock = threading.Lock()
 
     def start(self) -> list[ThreadStage]:
-        layout, tp = self.layout, self.tp
-        channels = [local_channels(layout=layout, timeout_s=self.link_timeout_s) for _ in range(tp)]
+        layout, tp, dp = self.layout, self.tp, self.dp_size
+        channels = [[local_channels(layout=layout, timeout_s=self.link_timeout_s) for _ in range(tp)] for _ in range(dp)]
         wrap = self.wrap or (lambda _, channel: channel)
         workers = [
             StageWorker(
                 stage=s,
-                inbound={link: wrap(t, ch) for link, ch in channels[t].items() if link.dst == s},
-                outbound={link: ch for link, ch in channels[t].items() if link.src == s},
+                inbound={link: wrap(t, ch) for link, ch in channels[d][t].items() if link.dst == s},
+                outbound={link: ch for link, ch in channels[d][t].items() if link.src == s},
                 timeout_s=self.timeout_s,
             )
+            for d in range(dp)
             for s in range(layout.stages)
             for t in range(tp)
         ]
-        self._tensor_groups = [ThreadAllGather(parties=tp, timeout_s=self.timeout_s) for _ in range(layout.stages)]
+        self._tensor_groups = [ThreadAllGather(parties=tp, timeout_s=self.timeout_s) for _ in range(dp * layout.stages)]
+        self._dp_groups = [ThreadAllGather(parties=dp, timeout_s=self.timeout_s) for _ in range(layout.stages * tp)]
         self._round = None
         self.handles = [ThreadStage(index=i, worker=w, tp=tp, stages=self) for i, w in enumerate(workers)]
-        logger.info("%d stage threads up (%d stages x %d TP ranks)", len(self.handles), layout.stages, tp)
+        logger.info(
+            "%d stage threads up (%d replicas x %d stages x %d TP ranks)", len(self.handles), dp, layout.stages, tp
+        )
         return list(self.handles)
 
     def wait(self, pending: list[Future], *, labels: list[str], what: str) -> list:
@@ -207,9 +228,22 @@ class ThreadStages:
             list(pool.map(ThreadStage.close, self.handles))
         self.handles = []
 
-    def tp_all_reduce(self, *, stage: int, rank: int) -> Callable[[Tensor], Tensor]:
+    def tp_all_reduce(self, *, stage: int, rank: int, replica: int = 0) -> Callable[[Tensor], Tensor]:
         """The tensor sum over `stage`'s TP group, as TP rank `rank` calls it (for `rrfp_ray.models.tp`)."""
-        return tensor_all_reduce(self._tensor_groups[stage].member(rank))
+        return tensor_all_reduce(self._tensor_groups[replica * self.layout.stages + stage].member(rank))
+
+    def dp_context(self, *, stage: int, rank: int, replica: int, name: str) -> DPContext | None:
+        """The gradient reduction of (`stage`, TP `rank`) in `replica`, over its DP group (None without DP)."""
+        if self.dp is None:
+            return None
+        reducer = GradReducer(
+            all_reduce=tensor_all_reduce(self._dp_groups[stage * self.tp + rank].member(replica)),
+            order=reduce_order(chunks=self.layout.chunks),
+            bucket_bytes=self.dp.bucket_bytes,
+            timeout_s=self.timeout_s,
+            name=name,
+        )
+        return DPContext(reducer=reducer, overlap=self.dp.overlap)
 
     def join_round(self, index: int) -> _Round:
         """The shared objects of the iteration stage `index` is starting: a stage asking again opens the next round."""
@@ -219,7 +253,8 @@ class ThreadStages:
                 self._round = _Round(
                     all_reduce=ThreadAllReduce(parties=parties, timeout_s=self.timeout_s),
                     agree=[
-                        ThreadAllGather(parties=self.tp, timeout_s=self.timeout_s) for _ in range(self.layout.stages)
+                        ThreadAllGather(parties=self.tp, timeout_s=self.timeout_s)
+                        for _ in range(self.dp_size * self.layout.stages)
                     ],
                 )
             self._round.joined.add(index)
@@ -228,7 +263,7 @@ class ThreadStages:
 
 class LocalPipeline:
     """A `StageGroup` over `ThreadStages`, driven with executors given per iteration (index
-    `stage * tp + rank`): for tests, benchmarks in one process and debugging."""
+    `(replica * stages + stage) * tp + rank`): for tests, benchmarks in one process and debugging."""
 
     def __init__(
         self,
@@ -239,13 +274,14 @@ class LocalPipeline:
         tp: int = 1,
         k: int = 4,
         wrap: Callable[[int, Channel], Channel] | None = None,
+        dp: DPSpec | None = None,
     ) -> None:
         self.layout = layout
         self.tp = tp
         self.stages = ThreadStages(
-            layout=layout, timeout_s=timeout_s, link_timeout_s=link_timeout_s, tp=tp, k=k, wrap=wrap
+            layout=layout, timeout_s=timeout_s, link_timeout_s=link_timeout_s, tp=tp, k=k, wrap=wrap, dp=dp
         )
-        self.group = StageGroup(fabric=self.stages, layout=layout, tp=tp)
+        self.group = StageGroup(fabric=self.stages, layout=layout, tp=tp, dp=self.stages.dp_size)
 
     def tp_all_reduce(self, *, stage: int, rank: int) -> Callable[[Tensor], Tensor]:
         return self.stages.tp_all_reduce(stage=stage, rank=rank)
@@ -264,7 +300,7 @@ class LocalPipeline:
         """`protocol`: how TP ranks agree (`rrfp_ray.policy.agreement`); unused without TP."""
         handles = self.stages.handles
         if len(executors) != len(handles):
-            raise ValueError(f"executors: need {len(handles)} (stages x tp), got {len(executors)}")
+            raise ValueError(f"executors: need {len(handles)} (dp x stages x tp), got {len(executors)}")
         for handle, executor in zip(handles, executors):
             handle.executor, handle.latency = executor, latency
         return self.group.run_iteration(

@@ -41,9 +41,20 @@ class SyntheticWorkload:
     payload_elems: int = 4096
     rank_comm: tuple[Trace, ...] = ()  # with TP: rank t's messages take rank_comm[t]'s latencies
     in_step: InStep | None = None  # set by with_tp
+    grad_elems: int = 0  # float32 elements of gradient per chunk that data parallelism reduces
 
     def executor(self, *, stage: int, layout: Layout) -> SleepExecutor:
-        return SleepExecutor(trace=self.trace, layout=layout, payload_elems=self.payload_elems, in_step=self.in_step)
+        return SleepExecutor(
+            trace=self.trace,
+            layout=layout,
+            payload_elems=self.payload_elems,
+            in_step=self.in_step,
+            grad_elems=self.grad_elems,
+        )
+
+    def with_dp(self, *, rank: int) -> SyntheticWorkload:
+        """Every replica replays the same trace."""
+        return self
 
     def latency(self, message: Message) -> float:
         return self.trace.latency(message)
@@ -69,9 +80,14 @@ class SyntheticWorkload:
 
 
 class SleepExecutor:
-    def __init__(self, *, trace: Trace, layout: Layout, payload_elems: int, in_step: InStep | None = None) -> None:
+    def __init__(
+        self, *, trace: Trace, layout: Layout, payload_elems: int, in_step: InStep | None = None, grad_elems: int = 0
+    ) -> None:
         if payload_elems < 1:
             raise ValueError(f"payload_elems must be >= 1, got {payload_elems}")
+        if grad_elems < 0:
+            raise ValueError(f"grad_elems must be >= 0, got {grad_elems}")
+        self._grads = {c: torch.zeros(grad_elems) for c in range(layout.chunks)} if grad_elems else {}
         self._trace = trace
         self._layout = layout
         self._payload = torch.zeros(payload_elems)
@@ -82,6 +98,9 @@ class SleepExecutor:
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> None:
         return None
+
+    def gradients(self, *, chunk: int) -> list[torch.Tensor]:
+        return [self._grads[chunk]] if self._grads else []
 
     def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
         start = time.time()

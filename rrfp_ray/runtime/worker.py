@@ -22,8 +22,9 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats, stage_stats
 from rrfp_ray.policy.agreement import Agreement, TPContext
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.reduce import DPContext, ReduceStats, reduce_order
 from rrfp_ray.runtime.transport import Channel, Header, recv_message, send_message
-from rrfp_ray.schedule.actions import Action
+from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
 
@@ -48,6 +49,11 @@ class Executor(Protocol):
         I is the input gradient alone, W the weight gradient, B both."""
         ...
 
+    def gradients(self, *, chunk: int) -> list[torch.Tensor]:
+        """The tensors data parallelism sums over the DP group once `chunk`'s last weight-gradient op
+        is done (in place; the gradients of its parameters, or a synthetic payload)."""
+        ...
+
 
 class Workload(Protocol):
     """Plain data sent to every stage; each stage builds its own executor from it."""
@@ -61,6 +67,15 @@ class Workload(Protocol):
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> Workload:
         """This workload as TP rank `rank` of `size` runs it (its tensor-parallel layers sum over `all_reduce`)."""
         ...
+
+    def with_dp(self, *, rank: int) -> Workload:
+        """This workload as data-parallel replica `rank` runs it (it reads its own share of each iteration's data)."""
+        ...
+
+
+def completes_weights(action: Action, *, split: bool) -> bool:
+    """Whether `action` is a weight-gradient op: W, or B when backward is not split."""
+    return action.kind is Kind.W or (action.kind is Kind.B and not split)
 
 
 class PipelineError(RuntimeError):
@@ -116,6 +131,7 @@ class StageWorker:
         latency: Callable[[Message], float] | None = None,
         tp: TPContext | None = None,
         all_reduce: Callable[[float], float] = float,
+        dp: DPContext | None = None,
     ) -> tuple[list[OpEvent], StageStats]:
         """Run every action of this stage for one iteration, then the executor's `finish` (the
         optimizer step); returns its events and stats. The stage's wall time covers both; its
@@ -124,7 +140,11 @@ class StageWorker:
 
         With `tp`, this worker is one rank of its stage's TP group, and the ranks agree on
         every op before running it (`rrfp_ray.policy.agreement`), unless the policy is fixed: then
-        every rank runs the same list in order already."""
+        every rank runs the same list in order already.
+
+        With `dp`, this worker's stage is replicated: once a chunk's last weight-gradient op is
+        done, its gradients go to the DP reduction (`rrfp_ray.runtime.reduce`; with `dp.overlap`
+        off, every chunk's once all stages have run their last op), and the step waits for it."""
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
         with self._cond:
             self._raise_if_failed()
@@ -137,7 +157,10 @@ class StageWorker:
         events: list[OpEvent] = []
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
         tp_ms = 0.0
+        weight_ops_left = dict.fromkeys(range(layout.chunks), layout.microbatches)
         executor.begin(iteration=iteration)
+        if dp is not None:
+            dp.reducer.begin()
         try:
             while True:
                 with self._cond:
@@ -170,14 +193,23 @@ class StageWorker:
                         self._ready_at[follower] = max(self._ready_at.get(follower, 0.0), end)
                     if message is not None:
                         self._post(layout, iteration, message, output, latency)
+                if dp is not None and dp.overlap and completes_weights(action, split=layout.split):
+                    weight_ops_left[action.chunk] -= 1
+                    if not weight_ops_left[action.chunk]:
+                        dp.reducer.submit(key=action.chunk, tensors=executor.gradients(chunk=action.chunk))
             self._wait_outbox_empty()
         finally:
             with self._cond:
                 self._arbiter = None
         ops_done = self._now()
+        reduced = None if dp is None else self._reduce(dp=dp, executor=executor, all_reduce=all_reduce, chunks=layout.chunks)
         step = executor.finish(iteration=iteration, all_reduce=all_reduce)
         wall_ms = self._now()  # the stage's iteration ends with its optimizer step
         stats = stage_stats(stage=self.stage, events=events, wall_ms=wall_ms, tp_ms=tp_ms, step_ms=wall_ms - ops_done)
+        if reduced is not None:
+            stats.reduce_ms, stats.reduce_bytes = reduced.busy_ms, reduced.nbytes
+            stats.reduce_end_ms = (reduced.end_s - self._start) * 1e3 if reduced.end_s else 0.0
+            stats.last_op_ms = max((e.end_ms for e in events), default=0.0)
         if agreement is not None:
             stats.tp_rounds, stats.tp_disagreements = agreement.rounds, agreement.disagreements
             stats.tp_conflicts = agreement.conflicts
@@ -187,6 +219,19 @@ class StageWorker:
         stats.started_at = started_at
         stats.send_busy_ms, stats.recv_busy_ms = self._send_busy * 1e3, self._recv_busy * 1e3
         return events, stats
+
+    def _reduce(
+        self, *, dp: DPContext, executor: Executor, all_reduce: Callable[[float], float], chunks: int
+    ) -> ReduceStats:
+        """The iteration's DP reduction, done: without overlap, started now, after a barrier over every stage."""
+        if not dp.overlap:
+            all_reduce(0.0)  # every stage of every replica has run its last op
+            for chunk in reduce_order(chunks=chunks):
+                dp.reducer.submit(key=chunk, tensors=executor.gradients(chunk=chunk))
+        try:
+            return dp.reducer.wait()
+        except (TimeoutError, RuntimeError) as error:
+            raise PipelineError(f"stage {self.stage}, iteration {self._iteration}: {error}") from error
 
     def close(self) -> None:
         """Send STOP on every outbound link and end the threads."""

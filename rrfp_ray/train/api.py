@@ -86,6 +86,7 @@ def make_workload(
         injected=injected,
         val_data=val_data,
         device=device,
+        dp=pipeline.dp,
     )
 
 

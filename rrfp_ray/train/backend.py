@@ -84,9 +84,13 @@ class LocalBackend:
             raise RuntimeError("this LocalBackend has already started; use one backend per Trainer")
         self._config = pipeline
         stages = ThreadStages(
-            layout=pipeline.layout, timeout_s=pipeline.timeout_s, link_timeout_s=pipeline.link_timeout_s, tp=pipeline.tp
+            layout=pipeline.layout,
+            timeout_s=pipeline.timeout_s,
+            link_timeout_s=pipeline.link_timeout_s,
+            tp=pipeline.tp,
+            dp=pipeline.dp_spec,
         )
-        self._group = StageGroup(fabric=stages, layout=pipeline.layout, tp=pipeline.tp)
+        self._group = StageGroup(fabric=stages, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp)
         try:
             self.set_workload(workload=workload)
         except BaseException:

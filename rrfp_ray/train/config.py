@@ -11,6 +11,7 @@ from rrfp_ray.models.gpt import GPTConfig
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.validate import parse_order
@@ -43,6 +44,13 @@ class PipelineConfig(BaseModel):
         description="TP agreement: all-gather each rank's first choice, or its k best and run the best common one",
     )
     hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint")
+    dp: int = Field(1, ge=1, description="D: data-parallel replicas of the whole pipeline (D x P x T actors)")
+    dp_bucket_mb: float = Field(25.0, gt=0, description="MB of gradients per DP all-reduce bucket")
+    dp_overlap: bool = Field(
+        True,
+        description="reduce a chunk's gradients as soon as its last weight-gradient op is done "
+        "(False: everything after every stage's last op)",
+    )
 
     @field_validator("cap", mode="plain")
     @classmethod
@@ -62,6 +70,23 @@ class PipelineConfig(BaseModel):
         except ValueError as error:
             raise ValueError(f"policy {self.policy!r}: {error}") from None
         return self
+
+    @property
+    def actors(self) -> int:
+        """D x P x T: one actor (or thread) per (replica, stage, TP rank)."""
+        return self.dp * self.stages * self.tp
+
+    @property
+    def dp_spec(self) -> DPSpec | None:
+        """Data parallelism as the fabrics build it (None without: dp = 1)."""
+        if self.dp == 1:
+            return None
+        return DPSpec(size=self.dp, bucket_mb=self.dp_bucket_mb, overlap=self.dp_overlap)
+
+    @property
+    def global_microbatches(self) -> int:
+        """D x M: the microbatches of an iteration over every replica (what the data source holds)."""
+        return self.dp * self.microbatches
 
     @property
     def layout(self) -> Layout:

@@ -32,10 +32,10 @@ def dry_run(
     pipeline: PipelineConfig,
 ) -> None:
     """Raise ValueError naming the offending argument if this model and data cannot run on `pipeline`."""
-    _check_count(data, name="data", expected=pipeline.microbatches)
+    _check_count(data, name="data", pipeline=pipeline)
     inputs, targets = _first(data, name="data")
     if val_data is not None:
-        _check_count(val_data, name="val_data", expected=None)
+        _check_count(val_data, name="val_data", pipeline=None)
         _first(val_data, name="val_data")
     model = layers.model()
     modules = to_layers(model, split_points=layers.split_points)
@@ -48,14 +48,20 @@ def dry_run(
     optim.optimizer([p for p in model.parameters() if p.requires_grad])
 
 
-def _check_count(data: DataSource, *, name: str, expected: int | None) -> None:
+def _check_count(data: DataSource, *, name: str, pipeline: PipelineConfig | None) -> None:
     count = getattr(data, "microbatches", None)
     if not isinstance(count, int) or count < 1:
         raise ValueError(
             f"{name} must declare `microbatches`, its microbatches per iteration (an int >= 1), got {count!r}"
         )
-    if expected is not None and count != expected:
-        raise ValueError(f"{name}.microbatches = {count} differs from the pipeline's microbatches = {expected}")
+    if pipeline is None or count == pipeline.global_microbatches:
+        return
+    if pipeline.dp == 1:
+        raise ValueError(f"{name}.microbatches = {count} differs from the pipeline's microbatches = {pipeline.microbatches}")
+    raise ValueError(
+        f"{name}.microbatches = {count} differs from the pipeline's dp x microbatches = "
+        f"{pipeline.dp} x {pipeline.microbatches} = {pipeline.global_microbatches} (each replica reads its own share)"
+    )
 
 
 def _first(data: DataSource, *, name: str) -> tuple[object, object]:

@@ -32,7 +32,7 @@ def corpus_source(run: RunConfig, *, split: str = "train", microbatches: int | N
         path=run.train.data,
         micro_batch_size=run.train.micro_batch_size,
         seq_len=run.train.seq_len,
-        microbatches=microbatches or run.pipeline.microbatches,
+        microbatches=microbatches or run.pipeline.global_microbatches,
         seed=run.train.seed,
         split=split,
     )

@@ -101,6 +101,8 @@ class ModelWorkload:
     injected: Trace | None = None  # extra delays (ms) per action and message, to inject variability
     val_data: DataSource | None = None
     device: str = "cpu"  # where each stage computes; payloads move to and from each link's own device
+    dp: int = 1  # data-parallel replicas: `data` holds dp x microbatches microbatches an iteration
+    dp_rank: int = 0  # this replica: it reads microbatches dp_rank x microbatches onwards
 
     def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
         runner = build_stage(
@@ -110,7 +112,7 @@ class ModelWorkload:
             placement=layout.placement,
             stage=stage,
             loss_fn=self.loss_fn,
-            loss_scale=1.0 / self.microbatches,
+            loss_scale=1.0 / (self.microbatches * self.dp),  # summed over the replicas: the global mean's gradients
             optimizer_factory=self.optim.optimizer,
         )
         return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self)
@@ -121,6 +123,11 @@ class ModelWorkload:
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[Tensor], Tensor]) -> ModelWorkload:
         """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
         return replace(self, layers=TPLayers(layers=self.layers, rank=rank, size=size, all_reduce=all_reduce))
+
+    def with_dp(self, *, rank: int) -> ModelWorkload:
+        if not 0 <= rank < self.dp:
+            raise ValueError(f"dp rank must be in [0, {self.dp}), got {rank}")
+        return replace(self, dp_rank=rank)
 
 
 class ModelExecutor:
@@ -142,7 +149,8 @@ class ModelExecutor:
         if action.kind is Kind.F:
             inputs, targets = payload, None
             if vs == 0 or vs == self._layout.virtual_stages - 1:
-                x, y = _to(self._workload.data.microbatch(iteration=iteration, index=m), device=self._workload.device)
+                index = self._workload.dp_rank * self._workload.microbatches + m
+                x, y = _to(self._workload.data.microbatch(iteration=iteration, index=index), device=self._workload.device)
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
             out = self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets)
@@ -159,9 +167,13 @@ class ModelExecutor:
         if self._workload.injected is not None:
             time.sleep(self._workload.injected.duration(action) / 1e3)
 
+    def gradients(self, *, chunk: int) -> list[Tensor]:
+        return self.runner.chunk_grads(chunk)
+
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult:
-        """Clip by the global gradient norm (summed over all stages) and step."""
-        total = all_reduce(self.runner.grad_sq_norm())
+        """Clip by the global gradient norm (summed over all stages; replica 0's alone, since the
+        replicas hold the same summed gradients) and step."""
+        total = all_reduce(self.runner.grad_sq_norm() if self._workload.dp_rank == 0 else 0.0)
         lr = self._workload.optim.lr_at(iteration)
         coef = clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm)
         self.runner.step(clip_coef=coef, lr=lr)

@@ -1,0 +1,181 @@
+"""Data parallelism's gradient reduction on one stage: buckets of final gradients summed over
+the stage's DP group (the same stage and TP rank in every replica) on a communication thread
+of its own, while the stage's compute thread runs its other ops.
+
+A chunk's gradients are handed over (`submit`) once its last weight-gradient op is done.
+Every replica must sum the same buckets in the same order, whatever order its chunks finished
+in: the thread reduces chunks in a fixed order (`order`), waiting for the next one's turn.
+The optimizer step waits for every bucket (`wait`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+AllReduce = Callable[[Tensor], Tensor]  # the sum of a tensor over the DP group (returned; the input may be reused)
+
+
+@dataclass(frozen=True)
+class ReduceStats:
+    busy_ms: float  # time spent in the group's all-reduces
+    end_s: float  # time.perf_counter() when the last bucket was summed (0: nothing to reduce)
+    nbytes: int  # bytes summed (each replica's share, counted once)
+
+
+def buckets(tensors: Sequence[Tensor], *, bucket_bytes: int) -> list[list[Tensor]]:
+    """`tensors` in order, grouped into runs of one dtype of at most `bucket_bytes` (a bigger tensor alone)."""
+    groups: list[list[Tensor]] = []
+    size = 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if not groups or size + nbytes > bucket_bytes or groups[-1][0].dtype != tensor.dtype:
+            groups.append([])
+            size = 0
+        groups[-1].append(tensor)
+        size += nbytes
+    return groups
+
+
+class GradReducer:
+    """Sums the submitted gradients of each iteration over the DP group, in place, bucket by
+    bucket, on a thread of its own. `order`: the keys (chunks) of an iteration in the order
+    every replica reduces them."""
+
+    def __init__(self, *, all_reduce: AllReduce, order: Sequence[int], bucket_bytes: int, timeout_s: float, name: str) -> None:
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        self._all_reduce = all_reduce
+        self._order = list(order)
+        self._bucket_bytes = bucket_bytes
+        self._timeout_s = timeout_s
+        self._name = name
+        self._cond = threading.Condition()
+        self._submitted: dict[int, list[Tensor]] = {}
+        self._next = len(self._order)  # index into order of the chunk to reduce next; all done until begin
+        self._busy = 0.0
+        self._end = 0.0
+        self._nbytes = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"reduce {name}", daemon=True)
+        self._thread.start()
+
+    def begin(self) -> None:
+        """A new iteration: nothing submitted, nothing reduced."""
+        with self._cond:
+            self._raise_if_failed()
+            self._submitted.clear()
+            self._next, self._busy, self._end, self._nbytes = 0, 0.0, 0.0, 0
+            self._cond.notify_all()
+
+    def submit(self, *, key: int, tensors: list[Tensor]) -> None:
+        """`key`'s gradients are final: sum them over the group (in place) when its turn comes."""
+        with self._cond:
+            if key in self._submitted:
+                raise RuntimeError(f"{self._name}: chunk {key}'s gradients were submitted twice in one iteration")
+            self._submitted[key] = tensors
+            self._cond.notify_all()
+
+    def wait(self) -> ReduceStats:
+        """Every chunk of the iteration summed; raises naming the chunk it waited for past the timeout."""
+        deadline = time.monotonic() + self._timeout_s
+        with self._cond:
+            while self._next < len(self._order):
+                self._raise_if_failed()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    key = self._order[self._next]
+                    state = "submitted" if key in self._submitted else "not submitted"
+                    raise TimeoutError(
+                        f"{self._name}: the DP reduction of chunk {key} ({state}) did not finish within {self._timeout_s:g} s"
+                    )
+                self._cond.wait(timeout=left)
+            self._raise_if_failed()
+            return ReduceStats(busy_ms=self._busy * 1e3, end_s=self._end, nbytes=self._nbytes)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=self._timeout_s)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"{self._name}: the DP reduction failed: {self._error}") from self._error
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (self._next >= len(self._order) or self._order[self._next] not in self._submitted):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                tensors = self._submitted[self._order[self._next]]
+            try:
+                began = time.perf_counter()
+                nbytes = self._reduce(tensors)
+                ended = time.perf_counter()
+            except BaseException as error:  # reported to the compute thread by wait()
+                with self._cond:
+                    self._error = error
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._busy += ended - began
+                self._nbytes += nbytes
+                self._end = ended if nbytes else self._end
+                self._next += 1
+                self._cond.notify_all()
+
+    def _reduce(self, tensors: list[Tensor]) -> int:
+        nbytes = 0
+        for group in buckets(tensors, bucket_bytes=self._bucket_bytes):
+            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            total = self._all_reduce(flat)
+            offset = 0
+            for tensor in group:
+                tensor.detach().copy_(total[offset : offset + tensor.numel()].view_as(tensor))
+                offset += tensor.numel()
+            nbytes += flat.numel() * flat.element_size()
+        return nbytes
+
+
+@dataclass(frozen=True)
+class DPContext:
+    """What a stage worker needs to reduce its gradients over its DP group."""
+
+    reducer: GradReducer
+    overlap: bool = True  # False: reduce everything once every stage of every replica has run its last op
+
+
+def reduce_order(*, chunks: int) -> list[int]:
+    """The order every replica reduces a stage's chunks in: the last chunk's backward ends first."""
+    return list(reversed(range(chunks)))
+
+
+@dataclass(frozen=True)
+class DPSpec:
+    """Data parallelism as a fabric builds it: `size` replicas, buckets of `bucket_mb` MB, overlap or not."""
+
+    size: int
+    bucket_mb: float = 25.0
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if self.size < 2:
+            raise ValueError(f"data parallelism needs size >= 2 replicas, got {self.size}")
+        if not self.bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb:g}")
+
+    @property
+    def bucket_bytes(self) -> int:
+        return max(1, int(self.bucket_mb * 2**20))
