@@ -39,7 +39,7 @@ class RayBackend:
     def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
         if self.driver is not None:
             raise RuntimeError("this RayBackend has already started; use one backend per Trainer")
-        self._owns_ray = init_ray(num_cpus=max(2, pipeline.stages * pipeline.tp))
+        self._owns_ray = init_ray(num_cpus=max(2, pipeline.actors))
         self.driver = PipelineDriver.remote(pipeline=pipeline, workload=workload, gpus_per_stage=self.gpus_per_stage)
         try:
             self.startup_s = ray.get(self.driver.startup_seconds.remote())

@@ -20,7 +20,7 @@ from actors.stage_actor import RayStageHandle, StageActor
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.group import StageGroup
+from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.tcp_gather import Secret
 from rrfp_ray.runtime.worker import PipelineError, Workload
 from rrfp_ray.train.backend import run_iteration
@@ -42,7 +42,7 @@ class PipelineDriver:
         self.pipeline = pipeline
         started = time.perf_counter()
         fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage)
-        self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp)
+        self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp)
         self.group.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
 
@@ -94,7 +94,7 @@ class PipelineDriver:
 
 
 class RayStages:
-    """The Ray `Fabric`: a placement group, one stage actor per (stage, TP rank), their links."""
+    """The Ray `Fabric`: a placement group, one stage actor per (replica, stage, TP rank), their links."""
 
     def __init__(self, *, pipeline: PipelineConfig, gpus_per_stage: float) -> None:
         self.pipeline = pipeline
@@ -108,7 +108,8 @@ class RayStages:
         """Placement, stage actors and their links."""
         gpus = self.gpus_per_stage
         bundle = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}
-        stages = self.pipeline.stages * self.pipeline.tp  # one actor per (stage, TP rank)
+        stages = self.pipeline.actors  # one actor per (replica, stage, TP rank)
+        per_replica = self.pipeline.stages * self.pipeline.tp
         if gpus and ray.cluster_resources().get("GPU", 0) < stages * gpus:
             raise ValueError(
                 f"{stages} stages x {gpus:g} GPU each need {stages * gpus:g} GPUs; "
@@ -126,9 +127,11 @@ class RayStages:
                     placement_group=self._pg, placement_group_bundle_index=s
                 ),
             ).remote(
-                stage=s // self.pipeline.tp,
+                stage=s % per_replica // self.pipeline.tp,
                 tp_rank=s % self.pipeline.tp,
                 tp_size=self.pipeline.tp,
+                replica=s // per_replica,
+                dp=self.pipeline.dp_spec,
                 timeout_s=self.timeout_s,
                 link_timeout_s=self.pipeline.link_timeout_s,
             )
@@ -141,15 +144,25 @@ class RayStages:
         return [RayStageHandle(actor=a, label=self._label(i)) for i, a in enumerate(self.stages)]
 
     def _wire(self) -> None:
-        """A 2-rank group per link and TP rank, a TP group per stage (T > 1) with its agreement
-        connections, and one group of all actors."""
-        prefix, tp = uuid.uuid4().hex[:8], self.pipeline.tp
+        """A 2-rank group per link, TP rank and replica, a TP group per stage and replica (T > 1) with
+        its agreement connections, a DP group per (stage, TP rank) across the replicas (D > 1), and
+        one group of all actors."""
+        prefix, tp, dp, stages = uuid.uuid4().hex[:8], self.pipeline.tp, self.pipeline.dp, self.layout.stages
+
+        def actor(replica: int, stage: int, rank: int) -> int:
+            return (replica * stages + stage) * tp + rank
+
         links = {
-            (link, t): f"{prefix}-{link.kind.value}{link.src}-{link.dst}-t{t}" for link in self.layout.links() for t in range(tp)
+            (link, t, d): f"{prefix}-{link.kind.value}{link.src}-{link.dst}-t{t}-d{d}"
+            for link in self.layout.links()
+            for t in range(tp)
+            for d in range(dp)
         }
-        members = {name: (link.src * tp + t, link.dst * tp + t) for (link, t), name in links.items()}
-        tp_groups = {s: f"{prefix}-tp{s}" for s in range(self.layout.stages)} if tp > 1 else {}
-        members |= {name: tuple(range(s * tp, (s + 1) * tp)) for s, name in tp_groups.items()}
+        members = {name: (actor(d, link.src, t), actor(d, link.dst, t)) for (link, t, d), name in links.items()}
+        tp_groups = {g: f"{prefix}-tp{g}" for g in range(dp * stages)} if tp > 1 else {}  # g: replica * stages + stage
+        members |= {name: tuple(range(g * tp, (g + 1) * tp)) for g, name in tp_groups.items()}
+        dp_groups = {(s, t): f"{prefix}-dp{s}-t{t}" for s in range(stages) for t in range(tp)} if dp > 1 else {}
+        members |= {name: tuple(actor(d, s, t) for d in range(dp)) for (s, t), name in dp_groups.items()}
         everyone = f"{prefix}-all"
         members[everyone] = tuple(range(len(self.stages)))
         addresses = self.wait(
@@ -175,9 +188,11 @@ class RayStages:
         self.wait(
             [
                 a.connect.remote(
-                    groups={link: name for (link, t), name in links.items() if t == i % tp},
+                    groups={link: name for (link, t, d), name in links.items() if (t, d) == (i % tp, i // tp // stages)},
                     everyone=everyone,
                     tp_group=tp_groups.get(i // tp),
+                    dp_group=dp_groups.get((i // tp % stages, i % tp)),
+                    chunks=self.layout.chunks,
                     agreement=agreement[i - i % tp : i - i % tp + tp] if tp > 1 else None,
                 )
                 for i, a in enumerate(self.stages)
@@ -186,8 +201,9 @@ class RayStages:
         )
 
     def _label(self, actor: int) -> str:
-        stage, rank = divmod(actor, self.pipeline.tp)
-        return f"stage {stage}" + (f" TP rank {rank}" if self.pipeline.tp > 1 else "")
+        group, rank = divmod(actor, self.pipeline.tp)
+        replica, stage = divmod(group, self.pipeline.stages)
+        return stage_label(stage=stage, rank=rank, replica=replica, tp=self.pipeline.tp, dp=self.pipeline.dp)
 
     def stop(self, *, graceful: bool) -> None:
         """Stop the threads (gracefully: not after a failure), kill the actors, free the placement group."""

@@ -17,6 +17,7 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer, reduce_order
 from rrfp_ray.runtime.tcp_gather import Secret, TcpGather
 from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.runtime.worker import Executor, StageWorker, Workload
@@ -28,12 +29,25 @@ logger = logging.getLogger(__name__)
 
 @ray.remote
 class StageActor:
-    def __init__(self, *, stage: int, tp_rank: int, tp_size: int, timeout_s: float, link_timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        stage: int,
+        tp_rank: int,
+        tp_size: int,
+        timeout_s: float,
+        link_timeout_s: float,
+        replica: int = 0,
+        dp: DPSpec | None = None,
+    ) -> None:
         torch.set_num_threads(1)
         collective.register_backends()
         self.stage = stage
         self.tp_rank = tp_rank
         self.tp_size = tp_size
+        self.replica = replica
+        self._dp_spec = dp
+        self._dp: DPContext | None = None
         self._tp_group: str | None = None
         self._agreement: TcpGather | None = None
         self.timeout_s = timeout_s
@@ -43,7 +57,7 @@ class StageActor:
         self._executor: Executor | None = None
         self._everyone = ""
         self._metrics = StageMetrics(stage=stage)
-        logger.info("stage %d TP rank %d of %d: actor started", stage, tp_rank, tp_size)
+        logger.info("replica %d stage %d TP rank %d of %d: actor started", replica, stage, tp_rank, tp_size)
 
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
@@ -66,10 +80,18 @@ class StageActor:
         return self._agreement.address
 
     def connect(
-        self, *, groups: dict[Link, str], everyone: str, tp_group: str | None, agreement: list[str] | None
+        self,
+        *,
+        groups: dict[Link, str],
+        everyone: str,
+        tp_group: str | None,
+        agreement: list[str] | None,
+        dp_group: str | None = None,
+        chunks: int = 1,
     ) -> None:
         """Open a channel on every link this stage sends or receives on and, with TP, the
-        agreement connections to the other ranks (`agreement`: every rank's address); start the threads."""
+        agreement connections to the other ranks (`agreement`: every rank's address); with DP,
+        the gradient reduction over `dp_group` (its `chunks` in the replicas' common order); start the threads."""
 
         def channel(link: Link) -> collective.Channel:
             peer = 1 if link.src == self.stage else 0
@@ -81,6 +103,17 @@ class StageActor:
             if self._agreement is None:
                 raise RuntimeError(f"stage {self.stage}: connect() with agreement addresses before listen_agreement()")
             self._agreement.connect(addresses=agreement)
+        if dp_group is not None:
+            if self._dp_spec is None:
+                raise RuntimeError(f"stage {self.stage}: a DP group given to an actor started without dp")
+            reducer = GradReducer(
+                all_reduce=lambda tensor: self._group_sum(group=dp_group, tensor=tensor),
+                order=reduce_order(chunks=chunks),
+                bucket_bytes=self._dp_spec.bucket_bytes,
+                timeout_s=self.timeout_s,
+                name=f"replica {self.replica} stage {self.stage} TP rank {self.tp_rank}",
+            )
+            self._dp = DPContext(reducer=reducer, overlap=self._dp_spec.overlap)
         self._worker = StageWorker(
             stage=self.stage,
             inbound={link: channel(link) for link in groups if link.dst == self.stage},
@@ -91,6 +124,8 @@ class StageActor:
     def set_workload(self, *, workload: Workload, layout: Layout) -> None:
         if self._tp_group is not None:
             workload = workload.with_tp(rank=self.tp_rank, size=self.tp_size, all_reduce=self._tp_all_reduce)
+        if self._dp is not None:
+            workload = workload.with_dp(rank=self.replica)
         self._workload = workload
         self._executor = ProfiledExecutor(workload.executor(stage=self.stage, layout=layout), stage=self.stage)
 
@@ -109,7 +144,9 @@ class StageActor:
             latency=self._workload.latency,
             all_reduce=self._all_reduce,
             tp=None if self._tp_group is None else self._tp_context(protocol=tp_protocol),
+            dp=self._dp,
         )
+        stats.replica = self.replica
         self._metrics.record(stats)
         return events, stats
 
@@ -128,8 +165,12 @@ class StageActor:
         )
 
     def _tp_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._group_sum(group=self._tp_group, tensor=tensor)
+
+    @staticmethod
+    def _group_sum(*, group: str, tensor: torch.Tensor) -> torch.Tensor:
         total = tensor.detach().clone()
-        collective.all_reduce_sum(group=self._tp_group, tensor=total)
+        collective.all_reduce_sum(group=group, tensor=total)
         return total
 
     def evaluate(self, *, chunk: int, inputs: torch.Tensor | None, index: int) -> torch.Tensor:
@@ -166,6 +207,9 @@ class StageActor:
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None
+        if self._dp is not None:
+            self._dp.reducer.close()
+            self._dp = None
 
 
 @dataclass(frozen=True)
