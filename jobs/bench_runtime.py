@@ -23,6 +23,13 @@ rank its own message latencies (the simulator then sees rank 0's):
 
     python jobs/bench_runtime.py --stages 2 --tp 2 --microbatches 8 --scenario lognormal --sigma 0.3
     python jobs/bench_runtime.py --stages 2 --tp 2 --microbatches 8 --scenario comm --comm-ms 2 --rank-comm
+
+With --dp D the whole pipeline runs D times, each stage summing a synthetic gradient of --grad-mb
+MB per chunk over its replicas (in --dp-bucket-mb buckets) as soon as the chunk's last
+weight-gradient op is done (--no-overlap: after every stage's last op); it prints the exposed
+share of the reduce time (past every stage's last op, and past the stage's own):
+
+    python jobs/bench_runtime.py --dp 2 --stages 4 --microbatches 16 --grad-mb 25 --policies 1f1b,bfw
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from rrfp_ray.cli import (
     variability,
     write_pictures,
 )
-from rrfp_ray.observe.telemetry import tp_summary
+from rrfp_ray.observe.telemetry import dp_summary, tp_summary
 
 if TYPE_CHECKING:
     from rrfp_ray.sim.variability import Trace
@@ -55,6 +62,8 @@ if TYPE_CHECKING:
 FLAGS = {
     "tp": "--tp",
     "tp_protocol": "--tp-protocol",
+    "dp": "--dp",
+    "dp_bucket_mb": "--dp-bucket-mb",
     "stages": "--stages",
     "chunks": "--chunks",
     "microbatches": "--microbatches",
@@ -79,6 +88,12 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
+    pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the whole pipeline")
+    pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
+    pipe.add_argument(
+        "--no-overlap", action="store_true", help="with --dp: reduce every gradient after every stage's last op"
+    )
+    pipe.add_argument("--grad-mb", type=float, default=25.0, help="with --dp: MB of synthetic gradient per chunk")
     pipe.add_argument(
         "--rank-comm",
         action="store_true",
@@ -100,6 +115,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         parser.error(f"--iterations must be >= 1, got {args.iterations}")
     if args.payload_elems < 1:
         parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
+    if args.grad_mb <= 0:
+        parser.error(f"--grad-mb must be > 0, got {args.grad_mb:g}")
     if args.rank_comm and (args.tp < 2 or args.trace):
         parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
     shape_from_trace(parser, args)
@@ -116,6 +133,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
             timeout_s=args.timeout,
             tp=args.tp,
             tp_protocol=args.tp_protocol,
+            dp=args.dp,
+            dp_bucket_mb=args.dp_bucket_mb,
+            dp_overlap=not args.no_overlap,
         )
 
     try:
@@ -186,6 +206,7 @@ def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline
             "speedup_measured": measured[baseline] / measured[name],
             "speedup_predicted": simulated[baseline] / simulated[name],
             **tp_summary(runs),
+            **dp_summary(runs),
         }
         for name, runs in reports.items()
     }
@@ -208,15 +229,18 @@ def main(argv: list[str] | None = None) -> dict:
         for name in names
     }
     log_level = configure_logging(args)
-    print(start_ray(num_cpus=max(2, pipeline.stages * pipeline.tp), log_level=log_level))
+    print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
     driver = PipelineDriver.remote(
         pipeline=pipeline,
         workload=SyntheticWorkload(
-            trace=trace, payload_elems=args.payload_elems, rank_comm=tuple(traces) if args.rank_comm else ()
+            trace=trace,
+            payload_elems=args.payload_elems,
+            rank_comm=tuple(traces) if args.rank_comm else (),
+            grad_elems=int(args.grad_mb * 2**20) // 4 if pipeline.dp > 1 else 0,
         ),
     )
     try:
-        print(f"{pipeline.stages * pipeline.tp} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
         reports = measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
         ray.get(driver.shutdown.remote())
     finally:
@@ -225,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:
         write_pictures(out=Path(args.out), runs=reports)
     print(
-        f"\nP={pipeline.stages} v={pipeline.chunks} T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
+        f"\nD={pipeline.dp} P={pipeline.stages} v={pipeline.chunks} T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
         f"scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)"
     )
     print(
@@ -236,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{'policy':<12} {'measured ms':>11} {'step ms':>7} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} "
         f"{'predicted':>9} {'meas/pred':>9}"
         + (f" {'TP coord':>8} {'disagree':>8} {'rounds':>6} {'ms/round':>8}" if pipeline.tp > 1 else "")
+        + (f" {'reduce ms':>9} {'exposed':>7} {'own':>6}" if pipeline.dp > 1 else "")
     )
     for name, r in results.items():
         print(
@@ -246,6 +271,17 @@ def main(argv: list[str] | None = None) -> dict:
                 if pipeline.tp > 1
                 else ""
             )
+            + (
+                f" {r['dp_reduce_ms']:9.1f} {r['dp_exposed_fraction']:7.1%} {r['dp_exposed_own_fraction']:6.1%}"
+                if pipeline.dp > 1
+                else ""
+            )
+        )
+    if pipeline.dp > 1:
+        print(
+            f"DP: {args.grad_mb:g} MB of gradient per chunk in {pipeline.dp_bucket_mb:g} MB buckets, "
+            f"{'no overlap' if args.no_overlap else 'overlapped'}; exposed: the reduce time past every stage's last op "
+            "(what it adds to the iteration), own: past the stage's own last op (median over stages and iterations)"
         )
     summary = {"policies": results}
     if args.json:

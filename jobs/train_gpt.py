@@ -50,6 +50,8 @@ FLAGS = {
     "pipeline.hint": "--hint",
     "pipeline.tp": "--tp",
     "pipeline.tp_protocol": "--tp-protocol",
+    "pipeline.dp": "--dp",
+    "pipeline.dp_bucket_mb": "--dp-bucket-mb",
     "train.iterations": "--iterations",
     "train.micro_batch_size": "--micro-batch-size",
     "train.seq_len": "--seq-len",
@@ -90,6 +92,15 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
+    pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (--microbatches each)")
+    pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
+    pipe.add_argument("--no-overlap", action="store_true", help="with --dp: reduce gradients after every stage's last op")
+    pipe.add_argument(
+        "--dp-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --dp: train again in this process as one pipeline of dp x microbatches and print the loss difference",
+    )
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
     pipe.add_argument(
         "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
@@ -142,6 +153,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
                 "hint": read_hint(Path(args.hint).read_text()) if args.hint else None,
                 "tp": args.tp,
                 "tp_protocol": args.tp_protocol,
+                "dp": args.dp,
+                "dp_bucket_mb": args.dp_bucket_mb,
+                "dp_overlap": not args.no_overlap,
             },
             variability=variability(args),
             train={
@@ -210,7 +224,7 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
 
     from rrfp_ray.observe.telemetry import append_jsonl
 
-    tokens = run.pipeline.microbatches * run.train.micro_batch_size * run.train.seq_len
+    tokens = run.pipeline.global_microbatches * run.train.micro_batch_size * run.train.seq_len
     reports, val_loss = [], None
     telemetry = out / f"telemetry-{policy_name}.jsonl"
     telemetry.unlink(missing_ok=True)
@@ -253,6 +267,24 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
     return summary, reports
 
 
+def dp_check(*, run, losses: list[float]) -> dict:
+    """Train the same iterations as one pipeline of dp x microbatches in this process; print how far the losses differ."""
+    from rrfp_ray.train.gpt_workload import gpt_trainer
+
+    pipeline = run.pipeline.model_copy(update={"dp": 1, "microbatches": run.pipeline.global_microbatches})
+    quiet = run.variability.model_copy(update={"scenario": "none", "trace_file": None})  # no injected delays
+    reference = run.model_copy(update={"pipeline": pipeline, "variability": quiet})
+    with gpt_trainer(reference) as trainer:
+        expected = [r.loss for r in trainer.fit(len(losses))]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, expected))
+    print(
+        f"dp check: dp={run.pipeline.dp} x microbatches={run.pipeline.microbatches} against one pipeline of "
+        f"{pipeline.microbatches} microbatches (in-process), {len(losses)} iterations: largest relative loss "
+        f"difference {worst:.2e} ({'equal' if worst < 1e-4 else 'DIFFERENT'} within 1e-4)"
+    )
+    return {"iterations": len(losses), "max_rel_loss_diff": worst, "reference_losses": expected}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
     from actors.backend import RayBackend
@@ -261,10 +293,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_level = configure_logging(args)
-    print(start_ray(num_cpus=max(2, run.pipeline.stages * run.pipeline.tp), log_level=log_level))
+    print(start_ray(num_cpus=max(2, run.pipeline.actors), log_level=log_level))
     started = time.perf_counter()
     with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
-        print(f"{run.pipeline.stages * run.pipeline.tp} stage actors up in {trainer.backend.startup_s:.1f} s")
+        print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
         summary, runs = {}, {}
         baseline = baseline_policy(chunks=run.pipeline.chunks, placement=run.pipeline.layout.placement)
         compare = args.compare and run.pipeline.policy != baseline and run.train.checkpoint_dir is None
@@ -290,6 +322,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{base['iteration_ms_median']:.1f} ms\nspeedup of {result['policy']} over fixed {base['policy']}: "
             f"{summary['speedup_vs_baseline']:.2f}x"
         )
+    if run.pipeline.dp > 1 and args.dp_check:
+        summary["dp_check"] = dp_check(run=run, losses=[r.loss for r in runs[policy]])
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}/: summary.json, telemetry, Perfetto traces, diagrams ({time.perf_counter() - started:.0f} s)")
     return summary

@@ -21,6 +21,9 @@ import bench_runtime  # noqa: E402
         (["--iterations", "0"], "--iterations must be >= 1"),
         (["--chunks", "2", "--policies", "zbv,bf"], "--policies: zbv runs on the V placement and bf on the looped one"),
         (["--policies", "dualpipev"], "--policies: chunks (--chunks) must be 2"),
+        (["--dp", "0"], "--dp: Input should be greater than or equal to 1"),
+        (["--dp", "2", "--dp-bucket-mb", "0"], "--dp-bucket-mb: Input should be greater than 0"),
+        (["--dp", "2", "--grad-mb", "0"], "--grad-mb must be > 0"),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv: list[str], expected: str, capsys) -> None:

@@ -27,6 +27,7 @@ import train_gpt  # noqa: E402
         (["--cap", "0"], "--cap: cap must be >= 1 microbatch"),
         (["--scenario", "gremlins"], "unknown scenario"),
         (["--n-embd", "30", "--n-head", "4"], "n_embd (30) must be a multiple of n_head (4)"),
+        (["--dp", "0"], "--dp: Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv, expected, capsys):
