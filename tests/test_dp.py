@@ -130,3 +130,46 @@ def test_a_data_source_not_holding_dp_x_m_microbatches_is_refused_naming_both():
     config = PipelineConfig(stages=2, microbatches=M, dp=2)
     with pytest.raises(ValueError, match=r"data.microbatches = 2 differs from the pipeline's dp x microbatches = 2 x 2 = 4"):
         Trainer(model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=M), pipeline=config)
+
+
+def test_a_crashed_stage_in_replica_1_rebuilds_every_replica_from_the_checkpoint(tmp_path):
+    from rrfp_ray.train.checkpoint import Checkpointing
+
+    def trainer(directory: str, *, max_restarts: int) -> Trainer:
+        return Trainer(
+            model=mlp,
+            loss_fn=nn.functional.mse_loss,
+            data=Regression(microbatches=2 * M),
+            pipeline=PipelineConfig(stages=2, microbatches=M, policy="bf", dp=2, timeout_s=2.0),
+            optimizer=Optim(lr=1e-2, warmup=0, total=10),
+            checkpoints=Checkpointing(directory=directory, every=2, max_restarts=max_restarts),
+        )
+
+    class CrashOnce:
+        def __init__(self, inner, *, at: int) -> None:
+            self.inner, self.left = inner, at
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def run(self, **kwargs):
+            self.left -= 1
+            if self.left == 0:
+                raise RuntimeError("injected crash")
+            return self.inner.run(**kwargs)
+
+    with trainer(str(tmp_path / "clean"), max_restarts=0) as clean:
+        clean.fit(5)
+        expected = _weights(clean)
+    with trainer(str(tmp_path / "crash"), max_restarts=1) as crashed:
+        executors = crashed.backend.executors
+        executors[3] = CrashOnce(executors[3], at=4 * 2 * M - 2)  # replica 1, stage 1, in iteration 3
+        crashed.backend.executors = executors
+        while crashed.iteration < 5:  # the iterations since the checkpoint run again
+            crashed.step()
+        assert crashed.restarts == 1
+        got = _weights(crashed)
+    assert len(got) == 4
+    for got_stage, want_stage in zip(got, expected):
+        for a, b in zip(got_stage, want_stage):
+            torch.testing.assert_close(a, b)
