@@ -19,9 +19,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rrfp_ray.schedule.actions import Action, Kind
+
 logger = logging.getLogger(__name__)
 
 AllReduce = Callable[[Tensor], Tensor]  # the sum of a tensor over the DP group (returned; the input may be reused)
+
+
+def completes_weights(action: Action) -> bool:
+    """Whether `action` writes weight gradients: W, or the full backward B (never split)."""
+    return action.kind in (Kind.W, Kind.B)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats, stage_stats
 from rrfp_ray.policy.agreement import Agreement, TPContext
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.reduce import DPContext, ReduceStats, reduce_order
+from rrfp_ray.runtime.reduce import DPContext, ReduceStats, completes_weights, reduce_order
 from rrfp_ray.runtime.transport import Channel, Header, recv_message, send_message
-from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
 
@@ -71,11 +71,6 @@ class Workload(Protocol):
     def with_dp(self, *, rank: int) -> Workload:
         """This workload as data-parallel replica `rank` runs it (it reads its own share of each iteration's data)."""
         ...
-
-
-def completes_weights(action: Action, *, split: bool) -> bool:
-    """Whether `action` is a weight-gradient op: W, or B when backward is not split."""
-    return action.kind is Kind.W or (action.kind is Kind.B and not split)
 
 
 class PipelineError(RuntimeError):
@@ -193,7 +188,7 @@ class StageWorker:
                         self._ready_at[follower] = max(self._ready_at.get(follower, 0.0), end)
                     if message is not None:
                         self._post(layout, iteration, message, output, latency)
-                if dp is not None and dp.overlap and completes_weights(action, split=layout.split):
+                if dp is not None and dp.overlap and completes_weights(action):
                     weight_ops_left[action.chunk] -= 1
                     if not weight_ops_left[action.chunk]:
                         dp.reducer.submit(key=action.chunk, tensors=executor.gradients(chunk=action.chunk))
