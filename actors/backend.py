@@ -19,12 +19,16 @@ import ray
 
 from actors.driver import PipelineDriver
 from actors.local_ray import init_ray
+from actors.names import driver_name, run_tag
+from actors.teardown import await_exit
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
+
+_EXIT_S = 30.0  # how long the driver gets to exit on its own once its stages are down
 
 
 class RayBackend:
@@ -35,12 +39,16 @@ class RayBackend:
         self.driver: ray.actor.ActorHandle | None = None
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False
+        self._name = ""  # the driver actor's
 
     def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
         if self.driver is not None:
             raise RuntimeError("this RayBackend has already started; use one backend per Trainer")
         self._owns_ray = init_ray(num_cpus=max(2, pipeline.actors))
-        self.driver = PipelineDriver.remote(pipeline=pipeline, workload=workload, gpus_per_stage=self.gpus_per_stage)
+        self._name = driver_name(run=run_tag())
+        self.driver = PipelineDriver.options(name=self._name).remote(
+            pipeline=pipeline, workload=workload, gpus_per_stage=self.gpus_per_stage
+        )
         try:
             self.startup_s = ray.get(self.driver.startup_seconds.remote())
         except BaseException:
@@ -66,15 +74,21 @@ class RayBackend:
         self._call(self._driver().restart.remote())
 
     def close(self) -> None:
-        """Shut the stages down gracefully, then end the driver (and the Ray this backend started)."""
+        """Shut the stages down, then let the driver exit (killed if it does not), and end the
+        Ray this backend started: in that order, so that no call is left unrecorded (actors.teardown)."""
         if self.driver is not None:
+            driver, self.driver = self.driver, None
             try:
-                ray.get(self.driver.shutdown.remote())
+                ray.get(driver.shutdown.remote())
             except ray.exceptions.RayError:
-                pass  # the driver died already (e.g. during startup); killing it below is all that is left
-            finally:
-                ray.kill(self.driver)
-                self.driver = None
+                ray.kill(driver)  # it died already (e.g. during startup), or cannot shut down: nothing to wait for
+            else:
+                # its last handle dropped, Ray ends it gracefully; a __ray_terminate__ call of this
+                # process's might not be recorded before the job ends
+                actor_id = driver._actor_id.hex()
+                del driver
+                if await_exit([actor_id], timeout_s=_EXIT_S):
+                    ray.kill(ray.get_actor(self._name))
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
@@ -83,6 +97,10 @@ class RayBackend:
         """ray.get; a stage's failure arrives as the driver's PipelineError, the driver's own death as one."""
         try:
             return ray.get(ref)
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, PipelineError):
+                raise error.cause from None  # the driver's own, with its culprit
+            raise
         except ray.exceptions.RayActorError as error:
             raise PipelineError(f"the pipeline driver actor died: {error}") from error
 

@@ -1,5 +1,6 @@
 """What a stage shows in the Ray dashboard: op spans on the Ray timeline (recorded when
-RAY_PROFILING=1 is in the workers' environment) and per-stage metrics."""
+RAY_PROFILING=1 is in the stage actors' environment: actors.stage_actor.STAGE_ENV) and
+per-stage metrics."""
 
 from __future__ import annotations
 
@@ -30,21 +31,26 @@ class ProfiledExecutor:
             return self.inner.run(action=action, iteration=iteration, payload=payload)
 
 
+# What every stage actor exports (Prometheus adds the prefix `ray_`); grafana/rrfp_dashboard.json plots them.
+METRICS = {
+    "rrfp_iteration_ms": "iteration wall time on this stage",
+    "rrfp_blocked_fraction": "share of the iteration with nothing eligible",
+    "rrfp_peak_inflight": "most microbatches held between F and B",
+    "rrfp_tp_fraction": "share of the iteration spent in TP agreement rounds (0 without TP)",
+}
+
+
 class StageMetrics:
     """Per-stage gauges, served on the node's metrics port (Grafana shows them in the dashboard)."""
 
     def __init__(self, *, stage: int) -> None:
-        tags = {"stage": str(stage)}
-        keys = ("stage",)
-        self._gauges = {
-            "iteration_ms": Gauge("rrfp_iteration_ms", "iteration wall time on this stage", tag_keys=keys),
-            "blocked_fraction": Gauge("rrfp_blocked_fraction", "share of the iteration with nothing eligible", tag_keys=keys),
-            "peak_inflight": Gauge("rrfp_peak_inflight", "most microbatches held between F and B", tag_keys=keys),
-        }
+        self._gauges = {name: Gauge(name, description, tag_keys=("stage",)) for name, description in METRICS.items()}
         for gauge in self._gauges.values():
-            gauge.set_default_tags(tags)
+            gauge.set_default_tags({"stage": str(stage)})
 
     def record(self, stats: StageStats) -> None:
-        self._gauges["iteration_ms"].set(stats.wall_ms)
-        self._gauges["blocked_fraction"].set(stats.blocked_ms / stats.wall_ms if stats.wall_ms else 0.0)
-        self._gauges["peak_inflight"].set(stats.peak_inflight)
+        share = (lambda ms: ms / stats.wall_ms) if stats.wall_ms else (lambda ms: 0.0)
+        self._gauges["rrfp_iteration_ms"].set(stats.wall_ms)
+        self._gauges["rrfp_blocked_fraction"].set(share(stats.blocked_ms))
+        self._gauges["rrfp_peak_inflight"].set(stats.peak_inflight)
+        self._gauges["rrfp_tp_fraction"].set(share(stats.tp_ms))

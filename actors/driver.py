@@ -16,7 +16,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
-from actors.stage_actor import RayStageHandle, StageActor
+from actors.names import run_tag, stage_name
+from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor
+from actors.teardown import end_actors
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
@@ -31,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 _GRACE_S = 1.0  # how long to wait for the other stages' errors once one has failed
 _SPAWN_S = 120.0  # the least time placement and actor processes get to start, whatever timeout_s is
+_EXIT_S = 10.0  # how long stages get to exit on their own before they are killed
 
 
 @ray.remote(num_cpus=0)
@@ -81,6 +84,14 @@ class PipelineDriver:
         """Tear every stage down, whatever state it is in, and bring a fresh pipeline up."""
         self.group.restart()
 
+    def __repr__(self) -> str:
+        layout, tp = self.pipeline.layout, self.pipeline.tp
+        return (
+            f"PipelineDriver({layout.stages} stages x {layout.chunks} chunks, {layout.microbatches} microbatches"
+            + (f", TP {tp}" if tp > 1 else "")
+            + ")"
+        )
+
     def startup_seconds(self) -> float:
         return self.startup_s
 
@@ -103,6 +114,7 @@ class RayStages:
         self.backend = collective.resolve_backend(backend=pipeline.backend)
         self.gpus_per_stage = gpus_per_stage  # a fraction lets stages share one GPU (gloo links then)
         self.stages: list[ray.actor.ActorHandle] = []
+        self.pids: dict[str, int] = {}  # actor id -> process, once the stage actors are up
 
     def start(self) -> list[RayStageHandle]:
         """Placement, stage actors and their links."""
@@ -117,10 +129,21 @@ class RayStages:
             )
         self._pg = placement_group([bundle] * stages, strategy="PACK")
         spawn_s = max(self.timeout_s, _SPAWN_S)
+        waited = time.perf_counter()
+        logger.info("waiting up to %.0f s for a placement group of %d x %s", spawn_s, stages, bundle)
         self._await(self._pg.ready(), what=f"a placement group of {stages} x {bundle}", timeout_s=spawn_s)
-        logger.info("placement group ready: %d bundles of %s", stages, bundle)
+        logger.info("placement group ready in %.1f s: %d bundles of %s", time.perf_counter() - waited, stages, bundle)
+        waited = time.perf_counter()
+        run, tp = run_tag(), self.pipeline.tp  # fresh names: a restart's old actors may not have released theirs
         self.stages = [
             StageActor.options(
+                name=stage_name(
+                    run=run,
+                    stage=s % per_replica // tp,
+                    tp_rank=s % tp if tp > 1 else None,
+                    dp_rank=s // per_replica if self.pipeline.dp > 1 else None,
+                ),
+                runtime_env={"env_vars": STAGE_ENV},
                 num_cpus=1,
                 num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -134,11 +157,12 @@ class RayStages:
                 dp=self.pipeline.dp_spec,
                 timeout_s=self.timeout_s,
                 link_timeout_s=self.pipeline.link_timeout_s,
+                layout=self.layout,
             )
             for s in range(stages)
         ]
-        self.wait([a.ping.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s)
-        logger.info("%d stage actors up", stages)
+        self.pids = dict(self.wait([a.process.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s))
+        logger.info("%d stage actors up in %.1f s (pids %s)", stages, time.perf_counter() - waited, list(self.pids.values()))
         self._wire()
         logger.info("%d stage actors linked (%s)", stages, self.backend)
         return [RayStageHandle(actor=a, label=self._label(i)) for i, a in enumerate(self.stages)]
@@ -206,12 +230,18 @@ class RayStages:
         return stage_label(stage=stage, rank=rank, replica=replica, tp=self.pipeline.tp, dp=self.pipeline.dp)
 
     def stop(self, *, graceful: bool) -> None:
-        """Stop the threads (gracefully: not after a failure), kill the actors, free the placement group."""
+        """Stop the threads, end the actors, free the placement group.
+
+        Gracefully (not after a failure), the actors exit on their own after their last call
+        and only then goes their placement group (actors.teardown says why); otherwise they are killed.
+        """
         if graceful:
             closes = [a.close.remote() for a in self.stages]
             ray.wait(closes, num_returns=len(closes), timeout=self.timeout_s)
-        for actor in self.stages:
-            ray.kill(actor)
+            end_actors(self.stages, timeout_s=_EXIT_S)
+        else:
+            for actor in self.stages:
+                ray.kill(actor)
         remove_placement_group(self._pg)
         logger.info("%d stage actors stopped%s", len(self.stages), "" if graceful else " (after a failure)")
         self.stages = []
@@ -235,7 +265,7 @@ class RayStages:
         owners = dict(zip(refs, labels))
         deadline = time.monotonic() + timeout_s + 5.0
         pending = list(refs)
-        failures: list[tuple[bool, str]] = []  # (not died, message): dead actors sort first
+        failures: list[tuple[bool, str, str]] = []  # (not died, message, culprit): dead actors sort first
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
@@ -243,13 +273,15 @@ class RayStages:
             try:
                 ray.get(done[0])
             except RayActorError as error:
-                failures.append((False, f"{owners[done[0]]} died during {what}: {error}"))
+                pid = f" (pid {self.pids[error.actor_id]})" if error.actor_id in self.pids else ""
+                failures.append((False, f"{owners[done[0]]} died during {what}: {error}", f"{owners[done[0]]}{pid} died"))
             except RayError as error:
-                failures.append((True, f"{owners[done[0]]} failed during {what}: {error}"))
+                failures.append((True, f"{owners[done[0]]} failed during {what}: {error}", f"{owners[done[0]]} failed"))
             if failures:
                 deadline = min(deadline, time.monotonic() + _GRACE_S)
         if failures:
-            raise PipelineError("\n".join(message for _, message in sorted(failures, key=lambda f: f[0])))
+            failures.sort(key=lambda f: f[0])
+            raise PipelineError("\n".join(message for _, message, _ in failures), culprit=failures[0][2])
         if pending:
             raise PipelineError(f"{what}: no answer within {timeout_s:g} s from {', '.join(owners[r] for r in pending)}")
         return ray.get(refs)

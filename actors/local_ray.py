@@ -8,10 +8,10 @@ from pathlib import Path
 import ray
 
 ROOT = Path(__file__).resolve().parent.parent
-# Workers find this repository without an install; RAY_PROFILING puts op spans on the Ray
-# timeline; a short resolver timeout stops torch's TCPStore from stalling 5 s on reverse DNS
-# where no resolver answers (seen on sandboxed machines).
-WORKER_ENV = {"PYTHONPATH": str(ROOT), "RAY_PROFILING": "1", "RES_OPTIONS": "timeout:1 attempts:1"}
+# Workers find this repository without an install (the stage actors add RAY_PROFILING
+# themselves: actors.stage_actor.STAGE_ENV); a short resolver timeout stops torch's TCPStore
+# from stalling 5 s on reverse DNS where no resolver answers (seen on sandboxed machines).
+WORKER_ENV = {"PYTHONPATH": str(ROOT), "RES_OPTIONS": "timeout:1 attempts:1"}
 
 
 def init_ray(*, num_cpus: int, log_to_driver: bool = True, log_level: str | None = None) -> bool:

@@ -4,6 +4,7 @@ face for the driver's `StageGroup`."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ from rrfp_ray.train.checkpoint import StageFile
 
 logger = logging.getLogger(__name__)
 
+# In the stage actors' own runtime env, whatever the job's: RAY_PROFILING puts their op spans on
+# the Ray timeline (the dashboard's Task Timeline) however the cluster was started.
+STAGE_ENV = {"RAY_PROFILING": "1"}
+
 
 @ray.remote
 class StageActor:
@@ -39,10 +44,12 @@ class StageActor:
         link_timeout_s: float,
         replica: int = 0,
         dp: DPSpec | None = None,
+        layout: Layout | None = None,
     ) -> None:
         torch.set_num_threads(1)
         collective.register_backends()
         self.stage = stage
+        self.layout = layout  # for __repr__; set_workload brings the one it runs
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.replica = replica
@@ -191,6 +198,22 @@ class StageActor:
 
     def ping(self) -> int:
         return self.stage
+
+    def process(self) -> tuple[str, int]:
+        """This actor's id and pid (the driver names a dead stage's process)."""
+        return ray.get_runtime_context().get_actor_id(), os.getpid()
+
+    def __repr__(self) -> str:
+        """The dashboard's Repr column: which stage, which layers (virtual stages), which TP rank."""
+        text = f"StageActor(stage {self.stage}"
+        if self.layout is not None:
+            chunks = [vs for vs in range(self.layout.virtual_stages) if self.layout.locate(vs)[0] == self.stage]
+            text += f" of {self.layout.stages}, virtual stages {', '.join(map(str, chunks))}"
+        if self.tp_size > 1:
+            text += f", TP rank {self.tp_rank} of {self.tp_size}"
+        if self._dp_spec is not None:
+            text += f", DP replica {self.replica}"
+        return text + ")"
 
     def listening(self) -> tuple[int, list[str]]:
         """This actor's process id and the addresses its process listens on (Ray's own among them)."""

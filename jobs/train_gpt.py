@@ -10,12 +10,14 @@ On a cluster (`ray up cluster.yaml`), from the repo root:
 
     RAY_AUTH_MODE=token ray job submit --working-dir . -- python jobs/train_gpt.py --gpu --backend auto
 
-Outputs go to --out DIR: summary.json, telemetry.jsonl (one line per iteration).
+Outputs go to --out DIR: summary.json, telemetry.jsonl (one line per iteration); with
+--tensorboard DIR, TensorBoard scalars as well (`tensorboard --logdir DIR`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
@@ -35,6 +37,7 @@ from rrfp_ray.cli import (
     write_pictures,
 )
 from rrfp_ray.schedule.validate import read_hint
+from rrfp_ray.train.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
     from rrfp_ray.train.config import RunConfig
@@ -127,6 +130,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         "same seed and data (not with checkpoints)",
     )
     train.add_argument("--out", default="runs/train_gpt", help="output directory")
+    train.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)")
     train.add_argument("--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)")
     train.add_argument("--checkpoint-every", type=int, default=0, help="iterations between checkpoints (0: none)")
     train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
@@ -139,6 +143,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         parser.error(f"--gpus-per-stage must be >= 0, got {args.gpus_per_stage:g}")
     if args.gpu and args.gpus_per_stage not in (0, 1):
         parser.error(f"--gpu means --gpus-per-stage 1; it contradicts --gpus-per-stage {args.gpus_per_stage:g}")
+    if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        parser.error("--tensorboard needs the tensorboard package: pip install 'rrfp-ray[tensorboard]'")
     try:
         run = RunConfig(
             model={"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size},
@@ -176,6 +182,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         from rrfp_ray.train.gpt_workload import corpus_source
 
         corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
+        if run.train.resume:
+            check_resume(run)
+    except CheckpointError as error:
+        parser.error(f"--resume: {str(error).removeprefix('resume: ')}")
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
     except ValueError as error:
@@ -206,6 +216,16 @@ def check_local_devices(parser: argparse.ArgumentParser, *, args: argparse.Names
             parser.error(f"{flag}: no CUDA device is visible (torch.cuda.is_available() is False); {where}")
 
 
+def check_resume(run: RunConfig) -> None:
+    """A CheckpointError, before Ray starts, unless the checkpoint directory holds one this run can resume from."""
+    from rrfp_ray.train.api import workload_fingerprint
+    from rrfp_ray.train.checkpoint import resume_point
+    from rrfp_ray.train.gpt_workload import gpt_workload
+
+    fingerprint = workload_fingerprint(pipeline=run.pipeline, workload=gpt_workload(run))
+    resume_point(directory=Path(run.train.checkpoint_dir), fingerprint=fingerprint)
+
+
 def gpus_per_stage(args: argparse.Namespace) -> float:
     return 1.0 if args.gpu else args.gpus_per_stage
 
@@ -218,11 +238,17 @@ def checkpoint_dir(args: argparse.Namespace) -> str | None:
     return None
 
 
-def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dict, list]:
+def train(*, trainer, run, policy_name: str, out: Path, label: str, tensorboard: str | None) -> tuple[dict, list]:
     """Train to run.train.iterations (from wherever the trainer is: a resumed run starts later)."""
     from tqdm import tqdm
 
     from rrfp_ray.observe.telemetry import append_jsonl
+
+    board = None
+    if tensorboard:
+        from rrfp_ray.observe.tensorboard import TensorBoardLog
+
+        board = TensorBoardLog(directory=Path(tensorboard), run=policy_name)
 
     tokens = run.pipeline.global_microbatches * run.train.micro_batch_size * run.train.seq_len
     reports, val_loss = [], None
@@ -234,6 +260,8 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
         report = trainer.step(policy=policy_name)
         reports.append(report)
         append_jsonl(path=telemetry, report=report)
+        if board is not None:
+            board.iteration(report, tokens=tokens)
         line = (
             f"[{label}] iter {iteration:3d}  loss {report.loss:.4f}  {report.makespan_ms:7.1f} ms "
             f"(step {report.step_ms:4.1f})  "
@@ -242,13 +270,19 @@ def train(*, trainer, run, policy_name: str, out: Path, label: str) -> tuple[dic
         )
         if run.pipeline.tp > 1:
             line += f"  TP agreement {report.tp_fraction:4.2%}"
+        if report.restart:
+            line += f"  (first after restart {report.restart})"
         every = run.train.val_every
         if every and (trainer.iteration % every == 0 or trainer.iteration == run.train.iterations):
             val_loss = trainer.evaluate()
             line += f"  val {val_loss:.4f}"
+            if board is not None:
+                board.validation(iteration=iteration, loss=val_loss)
         bar.write(line)
         bar.update()
     bar.close()
+    if board is not None:
+        board.close()
     median_ms = statistics.median(r.makespan_ms for r in reports)
     summary = {
         "policy": policy_name,
@@ -302,11 +336,13 @@ def main(argv: list[str] | None = None) -> dict:
         compare = args.compare and run.pipeline.policy != baseline and run.train.checkpoint_dir is None
         if compare:
             summary["baseline"], runs[baseline] = train(
-                trainer=trainer, run=run, policy_name=baseline, out=out, label=baseline
+                trainer=trainer, run=run, policy_name=baseline, out=out, label=baseline, tensorboard=args.tensorboard
             )
             trainer.reset()  # same initial weights for the second run
         policy = run.pipeline.policy
-        result, runs[policy] = train(trainer=trainer, run=run, policy_name=policy, out=out, label=policy)
+        result, runs[policy] = train(
+            trainer=trainer, run=run, policy_name=policy, out=out, label=policy, tensorboard=args.tensorboard
+        )
         summary |= result
     write_pictures(out=out, runs=runs)
     print(

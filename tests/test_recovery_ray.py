@@ -5,6 +5,7 @@ checkpoint write leaves the previous checkpoint loadable; no actor is left behin
 from __future__ import annotations
 
 import random
+import re
 import threading
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def _live_actors() -> int:
     return sum(1 for a in ray._private.state.actors().values() if a["State"] != "DEAD")
 
 
-def test_a_killed_stage_is_rebuilt_and_the_run_matches_an_uninterrupted_one(ray_session, tmp_path):
+def test_a_killed_stage_is_rebuilt_and_the_run_matches_an_uninterrupted_one(ray_session, tmp_path, caplog):
+    caplog.set_level("INFO", logger="rrfp_ray.train.api")
     before = _live_actors()
     with gpt_trainer(_run(tmp_path / "clean", max_restarts=0), backend=RayBackend()) as clean:
         clean.fit(ITERATIONS)
@@ -57,11 +59,19 @@ def test_a_killed_stage_is_rebuilt_and_the_run_matches_an_uninterrupted_one(ray_
     with gpt_trainer(_run(tmp_path / "killed", max_restarts=2), backend=RayBackend()) as trainer:
         stages = ray.get(trainer.backend.driver.stage_actors.remote())
         victim, at = rng.randrange(len(stages)), rng.randrange(1, ITERATIONS)
+        _, pid = ray.get(stages[victim].process.remote())
         trainer.fit(at)
         threading.Timer(rng.uniform(0.02, 0.25), ray.kill, args=(stages[victim],)).start()
         while trainer.iteration < ITERATIONS:
             trainer.step()
         assert trainer.restarts == 1, f"stage {victim} was killed but no restart happened"
+        (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restart ")]
+        said = re.fullmatch(
+            rf"restart 1 of 2: stage {victim} \(pid {pid}\) died in iteration (\d+); restoring "
+            rf"(checkpoint {tmp_path}/killed/manifest-\d{{8}}\.json \(iteration \d+\)|no checkpoint yet: .*)",
+            line,
+        )
+        assert said and int(said.group(1)) >= at, line
         got = _final_states(trainer)
     for want_stage, got_stage in zip(expected, got):
         for (name, want), (_, value) in zip(want_stage["chunks"][0].items(), got_stage["chunks"][0].items()):

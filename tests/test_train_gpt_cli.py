@@ -110,3 +110,49 @@ def test_gpu_flags_pass_when_attaching_to_a_cluster(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     _, run = train_gpt.parse(["--backend", "nccl", "--gpu"])
     assert run.pipeline.backend is LinkBackend.NCCL and run.train.device == "cuda"
+
+
+def _manifest(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "manifest-00000004.json"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        (lambda d: None, "the checkpoint directory {d} does not exist"),
+        (lambda d: d.mkdir(), "no manifest-*.json in {d}"),
+        (lambda d: _manifest(d, ""), "{d}/manifest-00000004.json: the manifest is empty"),
+        (lambda d: _manifest(d, '{"iteration": 4, "fing'), "{d}/manifest-00000004.json: the manifest is not JSON"),
+        (lambda d: _manifest(d, '{"iteration": 4}'), "{d}/manifest-00000004.json: the manifest lacks a field"),
+        (
+            lambda d: _manifest(d, '{"iteration": 4, "fingerprint": "0123", "files": {}}'),
+            "checkpoint {d}/manifest-00000004.json was written for another model or pipeline shape",
+        ),
+    ],
+    ids=["missing directory", "no manifest", "empty", "truncated", "no fields", "another shape"],
+)
+def test_resume_from_a_bad_checkpoint_is_a_clean_error_naming_the_file(setup, expected, tmp_path, capsys):
+    directory = tmp_path / "checkpoints"
+    setup(directory)
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt.parse(["--resume", "--checkpoint-dir", str(directory)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --resume: " in err and expected.format(d=directory) in err
+    assert "Traceback" not in err
+
+
+def test_resume_with_a_stage_file_missing_names_it(tmp_path, capsys):
+    run = train_gpt.parse(["--checkpoint-dir", str(tmp_path)])[1]
+    from rrfp_ray.train.api import workload_fingerprint
+    from rrfp_ray.train.gpt_workload import gpt_workload
+
+    fingerprint = workload_fingerprint(pipeline=run.pipeline, workload=gpt_workload(run))
+    files = '{"0": {"path": "iter-00000004/stage-0.pt", "sha256": "00"}}'
+    _manifest(tmp_path, f'{{"iteration": 4, "fingerprint": "{fingerprint}", "files": {files}}}')
+    with pytest.raises(SystemExit):
+        train_gpt.parse(["--resume", "--checkpoint-dir", str(tmp_path)])
+    assert f"its file {tmp_path}/iter-00000004/stage-0.pt is missing" in capsys.readouterr().err

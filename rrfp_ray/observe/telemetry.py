@@ -63,6 +63,7 @@ class IterationReport:
     events: list[OpEvent] = field(default_factory=list)
     loss: float | None = None
     step_ms: float = 0.0  # what the optimizer step adds to the makespan, after the last op of any stage
+    restart: int = 0  # k: the first iteration run after restart k restored the pipeline; 0: no restart before it
 
     @property
     def schedule_ms(self) -> float:
@@ -106,6 +107,7 @@ class IterationReport:
             events=[OpEvent(**e) for e in data.get("events", [])],
             loss=data.get("loss"),
             step_ms=data.get("step_ms", 0.0),
+            restart=data.get("restart", 0),
         )
 
 

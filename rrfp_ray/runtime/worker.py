@@ -74,7 +74,12 @@ class Workload(Protocol):
 
 
 class PipelineError(RuntimeError):
-    pass
+    """A pipeline that cannot go on; `culprit` (where known) says in a few words what failed first,
+    e.g. "stage 1 (pid 4242) died"."""
+
+    def __init__(self, message: str, *, culprit: str | None = None) -> None:
+        super().__init__(message)
+        self.culprit = culprit
 
 
 @dataclass

@@ -25,7 +25,7 @@ from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.sim.variability import Trace
 from rrfp_ray.train.backend import Backend, LocalBackend
-from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest
+from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest, resume_point
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.layers import ModelSource, model_layers
@@ -90,6 +90,12 @@ def make_workload(
     )
 
 
+def workload_fingerprint(*, pipeline: PipelineConfig, workload: ModelWorkload) -> str:
+    """What a checkpoint must have been written for: the pipeline's shape and every parameter's."""
+    shapes = [tuple(p.shape) for m in workload.layers() for p in m.parameters()]
+    return fingerprint(pipeline.stages, pipeline.chunks, pipeline.tp, shapes)
+
+
 class Trainer:
     """Trains `model` through a readiness-driven pipeline.
 
@@ -142,16 +148,15 @@ class Trainer:
             val_data=val_data,
             pipeline=pipeline,
         )
-        self.fingerprint = fingerprint(
-            pipeline.stages, pipeline.chunks, pipeline.tp, [tuple(p.shape) for m in self.workload.layers() for p in m.parameters()]
-        )
-        resume = self._latest() if checkpoints is not None and checkpoints.resume else None
-        if checkpoints is not None and checkpoints.resume and resume is None:
-            raise ValueError(f"resume: no complete checkpoint in {checkpoints.directory}")
+        self.fingerprint = workload_fingerprint(pipeline=pipeline, workload=self.workload)
+        resume = None
+        if checkpoints is not None and checkpoints.resume:  # a CheckpointError saying what is wrong, before any stage starts
+            resume = resume_point(directory=Path(checkpoints.directory), fingerprint=self.fingerprint)
         self.backend: Backend = LocalBackend() if backend is None else backend
         self.backend.start(pipeline=pipeline, workload=self.workload)
         self.iteration = 0
         self.restarts = 0
+        self._restored = 0  # the restart whose first iteration is still to run (0: none)
         self._policies: dict[str, Policy] = {}
         if resume is not None:
             self._restore(resume)
@@ -168,6 +173,7 @@ class Trainer:
                 break
             except PipelineError as error:
                 self._recover(error)
+        report.restart, self._restored = self._restored, 0
         self.iteration += 1
         if self.checkpoints is not None and self.checkpoints.every and self.iteration % self.checkpoints.every == 0:
             self.save()
@@ -192,12 +198,20 @@ class Trainer:
         if self.restarts >= allowed:
             raise PipelineError(f"iteration {self.iteration} failed after {self.restarts} restart(s): {error}") from error
         self.restarts += 1
-        logger.warning("iteration %d failed; restart %d of %d: %s", self.iteration, self.restarts, allowed, error)
-        self.backend.restart()
         manifest = self._latest()
         if manifest is None:
-            self.iteration = 0  # no checkpoint yet: the restarted stages hold the initial weights
-            logger.info("no checkpoint yet: the restarted pipeline starts again from iteration 0")
+            restoring = "no checkpoint yet: the initial weights, from iteration 0"
+        else:
+            restoring = f"checkpoint {Path(self.checkpoints.directory) / f'manifest-{manifest.iteration:08d}.json'}"
+            restoring += f" (iteration {manifest.iteration})"
+        logger.warning(
+            "restart %d of %d: %s in iteration %d; restoring %s",
+            self.restarts, allowed, error.culprit or "the pipeline failed", self.iteration, restoring,
+        )  # fmt: skip
+        self.backend.restart()
+        self._restored = self.restarts
+        if manifest is None:
+            self.iteration = 0  # the restarted stages hold the initial weights
         else:
             self._restore(manifest)
 

@@ -96,32 +96,81 @@ def load_stage(*, directory: Path, file: StageFile) -> dict[str, Any]:
         ) from None
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
+
+
 def latest(*, directory: Path, fingerprint: str) -> Manifest | None:
     """The newest complete manifest in `directory`, or None if there is none.
 
     A manifest for another model or pipeline shape is an error, not a silent skip.
-    Manifests whose files are missing or corrupt are passed over.
+    Manifests that cannot be read, or whose files are missing or corrupt, are passed over.
     """
-    if not directory.is_dir():
-        return None
-    found = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _MANIFEST.match(p.name)))
-    for _, path in reversed(found):
+    for path in reversed(_manifests(directory)):
         try:
-            manifest = Manifest.from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
+            manifest = _read_manifest(path)
+        except CheckpointError:
             continue
         if manifest.fingerprint != fingerprint:
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint {path} was written for another model or pipeline shape "
                 f"(fingerprint {manifest.fingerprint}, this run {fingerprint})"
             )
-        if all(_intact(directory / f.path, f.sha256) for f in manifest.files.values()):
+        if _problem(directory=directory, manifest=manifest) is None:
             return manifest
     return None
 
 
-def _intact(path: Path, sha256: str) -> bool:
-    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+def resume_point(*, directory: Path, fingerprint: str) -> Manifest:
+    """The manifest to resume from; with none usable, a CheckpointError naming each manifest and its fault."""
+    manifest = latest(directory=directory, fingerprint=fingerprint)
+    if manifest is not None:
+        return manifest
+    if not directory.is_dir():
+        raise CheckpointError(f"resume: the checkpoint directory {directory} does not exist")
+    manifests = _manifests(directory)
+    if not manifests:
+        raise CheckpointError(f"resume: no manifest-*.json in {directory} (no checkpoint was committed there)")
+    problems = []
+    for path in reversed(manifests):
+        try:
+            problems.append(f"{path}: {_problem(directory=directory, manifest=_read_manifest(path))}")
+        except CheckpointError as error:
+            problems.append(str(error))
+    raise CheckpointError(f"resume: no usable checkpoint in {directory}\n  " + "\n  ".join(problems))
+
+
+def _manifests(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    numbered = ((_MANIFEST.match(p.name), p) for p in directory.iterdir())
+    return [p for _, p in sorted((int(m.group(1)), p) for m, p in numbered if m)]
+
+
+def _read_manifest(path: Path) -> Manifest:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: the manifest cannot be read ({error})") from None
+    if not text.strip():
+        raise CheckpointError(f"{path}: the manifest is empty")
+    try:
+        return Manifest.from_json(json.loads(text))
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: the manifest is not JSON ({error.msg}, line {error.lineno})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{path}: the manifest lacks a field or has a bad one ({error!r})") from None
+
+
+def _problem(*, directory: Path, manifest: Manifest) -> str | None:
+    """What is wrong with a manifest's stage files, if anything."""
+    for file in manifest.files.values():
+        path = directory / file.path
+        if not path.is_file():
+            return f"its file {path} is missing"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != file.sha256:
+            return f"its file {path} is corrupt (the digest does not match)"
+    return None
 
 
 @dataclass(frozen=True)
