@@ -238,7 +238,9 @@ def checkpoint_dir(args: argparse.Namespace) -> str | None:
     return None
 
 
-def train(*, trainer, run, policy_name: str, out: Path, label: str, tensorboard: str | None) -> tuple[dict, list]:
+def train(
+    *, trainer, run, policy_name: str, out: Path, label: str, tensorboard: str | None = None
+) -> tuple[dict, list]:
     """Train to run.train.iterations (from wherever the trainer is: a resumed run starts later)."""
     from tqdm import tqdm
 
