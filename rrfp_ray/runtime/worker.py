@@ -74,8 +74,7 @@ class Workload(Protocol):
 
 
 class PipelineError(RuntimeError):
-    """A pipeline that cannot go on; `culprit` (where known) says in a few words what failed first,
-    e.g. "stage 1 (pid 4242) died"."""
+    """A pipeline that cannot go on; `culprit`: what failed first, e.g. "stage 1 (pid 4242) died"."""
 
     def __init__(self, message: str, *, culprit: str | None = None) -> None:
         super().__init__(message)
