@@ -274,3 +274,16 @@ def test_the_dashboard_in_a_browser_shows_the_named_actors_and_the_job(head, job
     assert "login dialog gone" in done.stdout  # the pictures were taken after it: no token in them
     for name in ("job.png", "actors.png"):
         assert (shots / name).stat().st_size > 10_000
+
+
+def test_a_submitted_job_and_its_workers_import_the_uploaded_copy(head):
+    """Not the installed (editable) checkout: the working dir Ray unpacked comes first on the path."""
+    submission = f"rrfp-test-copy-{os.getpid()}-{int(time.time())}"
+    head.ray("job", "submit", "--submission-id", submission, "--working-dir", str(ROOT), "--",
+             "python", "tests/data/which_copy.py")  # fmt: skip
+    logs = head.ray("job", "logs", submission)
+    copies = [line.split(" imports ")[1] for line in logs.splitlines() if " imports " in line]
+    assert len(copies) == 2, logs[-2000:]
+    for path in copies:
+        assert not path.startswith(str(ROOT)), f"{path} is the checkout, not the uploaded working dir"
+        assert "runtime_resources" in path, path
