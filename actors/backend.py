@@ -5,13 +5,19 @@
 
 Uses the Ray this process is connected to; with none, starts an embedded local Ray (one
 logical CPU per stage, this repository on the workers' PYTHONPATH) and shuts it down on
-`close`. The workload reaches the actors through Ray's cloudpickle: builders may be
+`close`.
+
+If the driver actor itself dies (killed, or its node lost), every call fails at once with a
+PipelineError naming it (its stage actors die with it: Ray ends the actors an actor owns);
+`restart` then brings up a new driver, with the pipeline and the last workload given, so a
+Trainer with restarts left rebuilds it and resumes from its last manifest. The workload reaches the actors through Ray's cloudpickle: builders may be
 lambdas or local functions, and classes defined in `__main__` travel by value; classes
 in other modules must be importable on the workers.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,7 @@ from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
 
 _EXIT_S = 30.0  # how long the driver gets to exit on its own once its stages are down
+logger = logging.getLogger(__name__)
 
 
 class RayBackend:
@@ -40,22 +47,31 @@ class RayBackend:
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False
         self._name = ""  # the driver actor's
+        self._pipeline: PipelineConfig | None = None
+        self._workload: ModelWorkload | None = None  # the last given: a rebuilt driver starts with it
+        self._driver_lost = False
 
     def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
         if self.driver is not None:
             raise RuntimeError("this RayBackend has already started; use one backend per Trainer")
         self._owns_ray = init_ray(num_cpus=max(2, pipeline.actors))
-        self._name = driver_name(run=run_tag())
-        self.driver = PipelineDriver.options(name=self._name).remote(
-            pipeline=pipeline, workload=workload, gpus_per_stage=self.gpus_per_stage
-        )
+        self._pipeline, self._workload = pipeline, workload
         try:
-            self.startup_s = ray.get(self.driver.startup_seconds.remote())
+            self._spawn_driver()
         except BaseException:
             self.close()
             raise
 
+    def _spawn_driver(self) -> None:
+        self._name = driver_name(run=run_tag())  # fresh: a dead driver may not have released its name
+        self.driver = PipelineDriver.options(name=self._name).remote(
+            pipeline=self._pipeline, workload=self._workload, gpus_per_stage=self.gpus_per_stage
+        )
+        self._driver_lost = False
+        self.startup_s = self._call(self.driver.startup_seconds.remote())
+
     def set_workload(self, *, workload: ModelWorkload) -> None:
+        self._workload = workload
         self._call(self._driver().set_workload.remote(workload=workload))
 
     def run_iteration(self, *, iteration: int, policy: Policy) -> IterationReport:
@@ -71,7 +87,13 @@ class RayBackend:
         self._call(self._driver().load.remote(directory=str(directory), manifest=manifest))
 
     def restart(self) -> None:
-        self._call(self._driver().restart.remote())
+        """Fresh stage actors under the same driver; or, if the driver died, a fresh driver with fresh stages."""
+        if not self._driver_lost:
+            self._call(self._driver().restart.remote())
+            return
+        logger.warning("the pipeline driver actor died; starting a new one")
+        ray.kill(self._driver())
+        self._spawn_driver()
 
     def close(self) -> None:
         """Shut the stages down, then let the driver exit (killed if it does not), and end the
@@ -102,7 +124,8 @@ class RayBackend:
                 raise error.cause from None  # the driver's own, with its culprit
             raise
         except ray.exceptions.RayActorError as error:
-            raise PipelineError(f"the pipeline driver actor died: {error}") from error
+            self._driver_lost = True
+            raise PipelineError(f"the pipeline driver actor (PipelineDriver) died: {error}") from error
 
     def _driver(self) -> ray.actor.ActorHandle:
         if self.driver is None:

@@ -279,9 +279,11 @@ class RayStages:
                 failures.append((True, f"{owners[done[0]]} failed during {what}: {error}", f"{owners[done[0]]} failed"))
             if failures:
                 deadline = min(deadline, time.monotonic() + _GRACE_S)
+        if pending:  # a stalled stage is named beside the errors its neighbours ran into
+            waited = f"{timeout_s:g} s" if not failures else f"{_GRACE_S:g} s of the first failure"
+            silent = ", ".join(owners[r] for r in pending)
+            failures.append((True, f"{what}: no answer within {waited} from {silent}", f"{silent} stalled"))
         if failures:
             failures.sort(key=lambda f: f[0])
             raise PipelineError("\n".join(message for _, message, _ in failures), culprit=failures[0][2])
-        if pending:
-            raise PipelineError(f"{what}: no answer within {timeout_s:g} s from {', '.join(owners[r] for r in pending)}")
         return ray.get(refs)

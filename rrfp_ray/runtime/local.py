@@ -210,15 +210,15 @@ class ThreadStages:
         timeout_s = self.timeout_s + _SLACK_S
         _, late = wait_all(pending, timeout=timeout_s)
         failures = [
-            f"{label} failed during {what}: {future.exception()}"
+            f"{label} failed during {what}: {future.exception() or type(future.exception()).__name__}"
             for future, label in zip(pending, labels)
             if future not in late and future.exception() is not None
         ]
+        if late:  # a stalled stage is named beside the errors its neighbours ran into
+            names = ", ".join(label for future, label in zip(pending, labels) if future in late)
+            failures.append(f"{what}: no answer within {timeout_s:g} s from {names}")
         if failures:
             raise PipelineError("\n".join(failures))
-        if late:
-            names = ", ".join(label for future, label in zip(pending, labels) if future in late)
-            raise PipelineError(f"{what}: no answer within {timeout_s:g} s from {names}")
         return [future.result() for future in pending]
 
     def stop(self, *, graceful: bool) -> None:

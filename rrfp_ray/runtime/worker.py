@@ -102,6 +102,7 @@ class StageWorker:
         self._iteration = -1
         self._start = 0.0
         self._inbox: dict[Message, torch.Tensor] = {}
+        self._expected: dict[Link, int] = {}  # messages the running iteration has yet to receive, per link
         self._ready_at: dict[Action, float] = {}
         self._error: BaseException | None = None
         self._send_busy = 0.0
@@ -148,6 +149,7 @@ class StageWorker:
         with self._cond:
             self._raise_if_failed()
             self._arbiter, self._layout, self._iteration = arbiter, layout, iteration
+            self._expected = expected_messages(layout=layout, stage=self.stage)
             self._start = time.perf_counter()
             started_at = time.time()
             self._send_busy = self._recv_busy = 0.0
@@ -357,10 +359,17 @@ class StageWorker:
                 self._cond.notify_all()
 
     def _receive_loop(self, link: Link, channel: Channel) -> None:
+        """Receives on `link` only while the running iteration still expects a message on it (or
+        to take the peer's STOP): between iterations no receive is pending, so a pause of any
+        length cannot time a link out (a timed-out gloo pair is closed for good)."""
         while True:
             with self._cond:
-                while self._arbiter is not None and not self._arbiter.has_room() and not self._stopping:
-                    self._cond.wait(timeout=self.timeout_s)
+                while not self._stopping and not (
+                    self._arbiter is not None and self._expected.get(link, 0) > 0 and self._arbiter.has_room()
+                ):
+                    self._cond.wait(timeout=self.timeout_s)  # idle between iterations for as long as it takes
+                if not self._stopping:
+                    self._expected[link] -= 1
             try:
                 header, payload = recv_message(channel=channel)
             except TimeoutError as error:
@@ -398,3 +407,13 @@ class StageWorker:
                 self._error = error
             self._cond.notify_all()
 
+
+def expected_messages(*, layout: Layout, stage: int) -> dict[Link, int]:
+    """How many messages `stage` receives on each of its inbound links in one iteration."""
+    counts: dict[Link, int] = {}
+    for action in layout.actions(stage=stage):
+        message = layout.message_need(action)
+        if message is not None:
+            link = layout.link(message)
+            counts[link] = counts.get(link, 0) + 1
+    return counts

@@ -162,58 +162,76 @@ class Trainer:
             self._restore(resume)
 
     def step(self, *, policy: str | None = None) -> IterationReport:
-        """One iteration (all microbatches, then the optimizer step) under `policy` (default: the config's).
+        """One iteration (all microbatches, then the optimizer step) under `policy` (default: the config's),
+        then the checkpoint, if one is due.
 
-        A lost stage rebuilds the pipeline from the last checkpoint and goes on, up to
-        `checkpoints.max_restarts` times; the iterations since that checkpoint run again.
+        A lost stage, in the iteration or in its checkpoint, rebuilds the pipeline from the last
+        checkpoint and goes on, up to `checkpoints.max_restarts` times; the iterations since that
+        checkpoint run again.
         """
         while True:
             try:
                 report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(policy))
-                break
             except PipelineError as error:
-                self._recover(error)
-        report.restart, self._restored = self._restored, 0
-        self.iteration += 1
-        if self.checkpoints is not None and self.checkpoints.every and self.iteration % self.checkpoints.every == 0:
-            self.save()
-        return report
+                self._recover(error, failed=f"iteration {self.iteration}")
+                continue
+            report.restart, self._restored = self._restored, 0
+            self.iteration += 1
+            if self.checkpoints is None or not self.checkpoints.every or self.iteration % self.checkpoints.every:
+                return report
+            try:
+                self.save()
+                return report
+            except PipelineError as error:
+                self._recover(error, failed=f"the checkpoint of iteration {self.iteration}")
 
     def save(self) -> Path:
-        """Checkpoint now: every stage writes its file, then the manifest is committed."""
+        """Checkpoint now: every stage writes its file, then the manifest is committed.
+
+        A stage that fails or dies while writing, or a manifest that cannot be written, is a
+        PipelineError; the manifest is then not written, so the previous checkpoint stays the newest."""
         if self.checkpoints is None:
             raise ValueError("save() needs checkpoints=Checkpointing(directory=...) given to the Trainer")
         directory = Path(self.checkpoints.directory)
         files = self.backend.save(directory=directory, iteration=self.iteration)
         manifest = Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files)
-        path = commit(directory=directory, manifest=manifest)
+        try:
+            path = commit(directory=directory, manifest=manifest)
+        except OSError as error:
+            raise PipelineError(f"the manifest of iteration {self.iteration} could not be written to {directory}: {error}") from error
         logger.info("checkpoint of iteration %d committed: %s", self.iteration, path)
         return path
 
     def _latest(self) -> Manifest | None:
         return latest(directory=Path(self.checkpoints.directory), fingerprint=self.fingerprint)
 
-    def _recover(self, error: PipelineError) -> None:
+    def _recover(self, error: PipelineError, *, failed: str) -> None:
+        """Rebuild the pipeline and load the last checkpoint; a rebuild that fails too takes the next restart."""
         allowed = 0 if self.checkpoints is None else self.checkpoints.max_restarts
-        if self.restarts >= allowed:
-            raise PipelineError(f"iteration {self.iteration} failed after {self.restarts} restart(s): {error}") from error
-        self.restarts += 1
-        manifest = self._latest()
-        if manifest is None:
-            restoring = "no checkpoint yet: the initial weights, from iteration 0"
-        else:
-            restoring = f"checkpoint {Path(self.checkpoints.directory) / f'manifest-{manifest.iteration:08d}.json'}"
-            restoring += f" (iteration {manifest.iteration})"
-        logger.warning(
-            "restart %d of %d: %s in iteration %d; restoring %s",
-            self.restarts, allowed, error.culprit or "the pipeline failed", self.iteration, restoring,
-        )  # fmt: skip
-        self.backend.restart()
-        self._restored = self.restarts
-        if manifest is None:
-            self.iteration = 0  # the restarted stages hold the initial weights
-        else:
-            self._restore(manifest)
+        while True:
+            if self.restarts >= allowed:
+                raise PipelineError(f"{failed} failed after {self.restarts} restart(s): {error}") from error
+            self.restarts += 1
+            manifest = self._latest()
+            if manifest is None:
+                restoring = "no checkpoint yet: the initial weights, from iteration 0"
+            else:
+                restoring = f"checkpoint {Path(self.checkpoints.directory) / f'manifest-{manifest.iteration:08d}.json'}"
+                restoring += f" (iteration {manifest.iteration})"
+            logger.warning(
+                "restart %d of %d: %s in %s; restoring %s",
+                self.restarts, allowed, error.culprit or "the pipeline failed", failed, restoring,
+            )  # fmt: skip
+            try:
+                self.backend.restart()
+                self._restored = self.restarts
+                if manifest is None:
+                    self.iteration = 0  # the restarted stages hold the initial weights
+                else:
+                    self._restore(manifest)
+                return
+            except PipelineError as again:
+                error, failed = again, f"restart {self.restarts}"
 
     def _restore(self, manifest: Manifest) -> None:
         self.backend.load(directory=Path(self.checkpoints.directory), manifest=manifest)

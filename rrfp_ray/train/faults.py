@@ -1,0 +1,160 @@
+"""Faults on purpose: stages that crash mid-iteration or mid-checkpoint on a seeded schedule.
+
+    plan = FaultPlan.seeded(seed=3, count=3, shards=6, iterations=20, actions=8,
+                            checkpoint_every=5, directory=str(tmp), crash=Crash.EXIT)
+    trainer.backend.set_workload(workload=FaultyWorkload(inner=trainer.workload, plan=plan))
+
+`FaultyWorkload` wraps any workload; its executors run the inner ones and crash where the
+plan says. Each fault fires once per run: it leaves a marker file in `plan.directory`
+before firing, so the rebuilt stage, replaying the same iterations, runs on. Which faults
+fired is `plan.fired()`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rrfp_ray.runtime.worker import Executor, Workload
+from rrfp_ray.schedule.actions import Action
+from rrfp_ray.schedule.deps import Layout, Message
+
+
+class Moment(enum.Enum):
+    ACTION = "action"  # before the `index`-th action the shard runs in `iteration`
+    SAVE = "save"  # right after the shard wrote its checkpoint file of `iteration`, before any manifest
+
+
+class Crash(enum.Enum):
+    RAISE = "raise"  # an exception in the stage: its call fails, the process lives on
+    EXIT = "exit"  # the process ends at once, as if killed (stage actors only: in-process it ends the caller)
+    STALL = "stall"  # the stage hangs for `FaultPlan.stall_s`, then goes on: a straggler past every timeout
+
+
+@dataclass(frozen=True)
+class Fault:
+    shard: int  # stage * tp + TP rank: the executor that crashes
+    iteration: int
+    moment: Moment
+    index: int = 0  # Moment.ACTION: which of the shard's actions in the iteration
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    directory: str  # where fired faults leave their markers (shared by every stage process)
+    faults: tuple[Fault, ...]
+    crash: Crash = Crash.RAISE
+    stall_s: float = 3600.0  # Crash.STALL: how long
+
+    @classmethod
+    def seeded(
+        cls,
+        *,
+        seed: int,
+        count: int,
+        shards: int,
+        iterations: int,
+        actions: int,
+        checkpoint_every: int,
+        directory: str,
+        crash: Crash = Crash.RAISE,
+    ) -> FaultPlan:
+        """`count` faults on distinct iterations in [1, iterations): each hits a random shard,
+        mid-iteration (before one of its first `actions` actions) or, on a checkpoint
+        iteration, mid-checkpoint (a save of iteration k runs after iteration k - 1)."""
+        rng = random.Random(seed)
+        faults = []
+        for iteration in sorted(rng.sample(range(1, iterations), count)):
+            saves = checkpoint_every > 0 and iteration % checkpoint_every == 0
+            moment = Moment.SAVE if saves and rng.random() < 0.5 else Moment.ACTION
+            faults.append(
+                Fault(shard=rng.randrange(shards), iteration=iteration, moment=moment, index=rng.randrange(actions))
+            )
+        return cls(directory=directory, faults=tuple(faults), crash=crash)
+
+    def fired(self) -> list[Fault]:
+        return [f for i, f in enumerate(self.faults) if self._marker(i).exists()]
+
+    def fire(self, *, shard: int, iteration: int, moment: Moment, index: int = 0) -> None:
+        """Crash here if a fault not yet fired names this point."""
+        point = Fault(shard=shard, iteration=iteration, moment=moment, index=index if moment is Moment.ACTION else 0)
+        for i, fault in enumerate(self.faults):
+            if fault == point and self._claim(i):
+                if self.crash is Crash.EXIT:
+                    os._exit(1)
+                if self.crash is Crash.STALL:
+                    time.sleep(self.stall_s)
+                    return
+                raise RuntimeError(f"injected fault: shard {shard}, iteration {iteration}, {moment.value} {index}")
+
+    def _marker(self, i: int) -> Path:
+        return Path(self.directory) / f"fault-{i}.fired"
+
+    def _claim(self, i: int) -> bool:
+        Path(self.directory).mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(self._marker(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class FaultyWorkload:
+    """`inner`, whose executors crash where `plan` says; TP rank `rank` of `size` (shard `stage * size + rank`)."""
+
+    inner: Workload
+    plan: FaultPlan
+    rank: int = 0
+    size: int = 1
+
+    def executor(self, *, stage: int, layout: Layout) -> FaultyExecutor:
+        return FaultyExecutor(
+            inner=self.inner.executor(stage=stage, layout=layout), plan=self.plan, shard=stage * self.size + self.rank
+        )
+
+    def latency(self, message: Message) -> float:
+        return self.inner.latency(message)
+
+    def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> FaultyWorkload:
+        return replace(self, inner=self.inner.with_tp(rank=rank, size=size, all_reduce=all_reduce), rank=rank, size=size)
+
+    def __getattr__(self, name: str) -> Any:  # the inner workload's data (val_data, device, ...)
+        if name.startswith("__") or name == "inner":  # not yet set while unpickling
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class FaultyExecutor:
+    def __init__(self, *, inner: Executor, plan: FaultPlan, shard: int) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.shard = shard
+        self._index = 0
+
+    def begin(self, *, iteration: int) -> None:
+        self._index = 0
+        self.inner.begin(iteration=iteration)
+
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+        self.plan.fire(shard=self.shard, iteration=iteration, moment=Moment.ACTION, index=self._index)
+        self._index += 1
+        return self.inner.run(action=action, iteration=iteration, payload=payload, split=split)
+
+    def save(self, *, directory: Path, iteration: int, shard: int) -> Any:
+        file = self.inner.save(directory=directory, iteration=iteration, shard=shard)
+        self.plan.fire(shard=self.shard, iteration=iteration, moment=Moment.SAVE)
+        return file
+
+    def __getattr__(self, name: str) -> Any:  # finish, load, evaluate, runner, ...
+        if name.startswith("__") or name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
