@@ -75,9 +75,8 @@ class FaultPlan:
         for iteration in sorted(rng.sample(range(1, iterations), count)):
             saves = checkpoint_every > 0 and iteration % checkpoint_every == 0
             moment = Moment.SAVE if saves and rng.random() < 0.5 else Moment.ACTION
-            faults.append(
-                Fault(shard=rng.randrange(shards), iteration=iteration, moment=moment, index=rng.randrange(actions))
-            )
+            index = rng.randrange(actions) if moment is Moment.ACTION else 0
+            faults.append(Fault(shard=rng.randrange(shards), iteration=iteration, moment=moment, index=index))
         return cls(directory=directory, faults=tuple(faults), crash=crash)
 
     def fired(self) -> list[Fault]:

@@ -1,0 +1,123 @@
+"""Faults on Ray. A chaos run: TP-rank stage actors killed on a seeded schedule (mid-iteration
+and mid-checkpoint) and the driver actor killed mid-iteration, all in one PP=2 x TP=2 GPT
+run that recovers within its restarts and ends with an uninterrupted run's weights and
+optimizer state. A killed driver without restarts left is a clear error at once; a pause
+longer than the link timeout breaks no link."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from actors.backend import RayBackend
+from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.train.backend import LocalBackend
+from rrfp_ray.train.checkpoint import latest, load_stage
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.faults import Crash, FaultPlan, FaultyWorkload, Moment
+from rrfp_ray.train.gpt_workload import gpt_trainer
+
+ITERATIONS = 12
+DRIVER_KILLED_IN = 10  # the iteration during which the driver actor is killed
+
+
+def _run(directory: Path, *, max_restarts: int, tp: int = 2, **pipeline) -> RunConfig:
+    return RunConfig(
+        model={"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16},
+        pipeline={"stages": 2, "microbatches": 4, "policy": "bf", "tp": tp, "timeout_s": 30, **pipeline},
+        variability={"scenario": "lognormal", "t_f": 10.0},  # iterations of ~0.2 s: room to kill inside one
+        train={
+            "iterations": ITERATIONS,
+            "micro_batch_size": 2,
+            "seq_len": 16,
+            "val_every": 0,
+            "checkpoint_dir": str(directory),
+            "checkpoint_every": 3,
+            "max_restarts": max_restarts,
+        },
+    )
+
+
+def _tensors(value, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's state, by its path in it."""
+    if isinstance(value, torch.Tensor):
+        return {prefix: value}
+    if isinstance(value, dict):
+        return {k: t for key, v in value.items() for k, t in _tensors(v, f"{prefix}/{key}").items()}
+    if isinstance(value, (list, tuple)):
+        return {k: t for i, v in enumerate(value) for k, t in _tensors(v, f"{prefix}/{i}").items()}
+    return {}
+
+
+def _final_checkpoint(directory: Path, fingerprint: str) -> dict[str, torch.Tensor]:
+    manifest = latest(directory=directory, fingerprint=fingerprint)
+    assert manifest.iteration == ITERATIONS
+    return {
+        f"shard {s}{path}": t
+        for s, file in sorted(manifest.files.items())
+        for path, t in _tensors(load_stage(directory=directory, file=file)).items()
+    }
+
+
+def _live_actors() -> int:
+    return sum(1 for a in ray._private.state.actors().values() if a["State"] != "DEAD")
+
+
+def _settled(count: int, *, within_s: float = 20.0) -> int:
+    """The live actors once dead ones are reaped (Ray ends an actor's children shortly after it)."""
+    deadline = time.monotonic() + within_s
+    while _live_actors() != count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _live_actors()
+
+
+def test_a_chaos_run_recovers_and_ends_with_the_weights_of_an_uninterrupted_run(ray_session, tmp_path):
+    before = _live_actors()
+    with gpt_trainer(_run(tmp_path / "clean", max_restarts=0), backend=LocalBackend()) as clean:
+        clean.fit(ITERATIONS)
+        expected = _final_checkpoint(tmp_path / "clean", clean.fingerprint)
+    plan = FaultPlan.seeded(
+        seed=28, count=2, shards=4, iterations=DRIVER_KILLED_IN, actions=8, checkpoint_every=3,
+        directory=str(tmp_path / "faults"), crash=Crash.EXIT,
+    )  # fmt: skip
+    assert {f.moment for f in plan.faults} == {Moment.ACTION, Moment.SAVE}  # mid-iteration and mid-checkpoint
+    with gpt_trainer(_run(tmp_path / "chaos", max_restarts=4), backend=RayBackend()) as trainer:
+        trainer.backend.set_workload(workload=FaultyWorkload(inner=trainer.workload, plan=plan))
+        driver_killed = False
+        while trainer.iteration < ITERATIONS:
+            if trainer.iteration == DRIVER_KILLED_IN and not driver_killed:
+                threading.Timer(0.05, ray.kill, args=(trainer.backend.driver,)).start()
+                driver_killed = True
+            trainer.step()
+        assert plan.fired() == list(plan.faults)
+        assert trainer.restarts == len(plan.faults) + 1
+        got = _final_checkpoint(tmp_path / "chaos", trainer.fingerprint)
+    assert got.keys() == expected.keys()
+    for name, want in expected.items():
+        torch.testing.assert_close(got[name], want, msg=name)
+    assert _settled(before) == before
+
+
+def test_a_killed_driver_without_restarts_left_is_a_clear_error_at_once(ray_session, tmp_path):
+    before = _live_actors()
+    with gpt_trainer(_run(tmp_path, max_restarts=0, tp=1), backend=RayBackend()) as trainer:
+        trainer.fit(2)
+        threading.Timer(0.05, ray.kill, args=(trainer.backend.driver,)).start()
+        started = time.monotonic()
+        with pytest.raises(PipelineError, match=r"failed after 0 restart\(s\): the pipeline driver actor \(PipelineDriver\) died"):
+            trainer.fit(2)
+        assert time.monotonic() - started < trainer.pipeline.timeout_s  # Ray tells the caller at once
+    assert _settled(before) == before
+
+
+def test_a_pause_longer_than_the_link_timeout_breaks_no_link(ray_session, tmp_path):
+    with gpt_trainer(_run(tmp_path, max_restarts=0, tp=1, link_timeout_s=1.0), backend=RayBackend()) as trainer:
+        trainer.step()
+        time.sleep(2.5)  # a user stepping the Trainer by hand, or a long evaluation
+        trainer.step()
+        assert trainer.restarts == 0
