@@ -143,10 +143,10 @@ class FaultyExecutor:
         self._index = 0
         self.inner.begin(iteration=iteration)
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None, split: bool) -> torch.Tensor | None:
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
         self.plan.fire(shard=self.shard, iteration=iteration, moment=Moment.ACTION, index=self._index)
         self._index += 1
-        return self.inner.run(action=action, iteration=iteration, payload=payload, split=split)
+        return self.inner.run(action=action, iteration=iteration, payload=payload)
 
     def save(self, *, directory: Path, iteration: int, shard: int) -> Any:
         file = self.inner.save(directory=directory, iteration=iteration, shard=shard)
