@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
 from actors.names import run_tag, stage_name
-from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor
+from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
@@ -94,6 +94,10 @@ class PipelineDriver:
 
     def startup_seconds(self) -> float:
         return self.startup_s
+
+    def rss_bytes(self) -> int:
+        """This driver actor's resident memory."""
+        return rss_bytes()
 
     def stage_actors(self) -> list[ray.actor.ActorHandle]:
         """The stage actors' handles, in stage order (for inspection and fault-injection tests)."""

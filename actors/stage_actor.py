@@ -191,10 +191,7 @@ class StageActor:
 
     def rss_bytes(self) -> int:
         """This actor process's resident memory."""
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS in /proc/self/status (not Linux?)")
+        return rss_bytes()
 
     def ping(self) -> int:
         return self.stage
@@ -274,3 +271,11 @@ class RayStageHandle:
 
     def load(self, *, directory: str, file: Any) -> ray.ObjectRef:
         return self.actor.load.remote(directory=directory, file=file)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status (not Linux?)")

@@ -1,8 +1,9 @@
-"""Soak: many synthetic iterations on local Ray; every stage actor's memory must stay flat.
+"""Soak: many iterations on local Ray; every actor's memory (stage actors and the driver) must stay flat.
 
-    python jobs/soak.py --iterations 200
+    python jobs/soak.py --workload synthetic --iterations 500
+    python jobs/soak.py --workload gpt --iterations 200
 
-Prints each stage actor's RSS after a warm-up (the first tenth, at most 10 iterations) and at the end.
+Prints each actor's RSS after a warm-up (the first tenth, at most 10 iterations) and at the end.
 """
 
 from __future__ import annotations
@@ -13,37 +14,36 @@ import time
 from actors.local_ray import start_ray
 from rrfp_ray.cli import add_log_level_flag, configure_logging
 
+WORKLOADS = ("synthetic", "gpt")
+
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=WORKLOADS, default="synthetic")
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--t-f", type=float, default=2.0, help="ms per forward")
+    parser.add_argument("--t-f", type=float, default=2.0, help="ms per forward (synthetic)")
     parser.add_argument("--policies", default="1f1b,bf,bfw", help="cycled through, one per iteration")
     add_log_level_flag(parser)
     args = parser.parse_args(argv)
-    if args.iterations < 2:
-        parser.error("--iterations must be >= 2")
+    for flag in ("iterations", "stages", "microbatches"):
+        if getattr(args, flag) < (2 if flag == "iterations" else 1):
+            parser.error(f"--{flag} must be >= {2 if flag == 'iterations' else 1}, got {getattr(args, flag)}")
 
     import ray
 
     from actors.driver import PipelineDriver
-    from rrfp_ray.runtime.synthetic import SyntheticWorkload
-    from rrfp_ray.sim.variability import generate
     from rrfp_ray.train.config import PipelineConfig
 
-    pipeline = PipelineConfig(stages=args.stages, microbatches=args.microbatches, timeout_s=30)
+    pipeline = PipelineConfig(stages=args.stages, microbatches=args.microbatches, timeout_s=60)
     policies = [pipeline.resolved_policy(name) for name in args.policies.split(",")]
-    trace = generate(
-        scenario="lognormal", stages=args.stages, microbatches=args.microbatches, chunks=1, seed=0, t_f=args.t_f
-    )
     print(start_ray(num_cpus=max(2, args.stages), log_level=configure_logging(args)))
-    driver = PipelineDriver.remote(pipeline=pipeline, workload=SyntheticWorkload(trace=trace, payload_elems=65536))
-    stages = ray.get(driver.stage_actors.remote())
+    driver = PipelineDriver.remote(pipeline=pipeline, workload=_workload(args, pipeline))
+    actors = {"driver": driver} | {f"stage {s}": a for s, a in enumerate(ray.get(driver.stage_actors.remote()))}
 
     def rss() -> list[int]:
-        return ray.get([s.rss_bytes.remote() for s in stages])
+        return ray.get([a.rss_bytes.remote() for a in actors.values()])
 
     warmup = max(1, min(10, args.iterations // 10))
     started = time.perf_counter()
@@ -57,10 +57,31 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         ray.kill(driver)
     mib = 1 << 20
-    print(f"{args.iterations} iterations in {time.perf_counter() - started:.0f} s; RSS per stage actor (MiB):")
-    for stage, (a, b) in enumerate(zip(first, last)):
-        print(f"  stage {stage}: after warm-up {a / mib:7.1f}   at the end {b / mib:7.1f}   change {(b - a) / mib:+6.1f}")
-    return {"first": first, "last": last}
+    took = time.perf_counter() - started
+    print(f"{args.workload}: {args.iterations} iterations in {took:.0f} s; RSS per actor (MiB):")
+    for name, a, b in zip(actors, first, last):
+        print(f"  {name:8s}: after warm-up {a / mib:7.1f}   at the end {b / mib:7.1f}   change {(b - a) / mib:+6.1f}")
+    return {"actors": list(actors), "first": first, "last": last}
+
+
+def _workload(args: argparse.Namespace, pipeline):
+    if args.workload == "gpt":
+        from rrfp_ray.train.config import RunConfig
+        from rrfp_ray.train.gpt_workload import gpt_workload
+
+        run = RunConfig(
+            model={"n_layer": 4, "n_embd": 64, "n_head": 4, "block_size": 32},
+            pipeline=pipeline,
+            train={"micro_batch_size": 4, "seq_len": 32, "val_every": 0},
+        )
+        return gpt_workload(run)
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.sim.variability import generate
+
+    trace = generate(
+        scenario="lognormal", stages=args.stages, microbatches=args.microbatches, chunks=1, seed=0, t_f=args.t_f
+    )
+    return SyntheticWorkload(trace=trace, payload_elems=65536)
 
 
 if __name__ == "__main__":
