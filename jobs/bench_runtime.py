@@ -49,8 +49,10 @@ from rrfp_ray.cli import (
     baseline_policy,
     config_error,
     configure_logging,
+    file_dir,
     one_placement,
     variability,
+    writable_dir,
     write_pictures,
 )
 from rrfp_ray.observe.telemetry import dp_summary, tp_summary
@@ -119,6 +121,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         parser.error(f"--grad-mb must be > 0, got {args.grad_mb:g}")
     if args.rank_comm and (args.tp < 2 or args.trace):
         parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
+    if args.out:
+        writable_dir(parser, flag="--out", path=args.out)
+    if args.json:
+        file_dir(parser, flag="--json", path=args.json)
     shape_from_trace(parser, args)
     baseline = baseline_policy(chunks=args.chunks)
     names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rrfp_ray.cli import add_log_level_flag, configure_logging, write_pictures
+from rrfp_ray.cli import add_log_level_flag, configure_logging, file_dir, writable_dir, write_pictures
 from rrfp_ray.observe.telemetry import IterationReport  # noqa: E402
 from rrfp_ray.policy.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy.pickers import Policy, make_policy  # noqa: E402
@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         policies = default_policies(trace)
     reference = checked(parser, "--microbatches", lambda: policy(baseline, trace))
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"argument --json: no directory {Path(args.json).resolve().parent}")
+    if args.json:
+        file_dir(parser, flag="--json", path=args.json)
+    if args.out:
+        writable_dir(parser, flag="--out", path=args.out)
     if args.save_trace:
         checked(parser, "--save-trace", lambda: trace.save(args.save_trace))
     results, reports = compare(policies=policies, reference=reference, trace=trace, cap=cap)

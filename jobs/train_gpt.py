@@ -33,7 +33,9 @@ from rrfp_ray.cli import (
     baseline_policy,
     config_error,
     configure_logging,
+    read_text,
     variability,
+    writable_dir,
     write_pictures,
 )
 from rrfp_ray.schedule.validate import read_hint
@@ -156,7 +158,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
                 "cap": args.cap,
                 "backend": args.backend,
                 "timeout_s": args.timeout,
-                "hint": read_hint(Path(args.hint).read_text()) if args.hint else None,
+                "hint": hint(parser, args.hint) if args.hint else None,
                 "tp": args.tp,
                 "tp_protocol": args.tp_protocol,
                 "dp": args.dp,
@@ -182,6 +184,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         from rrfp_ray.train.gpt_workload import corpus_source
 
         corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
+        if args.trace:
+            trace_of(parser, run)
         if run.train.resume:
             check_resume(run)
     except CheckpointError as error:
@@ -191,7 +195,23 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     except ValueError as error:
         parser.error(str(error))
     check_local_devices(parser, args=args, run=run)
+    writable_dir(parser, flag="--out", path=args.out)
     return args, run
+
+
+def hint(parser: argparse.ArgumentParser, path: str) -> dict:
+    try:
+        return read_hint(read_text(parser, flag="--hint", path=path))
+    except ValueError as error:
+        parser.error(f"--hint {path}: {error}")
+
+
+def trace_of(parser: argparse.ArgumentParser, run: RunConfig) -> None:
+    """Reads --trace now: a truncated or misshapen file fails before any actor starts."""
+    try:
+        run.variability.trace(pipeline=run.pipeline)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        parser.error(f"--trace {run.variability.trace_file}: {error}")
 
 
 def check_local_devices(parser: argparse.ArgumentParser, *, args: argparse.Namespace, run: RunConfig) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,28 @@ def write_pictures(*, out: Path, runs: dict[str, list]) -> None:
     if len(runs) == 2:
         top, bottom = (median_report(reports) for reports in runs.values())
         compare_png(out / "compare.png", top, bottom)
+
+
+def writable_dir(parser: argparse.ArgumentParser, *, flag: str, path: str) -> None:
+    """Create output directory `path` now, or fail naming `flag`: not after the run."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"argument {flag}: {path}: cannot create this directory ({error.strerror or error})")
+    if not os.access(path, os.W_OK):
+        parser.error(f"argument {flag}: {path}: this directory is not writable")
+
+
+def file_dir(parser: argparse.ArgumentParser, *, flag: str, path: str) -> None:
+    """Output file `path` must have a directory to go in, or fail naming `flag`."""
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        parser.error(f"argument {flag}: {path}: no directory {parent}")
+
+
+def read_text(parser: argparse.ArgumentParser, *, flag: str, path: str) -> str:
+    """An input file's text, or an error naming `flag`."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        parser.error(f"argument {flag}: {path}: cannot read it ({getattr(error, 'strerror', None) or error})")
