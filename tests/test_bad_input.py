@@ -15,9 +15,9 @@ import pytest
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 sys.path.insert(0, str(JOBS))
-import bench_runtime  # noqa: E402
-import simulate  # noqa: E402
-import train_gpt  # noqa: E402
+import bench_runtime
+import simulate
+import train_gpt
 
 ENTRY = {"train_gpt": train_gpt.parse, "simulate": simulate.main, "bench_runtime": bench_runtime.parse}
 
@@ -85,9 +85,12 @@ def test_a_bad_invocation_fails_at_once_naming_the_flag(files, job, argv, named,
     monkeypatch.chdir(tmp_path)  # default outputs land here, not in the tree
     argv = [a.format(d=files) for a in argv]
     stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-        with pytest.raises(SystemExit) as exited:
-            ENTRY[job](argv)
+    with (
+        contextlib.redirect_stderr(stderr),
+        contextlib.redirect_stdout(io.StringIO()),
+        pytest.raises(SystemExit) as exited,
+    ):
+        ENTRY[job](argv)
     assert exited.value.code not in (0, None)
     assert named in stderr.getvalue()
     assert "Traceback" not in stderr.getvalue()
@@ -104,7 +107,7 @@ def test_a_bad_invocation_as_a_process_exits_non_zero_within_30_s(files, job, ar
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(JOBS / job), *[a.format(d=files) for a in argv]],
-        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        capture_output=True, text=True, timeout=30, cwd=tmp_path, check=False,
     )  # fmt: skip
     assert done.returncode == 2
     assert named in done.stderr and "Traceback" not in done.stderr

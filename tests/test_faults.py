@@ -80,7 +80,9 @@ def test_a_failed_save_is_retried_after_a_rebuild_and_the_run_ends_as_an_uninter
 def test_a_disk_error_in_every_save_takes_the_restarts_then_is_a_clear_error(tmp_path):
     (tmp_path / "iter-00000004").write_text("a file where the checkpoint's directory goes")
     with _trainer(tmp_path, max_restarts=1) as trainer:
-        with pytest.raises(PipelineError, match=r"checkpoint of iteration 4 failed after 1 restart\(s\).*iter-00000004"):
+        with pytest.raises(
+            PipelineError, match=r"checkpoint of iteration 4 failed after 1 restart\(s\).*iter-00000004"
+        ):
             trainer.fit(ITERATIONS)
         assert trainer.restarts == 1
         assert latest(directory=tmp_path, fingerprint=trainer.fingerprint).iteration == 2
@@ -88,9 +90,11 @@ def test_a_disk_error_in_every_save_takes_the_restarts_then_is_a_clear_error(tmp
 
 def test_a_manifest_that_cannot_be_written_is_a_failed_save(tmp_path):
     (tmp_path / "manifest-00000002.json").mkdir(parents=True)
-    with _trainer(tmp_path) as trainer:
-        with pytest.raises(PipelineError, match=r"manifest of iteration 2 could not be written"):
-            trainer.fit(2)
+    with (
+        _trainer(tmp_path) as trainer,
+        pytest.raises(PipelineError, match=r"manifest of iteration 2 could not be written"),
+    ):
+        trainer.fit(2)
 
 
 def test_a_pause_longer_than_the_link_timeout_does_not_break_the_links(tmp_path):
@@ -115,14 +119,18 @@ def test_a_stalled_tp_rank_is_named_with_the_link_and_op_its_neighbours_wait_for
     with LocalPipeline(layout=layout, timeout_s=1.0, tp=2) as local:
         executors = [
             FaultyExecutor(
-                inner=workload.with_tp(rank=i % 2, size=2, all_reduce=torch.clone).executor(stage=i // 2, layout=layout),
+                inner=workload.with_tp(rank=i % 2, size=2, all_reduce=torch.clone).executor(
+                    stage=i // 2, layout=layout
+                ),
                 plan=plan,
                 shard=i,
             )
             for i in range(4)
         ]
         with pytest.raises(PipelineError) as failed:
-            local.run_iteration(iteration=0, policy=pipeline.resolved_policy("bf"), cap=Cap.parse("inf"), executors=executors)
+            local.run_iteration(
+                iteration=0, policy=pipeline.resolved_policy("bf"), cap=Cap.parse("inf"), executors=executors
+            )
     message = str(failed.value)
     assert "no answer within" in message and "from stage 1 TP rank 0" in message
     assert "stage 0 TP rank 0 failed during iteration 0" in message

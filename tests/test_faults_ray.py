@@ -109,7 +109,9 @@ def test_a_killed_driver_without_restarts_left_is_a_clear_error_at_once(ray_sess
         trainer.fit(2)
         threading.Timer(0.05, ray.kill, args=(trainer.backend.driver,)).start()
         started = time.monotonic()
-        with pytest.raises(PipelineError, match=r"failed after 0 restart\(s\): the pipeline driver actor \(PipelineDriver\) died"):
+        with pytest.raises(
+            PipelineError, match=r"failed after 0 restart\(s\): the pipeline driver actor \(PipelineDriver\) died"
+        ):
             trainer.fit(2)
         assert time.monotonic() - started < trainer.pipeline.timeout_s  # Ray tells the caller at once
     assert _settled(before) == before

@@ -149,7 +149,7 @@ class StageWorker:
         with self._cond:
             self._raise_if_failed()
             self._arbiter, self._layout, self._iteration = arbiter, layout, iteration
-            self._expected = expected_messages(layout=layout, stage=self.stage)
+            self._expected = layout.arrivals(stage=self.stage)
             self._start = time.perf_counter()
             started_at = time.time()
             self._send_busy = self._recv_busy = 0.0
@@ -359,15 +359,11 @@ class StageWorker:
                 self._cond.notify_all()
 
     def _receive_loop(self, link: Link, channel: Channel) -> None:
-        """Receives on `link` only while the running iteration still expects a message on it (or
-        to take the peer's STOP): between iterations no receive is pending, so a pause of any
-        length cannot time a link out (a timed-out gloo pair is closed for good)."""
+        # receives only what the iteration expects (and STOP): an idle link never times out, however long the pause
         while True:
             with self._cond:
-                while not self._stopping and not (
-                    self._arbiter is not None and self._expected.get(link, 0) > 0 and self._arbiter.has_room()
-                ):
-                    self._cond.wait(timeout=self.timeout_s)  # idle between iterations for as long as it takes
+                while not self._stopping and not (self._expected.get(link) and self._arbiter is not None and self._arbiter.has_room()):
+                    self._cond.wait(timeout=self.timeout_s)  # idle between iterations, however long
                 if not self._stopping:
                     self._expected[link] -= 1
             try:
@@ -406,14 +402,3 @@ class StageWorker:
             if self._error is None:
                 self._error = error
             self._cond.notify_all()
-
-
-def expected_messages(*, layout: Layout, stage: int) -> dict[Link, int]:
-    """How many messages `stage` receives on each of its inbound links in one iteration."""
-    counts: dict[Link, int] = {}
-    for action in layout.actions(stage=stage):
-        message = layout.message_need(action)
-        if message is not None:
-            link = layout.link(message)
-            counts[link] = counts.get(link, 0) + 1
-    return counts

@@ -96,6 +96,15 @@ class Layout:
             for kind in self.kinds
         ]
 
+    def arrivals(self, *, stage: int) -> dict[Link, int]:
+        """How many messages `stage` receives on each of its inbound links in one iteration."""
+        counts: dict[Link, int] = {}
+        for action in self.actions(stage=stage):
+            message = self.message_need(action)
+            if message is not None:
+                counts[self.link(message)] = counts.get(self.link(message), 0) + 1
+        return counts
+
     def local_need(self, action: Action) -> Action | None:
         """The action on the same stage that must be done first."""
         if action.kind.backward:

@@ -124,7 +124,9 @@ class FaultyWorkload:
         return self.inner.latency(message)
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> FaultyWorkload:
-        return replace(self, inner=self.inner.with_tp(rank=rank, size=size, all_reduce=all_reduce), rank=rank, size=size)
+        return replace(
+            self, inner=self.inner.with_tp(rank=rank, size=size, all_reduce=all_reduce), rank=rank, size=size
+        )
 
     def __getattr__(self, name: str) -> Any:  # the inner workload's data (val_data, device, ...)
         if name.startswith("__") or name == "inner":  # not yet set while unpickling
