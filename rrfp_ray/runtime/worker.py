@@ -22,6 +22,7 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats, stage_stats
 from rrfp_ray.policy.agreement import Agreement, TPContext
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.reduce import DPContext, ReduceStats, completes_weights, reduce_order
 from rrfp_ray.runtime.transport import Channel, Header, recv_message, send_message
 from rrfp_ray.schedule.actions import Action
@@ -71,14 +72,6 @@ class Workload(Protocol):
     def with_dp(self, *, rank: int) -> Workload:
         """This workload as data-parallel replica `rank` runs it (it reads its own share of each iteration's data)."""
         ...
-
-
-class PipelineError(RuntimeError):
-    """A pipeline that cannot go on; `culprit`: what failed first, e.g. "stage 1 (pid 4242) died"."""
-
-    def __init__(self, message: str, *, culprit: str | None = None) -> None:
-        super().__init__(message)
-        self.culprit = culprit
 
 
 @dataclass
@@ -359,11 +352,11 @@ class StageWorker:
                 self._cond.notify_all()
 
     def _receive_loop(self, link: Link, channel: Channel) -> None:
-        # receives only what the iteration expects (and STOP): an idle link never times out, however long the pause
         while True:
             with self._cond:
+                # only what the running iteration expects (or STOP): an idle link never times out
                 while not self._stopping and not (self._expected.get(link) and self._arbiter is not None and self._arbiter.has_room()):
-                    self._cond.wait(timeout=self.timeout_s)  # idle between iterations, however long
+                    self._cond.wait(timeout=self.timeout_s)
                 if not self._stopping:
                     self._expected[link] -= 1
             try:
