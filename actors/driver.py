@@ -45,7 +45,7 @@ class PipelineDriver:
         self.pipeline = pipeline
         started = time.perf_counter()
         fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage)
-        self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp)
+        self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero))
         self.group.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
 
@@ -158,6 +158,7 @@ class RayStages:
                 tp_rank=s % self.pipeline.tp,
                 tp_size=self.pipeline.tp,
                 replica=s // per_replica,
+                index=s,
                 dp=self.pipeline.dp_spec,
                 timeout_s=self.timeout_s,
                 link_timeout_s=self.pipeline.link_timeout_s,

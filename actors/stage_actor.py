@@ -43,6 +43,7 @@ class StageActor:
         timeout_s: float,
         link_timeout_s: float,
         replica: int = 0,
+        index: int | None = None,
         dp: DPSpec | None = None,
         layout: Layout | None = None,
     ) -> None:
@@ -53,6 +54,7 @@ class StageActor:
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.replica = replica
+        self.index = stage * tp_size + tp_rank if index is None else index  # (replica x stages + stage) x tp + rank
         self._dp_spec = dp
         self._dp: DPContext | None = None
         self._tp_group: str | None = None
@@ -113,14 +115,18 @@ class StageActor:
         if dp_group is not None:
             if self._dp_spec is None:
                 raise RuntimeError(f"stage {self.stage}: a DP group given to an actor started without dp")
+            def group_sum(tensor: torch.Tensor) -> torch.Tensor:
+                return self._group_sum(group=dp_group, tensor=tensor)
+
             reducer = GradReducer(
-                all_reduce=lambda tensor: self._group_sum(group=dp_group, tensor=tensor),
+                all_reduce=group_sum,
                 order=reduce_order(chunks=chunks),
                 bucket_bytes=self._dp_spec.bucket_bytes,
                 timeout_s=self.timeout_s,
                 name=f"replica {self.replica} stage {self.stage} TP rank {self.tp_rank}",
             )
-            self._dp = DPContext(reducer=reducer, overlap=self._dp_spec.overlap)
+            zero_sum = group_sum if self._dp_spec.zero else None
+            self._dp = DPContext(reducer=reducer, overlap=self._dp_spec.overlap, zero_sum=zero_sum)
         self._worker = StageWorker(
             stage=self.stage,
             inbound={link: channel(link) for link in groups if link.dst == self.stage},
@@ -132,7 +138,7 @@ class StageActor:
         if self._tp_group is not None:
             workload = workload.with_tp(rank=self.tp_rank, size=self.tp_size, all_reduce=self._tp_all_reduce)
         if self._dp is not None:
-            workload = workload.with_dp(rank=self.replica)
+            workload = workload.with_dp(rank=self.replica, zero_sum=self._dp.zero_sum)
         self._workload = workload
         self._executor = ProfiledExecutor(workload.executor(stage=self.stage, layout=layout), stage=self.stage)
 
@@ -184,7 +190,7 @@ class StageActor:
         return self._executor.evaluate(chunk=chunk, inputs=inputs, index=index)
 
     def save(self, *, directory: str, iteration: int) -> StageFile:
-        return self._executor.save(directory=Path(directory), iteration=iteration, shard=self.stage * self.tp_size + self.tp_rank)
+        return self._executor.save(directory=Path(directory), iteration=iteration, shard=self.index)
 
     def load(self, *, directory: str, file: StageFile) -> None:
         self._executor.load(directory=Path(directory), file=file)

@@ -57,6 +57,7 @@ FLAGS = {
     "pipeline.tp_protocol": "--tp-protocol",
     "pipeline.dp": "--dp",
     "pipeline.dp_bucket_mb": "--dp-bucket-mb",
+    "pipeline.zero": "--zero",
     "train.iterations": "--iterations",
     "train.micro_batch_size": "--micro-batch-size",
     "train.seq_len": "--seq-len",
@@ -100,6 +101,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (--microbatches each)")
     pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
     pipe.add_argument("--no-overlap", action="store_true", help="with --dp: reduce gradients after every stage's last op")
+    pipe.add_argument(
+        "--zero", type=int, default=0, choices=(0, 1), help="1: shard the optimizer state over the --dp replicas (ZeRO-1)"
+    )
     pipe.add_argument(
         "--dp-check",
         action=argparse.BooleanOptionalAction,
@@ -164,6 +168,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
                 "dp": args.dp,
                 "dp_bucket_mb": args.dp_bucket_mb,
                 "dp_overlap": not args.no_overlap,
+                "zero": args.zero,
             },
             variability=variability(args),
             train={
@@ -320,6 +325,9 @@ def train(
     }
     if run.pipeline.tp > 1:
         summary["tp_coord_fraction"] = statistics.median(r.tp_fraction for r in reports)
+    if run.pipeline.dp > 1:
+        summary["optim_bytes_per_actor"] = max(s.optim_bytes for r in reports for s in r.stages)  # ZeRO-1: about 1/D
+        print(f"[{label}] optimizer state per actor: at most {summary['optim_bytes_per_actor'] / 2**20:.2f} MiB")
     return summary, reports
 
 
@@ -327,7 +335,7 @@ def dp_check(*, run, losses: list[float]) -> dict:
     """Train the same iterations as one pipeline of dp x microbatches in this process; print how far the losses differ."""
     from rrfp_ray.train.gpt_workload import gpt_trainer
 
-    pipeline = run.pipeline.model_copy(update={"dp": 1, "microbatches": run.pipeline.global_microbatches})
+    pipeline = run.pipeline.model_copy(update={"dp": 1, "zero": 0, "microbatches": run.pipeline.global_microbatches})
     quiet = run.variability.model_copy(update={"scenario": "none", "trace_file": None})  # no injected delays
     reference = run.model_copy(update={"pipeline": pipeline, "variability": quiet})
     with gpt_trainer(reference) as trainer:

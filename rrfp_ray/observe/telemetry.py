@@ -40,6 +40,7 @@ class StageStats:
     peak_inflight: int = 0
     peak_buffered: int = 0
     peak_bytes: int = 0
+    optim_bytes: int = 0  # optimizer state the stage holds after its step (ZeRO-1: its shard)
     tp_disagreements: int = 0  # TP agreement rounds that decided nothing although some rank offered an op
     tp_rounds: int = 0  # TP agreement rounds, decided or not
     tp_conflicts: int = 0  # disagreements where every TP rank had an op to offer
@@ -175,7 +176,7 @@ def _with_exposed_reduce(stages: list[StageStats], *, origin: float) -> list[Sta
 def dp_summary(reports: list[IterationReport]) -> dict[str, float]:
     """What the DP reduction cost: exposed over total reduce time, the median over stages and
     iterations (`dp_exposed_fraction`: past every stage's last op; `_own`: past the stage's own),
-    and the median reduce ms and bytes per stage."""
+    the median reduce ms and bytes per stage, and the most optimizer-state bytes one actor held."""
     stages = [s for r in reports for s in r.stages if s.reduce_ms > 0]
     if not stages:
         return {}
@@ -185,6 +186,7 @@ def dp_summary(reports: list[IterationReport]) -> dict[str, float]:
         "dp_reduce_ms": statistics.median(s.reduce_ms for s in stages),
         "dp_exposed_ms": statistics.median(s.reduce_exposed_ms for s in stages),
         "dp_reduce_bytes": statistics.median(s.reduce_bytes for s in stages),
+        "optim_bytes_per_actor": max(s.optim_bytes for r in reports for s in r.stages),  # ZeRO-1: about 1/D
     }
 
 

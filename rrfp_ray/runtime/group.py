@@ -84,13 +84,16 @@ def stage_label(*, stage: int, rank: int, replica: int, tp: int, dp: int) -> str
 class StageGroup:
     """With `dp` > 1, `dp` replicas of the pipeline train on their own shares of each iteration's
     data; their stages sum gradients before the step, so every replica holds the same weights:
-    replica 0 alone evaluates and writes checkpoints, and every replica loads them."""
+    replica 0 alone evaluates and writes checkpoints, and every replica loads them. With `zero`
+    (ZeRO-1), each replica holds its own shard of the optimizer state: every replica writes its
+    file, and loads its own."""
 
-    def __init__(self, *, fabric: Fabric, layout: Layout, tp: int = 1, dp: int = 1) -> None:
+    def __init__(self, *, fabric: Fabric, layout: Layout, tp: int = 1, dp: int = 1, zero: bool = False) -> None:
         self.fabric = fabric
         self.layout = layout
         self.tp = tp
         self.dp = dp
+        self.zero = zero
         self.workload: Workload | None = None
         self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
         self.handles: list[StageHandle] = fabric.start()
@@ -169,18 +172,21 @@ class StageGroup:
         return sum(float(loss) for loss in losses) / len(losses)
 
     def save(self, *, directory: str, iteration: int) -> dict[int, Any]:
-        """Every stage of replica 0 writes its checkpoint file (the replicas hold the same state); returns
-        them by stage index (the caller commits the manifest)."""
+        """Every stage of replica 0 writes its checkpoint file (the replicas hold the same state; with
+        ZeRO-1 every replica's stage writes, for its optimizer shard); returns them by stage index
+        (the caller commits the manifest)."""
         files = self._all(
-            lambda _, h: h.save(directory=directory, iteration=iteration), what="checkpoint", replica=0
+            lambda _, h: h.save(directory=directory, iteration=iteration),
+            what="checkpoint",
+            replica=None if self.zero else 0,
         )
         logger.info("iteration %d: %d stage files written to %s", iteration, len(files), directory)
         return dict(enumerate(files))
 
     def load(self, *, directory: str, files: Mapping[int, Any]) -> None:
-        """Every replica's stage loads the one file of its (stage, TP rank)."""
-        per_replica = self.layout.stages * self.tp
-        self._all(lambda i, h: h.load(directory=directory, file=files[i % per_replica]), what="checkpoint load")
+        """Every replica's stage loads the one file of its (stage, TP rank) (ZeRO-1: its own)."""
+        shared = len(self.handles) if self.zero else self.layout.stages * self.tp
+        self._all(lambda i, h: h.load(directory=directory, file=files[i % shared]), what="checkpoint load")
         logger.info("%d stage files loaded from %s", len(files), directory)
 
     def restart(self) -> None:

@@ -132,7 +132,7 @@ class ThreadStage:
             all_reduce = self._stages.tp_all_reduce(stage=self.worker.stage, rank=self.rank, replica=self.replica)
             workload = workload.with_tp(rank=self.rank, size=self.tp, all_reduce=all_reduce)
         if self._dp is not None:
-            workload = workload.with_dp(rank=self.replica)
+            workload = workload.with_dp(rank=self.replica, zero_sum=self._dp.zero_sum)
         self.executor = workload.executor(stage=self.worker.stage, layout=layout)
         self.latency = workload.latency
 
@@ -236,14 +236,15 @@ class ThreadStages:
         """The gradient reduction of (`stage`, TP `rank`) in `replica`, over its DP group (None without DP)."""
         if self.dp is None:
             return None
+        group_sum = tensor_all_reduce(self._dp_groups[stage * self.tp + rank].member(replica))
         reducer = GradReducer(
-            all_reduce=tensor_all_reduce(self._dp_groups[stage * self.tp + rank].member(replica)),
+            all_reduce=group_sum,
             order=reduce_order(chunks=self.layout.chunks),
             bucket_bytes=self.dp.bucket_bytes,
             timeout_s=self.timeout_s,
             name=name,
         )
-        return DPContext(reducer=reducer, overlap=self.dp.overlap)
+        return DPContext(reducer=reducer, overlap=self.dp.overlap, zero_sum=group_sum if self.dp.zero else None)
 
     def join_round(self, index: int) -> _Round:
         """The shared objects of the iteration stage `index` is starting: a stage asking again opens the next round."""

@@ -162,6 +162,37 @@ class DPContext:
 
     reducer: GradReducer
     overlap: bool = True  # False: reduce everything once every stage of every replica has run its last op
+    zero_sum: AllReduce | None = None  # ZeRO-1: the group's sum, for the parameters each replica stepped
+
+
+def owners(sizes: Sequence[int], *, replicas: int) -> list[int]:
+    """ZeRO-1: the replica that holds the optimizer state of, and steps, each parameter (of these
+    element counts): the biggest first, each to the least loaded replica so far (whole tensors, so
+    a stage of one big tensor cannot be balanced); every replica computes the same."""
+    loads = [0] * replicas
+    chosen = [0] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        replica = min(range(replicas), key=lambda d: (loads[d], d))
+        chosen[index] = replica
+        loads[replica] += sizes[index]
+    return chosen
+
+
+@torch.no_grad()
+def gather_owned(tensors: Sequence[Tensor], *, owner: Sequence[int], rank: int, all_reduce: AllReduce, bucket_bytes: int) -> int:
+    """ZeRO-1's all-gather: every replica's `tensors` set to their owners' values, as a sum over the
+    group in which each entry is nonzero on its owner alone (exact: x + 0 = x). Returns the bytes summed."""
+    nbytes = 0
+    mine = {id(t) for t, o in zip(tensors, owner, strict=True) if o == rank}
+    for group in buckets(tensors, bucket_bytes=bucket_bytes):
+        flat = torch.cat([t.reshape(-1) if id(t) in mine else torch.zeros_like(t).reshape(-1) for t in group])
+        total = all_reduce(flat)
+        offset = 0
+        for tensor in group:
+            tensor.copy_(total[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+        nbytes += flat.numel() * flat.element_size()
+    return nbytes
 
 
 def reduce_order(*, chunks: int) -> list[int]:
@@ -171,11 +202,13 @@ def reduce_order(*, chunks: int) -> list[int]:
 
 @dataclass(frozen=True)
 class DPSpec:
-    """Data parallelism as a fabric builds it: `size` replicas, buckets of `bucket_mb` MB, overlap or not."""
+    """Data parallelism as a fabric builds it: `size` replicas, buckets of `bucket_mb` MB, overlap or
+    not, the optimizer state sharded over the replicas (`zero`: ZeRO-1) or not."""
 
     size: int
     bucket_mb: float = 25.0
     overlap: bool = True
+    zero: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 2:

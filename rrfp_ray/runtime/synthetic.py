@@ -52,8 +52,8 @@ class SyntheticWorkload:
             grad_elems=self.grad_elems,
         )
 
-    def with_dp(self, *, rank: int) -> SyntheticWorkload:
-        """Every replica replays the same trace."""
+    def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> SyntheticWorkload:
+        """Every replica replays the same trace (it has no optimizer state to shard)."""
         return self
 
     def latency(self, message: Message) -> float:

@@ -35,6 +35,7 @@ class StepResult:
     grad_norm: float
     lr: float | None  # None: the optimizer's own rates
     peak_bytes: int
+    optim_bytes: int = 0  # optimizer state held (with ZeRO-1: this replica's shard)
 
 
 class Executor(Protocol):
@@ -69,8 +70,9 @@ class Workload(Protocol):
         """This workload as TP rank `rank` of `size` runs it (its tensor-parallel layers sum over `all_reduce`)."""
         ...
 
-    def with_dp(self, *, rank: int) -> Workload:
-        """This workload as data-parallel replica `rank` runs it (it reads its own share of each iteration's data)."""
+    def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Workload:
+        """This workload as data-parallel replica `rank` runs it (it reads its own share of each iteration's
+        data); with `zero_sum` (the DP group's sum), it steps its ZeRO-1 shard and gathers the rest."""
         ...
 
 
@@ -208,7 +210,7 @@ class StageWorker:
             stats.tp_rounds, stats.tp_disagreements = agreement.rounds, agreement.disagreements
             stats.tp_conflicts = agreement.conflicts
         if step is not None:
-            stats.loss, stats.peak_bytes = step.loss, step.peak_bytes
+            stats.loss, stats.peak_bytes, stats.optim_bytes = step.loss, step.peak_bytes, step.optim_bytes
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         stats.started_at = started_at
         stats.send_busy_ms, stats.recv_busy_ms = self._send_busy * 1e3, self._recv_busy * 1e3

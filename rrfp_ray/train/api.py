@@ -93,7 +93,8 @@ def make_workload(
 def workload_fingerprint(*, pipeline: PipelineConfig, workload: ModelWorkload) -> str:
     """What a checkpoint must have been written for: the pipeline's shape and every parameter's."""
     shapes = [tuple(p.shape) for m in workload.layers() for p in m.parameters()]
-    return fingerprint(pipeline.stages, pipeline.chunks, pipeline.tp, shapes)
+    zero = [f"zero{pipeline.zero} dp{pipeline.dp}"] if pipeline.zero else []  # a file per replica's shard
+    return fingerprint(pipeline.stages, pipeline.chunks, pipeline.tp, shapes, *zero)
 
 
 class Trainer:

@@ -90,7 +90,7 @@ class LocalBackend:
             tp=pipeline.tp,
             dp=pipeline.dp_spec,
         )
-        self._group = StageGroup(fabric=stages, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp)
+        self._group = StageGroup(fabric=stages, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero))
         try:
             self.set_workload(workload=workload)
         except BaseException:

@@ -51,6 +51,7 @@ class PipelineConfig(BaseModel):
         description="reduce a chunk's gradients as soon as its last weight-gradient op is done "
         "(False: everything after every stage's last op)",
     )
+    zero: int = Field(0, ge=0, le=1, description="ZeRO stage: 1 shards the optimizer state over the D replicas (needs dp >= 2)")
 
     @field_validator("cap", mode="plain")
     @classmethod
@@ -63,6 +64,8 @@ class PipelineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _policy_fits(self) -> PipelineConfig:
+        if self.zero and self.dp == 1:
+            raise ValueError(f"zero {self.zero} shards the optimizer state over the DP replicas: it needs dp >= 2, got dp 1")
         if self.stages == 1 and self.chunks > 1:
             raise ValueError("chunks > 1 needs stages >= 2 (a stage cannot send to itself)")
         try:
@@ -81,7 +84,7 @@ class PipelineConfig(BaseModel):
         """Data parallelism as the fabrics build it (None without: dp = 1)."""
         if self.dp == 1:
             return None
-        return DPSpec(size=self.dp, bucket_mb=self.dp_bucket_mb, overlap=self.dp_overlap)
+        return DPSpec(size=self.dp, bucket_mb=self.dp_bucket_mb, overlap=self.dp_overlap, zero=bool(self.zero))
 
     @property
     def global_microbatches(self) -> int:

@@ -200,7 +200,7 @@ class StageRunner:
         self._saved.clear()
         self._deferred.clear()
         self._losses.clear()
-        self._optimizer.zero_grad(set_to_none=True)
+        self._clear_grads()
         self._peak = 0
 
     def grad_sq_norm(self) -> float:
@@ -232,7 +232,7 @@ class StageRunner:
         for group in self._optimizer.param_groups if lr is not None else []:
             group["lr"] = lr
         self._optimizer.step()
-        self._optimizer.zero_grad(set_to_none=True)
+        self._clear_grads()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -251,6 +251,18 @@ class StageRunner:
         if chunk not in self._chunks:
             raise ValueError(f"chunk {chunk} is not on this stage (chunks {sorted(self._chunks)})")
         return self._chunks[chunk]
+
+    @property
+    def optim_bytes(self) -> int:
+        """Bytes of optimizer state held (Adam's moments; with ZeRO-1 only the parameters this replica steps)."""
+        return sum(
+            t.numel() * t.element_size() for state in self._optimizer.state.values() for t in state.values() if isinstance(t, Tensor)
+        )
+
+    def _clear_grads(self) -> None:
+        """Every parameter's gradient dropped (the optimizer's zero_grad would miss those it does not step: ZeRO-1)."""
+        for p in self.parameters():
+            p.grad = None
 
     def _grads(self) -> list[Tensor]:
         return [p.grad for p in self.parameters() if p.grad is not None]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
+from rrfp_ray.runtime.reduce import gather_owned, owners
 from rrfp_ray.runtime.worker import StepResult
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
@@ -36,6 +37,8 @@ class DataSource(Protocol):
     def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
         """(inputs, targets) of microbatch `index` of `iteration`; the same in every process."""
         ...
+
+_GATHER_BUCKET_BYTES = 25 * 2**20  # ZeRO-1: bytes per all-gather of the stepped parameters
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class ModelWorkload:
     device: str = "cpu"  # where each stage computes; payloads move to and from each link's own device
     dp: int = 1  # data-parallel replicas: `data` holds dp x microbatches microbatches an iteration
     dp_rank: int = 0  # this replica: it reads microbatches dp_rank x microbatches onwards
+    zero_sum: Callable[[Tensor], Tensor] | None = None  # ZeRO-1: the DP group's sum (set by with_dp)
 
     def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
         runner = build_stage(
@@ -113,7 +117,7 @@ class ModelWorkload:
             stage=stage,
             loss_fn=self.loss_fn,
             loss_scale=1.0 / (self.microbatches * self.dp),  # summed over the replicas: the global mean's gradients
-            optimizer_factory=self.optim.optimizer,
+            optimizer_factory=self.optim.optimizer if self.zero_sum is None else self._shard_optimizer,
         )
         return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self)
 
@@ -124,10 +128,17 @@ class ModelWorkload:
         """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
         return replace(self, layers=TPLayers(layers=self.layers, rank=rank, size=size, all_reduce=all_reduce))
 
-    def with_dp(self, *, rank: int) -> ModelWorkload:
+    def with_dp(self, *, rank: int, zero_sum: Callable[[Tensor], Tensor] | None = None) -> ModelWorkload:
         if not 0 <= rank < self.dp:
             raise ValueError(f"dp rank must be in [0, {self.dp}), got {rank}")
-        return replace(self, dp_rank=rank)
+        return replace(self, dp_rank=rank, zero_sum=zero_sum)
+
+    def _shard_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        """ZeRO-1: the optimizer over the parameters this replica owns (`owners`)."""
+        owned = [p for p, o in zip(params, owners([p.numel() for p in params], replicas=self.dp)) if o == self.dp_rank]
+        if not owned:
+            raise ValueError(f"ZeRO-1: {len(params)} parameters on a stage are too few to shard over {self.dp} replicas")
+        return self.optim.optimizer(owned)
 
 
 class ModelExecutor:
@@ -177,6 +188,15 @@ class ModelExecutor:
         lr = self._workload.optim.lr_at(iteration)
         coef = clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm)
         self.runner.step(clip_coef=coef, lr=lr)
+        if self._workload.zero_sum is not None:
+            params = self.runner.parameters()
+            gather_owned(
+                params,
+                owner=owners([p.numel() for p in params], replicas=self._workload.dp),
+                rank=self._workload.dp_rank,
+                all_reduce=self._workload.zero_sum,
+                bucket_bytes=_GATHER_BUCKET_BYTES,
+            )
         losses = self.runner.losses()
         return StepResult(
             loss=sum(losses) / len(losses) if losses else None,
@@ -185,6 +205,7 @@ class ModelExecutor:
             peak_bytes=(
                 torch.cuda.max_memory_allocated() if self._workload.device.startswith("cuda") else self.runner.peak_held_bytes
             ),
+            optim_bytes=self.runner.optim_bytes,
         )
 
     def save(self, *, directory: Path, iteration: int, shard: int) -> StageFile:

@@ -1,0 +1,111 @@
+"""ZeRO-1 in one process: the optimizer state sharded over the DP replicas trains what the
+unsharded optimizer trains, each replica holding about 1/D of the state, and checkpoints
+hold (and restore) every replica's shard."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from examples.mlp import FEATURES, Regression
+from rrfp_ray import Optim, PipelineConfig, Trainer
+from rrfp_ray.runtime.local import ThreadAllGather, tensor_all_reduce
+from rrfp_ray.runtime.reduce import gather_owned, owners
+from rrfp_ray.train.checkpoint import Checkpointing
+
+M = 2  # microbatches per replica
+
+
+def mlp() -> nn.Sequential:
+    """Four equal layers a stage: whole tensors can balance the optimizer state over 2 replicas."""
+    return nn.Sequential(*[nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.Tanh()) for _ in range(7)], nn.Linear(FEATURES, 1))
+
+
+def _trainer(*, zero: int, directory: str | None = None, resume: bool = False, policy: str = "bfw") -> Trainer:
+    return Trainer(
+        model=mlp,
+        loss_fn=nn.functional.mse_loss,
+        data=Regression(microbatches=2 * M),
+        pipeline=PipelineConfig(stages=2, microbatches=M, policy=policy, dp=2, zero=zero, timeout_s=30),
+        optimizer=Optim(lr=1e-2, warmup=0, total=10, max_grad_norm=0.05),  # the clip is active
+        checkpoints=None if directory is None else Checkpointing(directory=directory, every=0, resume=resume),
+    )
+
+
+def _weights(trainer: Trainer) -> list[list[torch.Tensor]]:
+    return [[p.detach().clone() for p in e.runner.parameters()] for e in trainer.backend.executors]
+
+
+def _assert_same(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) -> None:
+    assert len(got) == len(want) == 4  # 2 replicas x 2 stages
+    for got_stage, want_stage in zip(got, want):
+        for a, b in zip(got_stage, want_stage, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("policy", ["1f1b", "bfw"])
+def test_zero_1_trains_as_zero_0_with_about_half_the_optimizer_state_per_replica(policy):
+    with _trainer(zero=0, policy=policy) as plain:
+        plain_reports = plain.fit(4)
+        plain_weights = _weights(plain)
+    with _trainer(zero=1, policy=policy) as sharded:
+        sharded_reports = sharded.fit(4)
+        sharded_weights = _weights(sharded)
+    assert [r.loss for r in sharded_reports] == pytest.approx([r.loss for r in plain_reports], rel=1e-6)
+    _assert_same(sharded_weights, plain_weights)
+    full = {s.stage: s.optim_bytes for s in plain_reports[-1].stages if s.replica == 0}
+    for stage, total in full.items():
+        shards = [s.optim_bytes for s in sharded_reports[-1].stages if s.stage == stage]
+        assert total > 0 and len(shards) == 2
+        assert sum(shards) == total  # every parameter's state held once over the replicas
+        assert max(shards) <= 0.65 * total  # about 1/D each (whole tensors: 3 weights over 2 replicas on stage 1)
+
+
+def test_every_replicas_shard_is_checkpointed_and_resume_restores_them(tmp_path):
+    with _trainer(zero=1) as clean:
+        clean.fit(4)
+        expected = _weights(clean)
+    with _trainer(zero=1, directory=str(tmp_path)) as first:
+        first.fit(2)
+        first.save()
+        manifest = first._latest()
+    assert manifest is not None and sorted(manifest.files) == [0, 1, 2, 3]  # a file per replica's stage
+    with _trainer(zero=1, directory=str(tmp_path), resume=True) as resumed:
+        assert resumed.iteration == 2
+        resumed.fit(2)
+        _assert_same(_weights(resumed), expected)  # the moments of every replica's shard came back
+
+
+def test_a_zero_checkpoint_is_not_taken_for_a_plain_one(tmp_path):
+    with _trainer(zero=1, directory=str(tmp_path)) as first:
+        first.fit(1)
+        first.save()
+    with pytest.raises(ValueError, match="written for another model or pipeline shape"):
+        _trainer(zero=0, directory=str(tmp_path), resume=True)
+
+
+def test_zero_1_without_data_parallelism_is_refused_naming_both_fields():
+    with pytest.raises(ValueError, match=r"zero 1 .* needs dp >= 2, got dp 1"):
+        PipelineConfig(stages=2, microbatches=M, zero=1)
+
+
+def test_owners_balance_the_elements_and_gather_sets_every_replica_to_the_owners_values():
+    assert owners([1, 100, 1, 100], replicas=2) == [0, 0, 1, 1]
+    group = ThreadAllGather(parties=2, timeout_s=10)
+    owner = owners([3, 2, 4], replicas=2)
+    params = [[torch.full((n,), 10.0 * r + i) for i, n in enumerate((3, 2, 4))] for r in range(2)]
+
+    def gather(rank: int) -> None:
+        gather_owned(params[rank], owner=owner, rank=rank, all_reduce=tensor_all_reduce(group.member(rank)), bucket_bytes=12)
+
+    threads = [threading.Thread(target=gather, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    for r in range(2):
+        for i, tensor in enumerate(params[r]):
+            torch.testing.assert_close(tensor, torch.full_like(tensor, 10.0 * owner[i] + i))
