@@ -23,6 +23,7 @@ from typing import Any
 
 import ray
 
+from actors.capacity import check_capacity
 from actors.driver import PipelineDriver
 from actors.local_ray import init_ray
 from actors.names import driver_name, run_tag
@@ -39,10 +40,12 @@ logger = logging.getLogger(__name__)
 
 
 class RayBackend:
-    def __init__(self, *, gpus_per_stage: float = 0.0) -> None:
+    def __init__(self, *, gpus_per_stage: float = 0.0, autoscaler: bool = False) -> None:
+        """`autoscaler`: the cluster grows on demand, so a pipeline bigger than it is not refused up front."""
         if gpus_per_stage < 0:
             raise ValueError(f"gpus_per_stage must be >= 0, got {gpus_per_stage:g}")
         self.gpus_per_stage = gpus_per_stage
+        self.autoscaler = autoscaler
         self.driver: ray.actor.ActorHandle | None = None
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False
@@ -56,6 +59,19 @@ class RayBackend:
             raise RuntimeError("this RayBackend has already started; use one backend per Trainer")
         self._owns_ray = init_ray(num_cpus=max(2, pipeline.actors))
         self._pipeline, self._workload = pipeline, workload
+        gpus = self.gpus_per_stage
+        try:
+            check_capacity(
+                dp=pipeline.dp,
+                stages=pipeline.stages,
+                tp=pipeline.tp,
+                bundle={"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1},
+                cluster=ray.cluster_resources(),
+                autoscaler=self.autoscaler,
+            )
+        except ValueError:
+            self.close()
+            raise
         try:
             self._spawn_driver()
         except BaseException:
@@ -65,7 +81,7 @@ class RayBackend:
     def _spawn_driver(self) -> None:
         self._name = driver_name(run=run_tag())  # fresh: a dead driver may not have released its name
         self.driver = PipelineDriver.options(name=self._name).remote(
-            pipeline=self._pipeline, workload=self._workload, gpus_per_stage=self.gpus_per_stage
+            pipeline=self._pipeline, workload=self._workload, gpus_per_stage=self.gpus_per_stage, autoscaler=self.autoscaler
         )
         self._driver_lost = False
         self.startup_s = self._call(self.driver.startup_seconds.remote())

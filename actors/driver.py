@@ -11,11 +11,12 @@ import uuid
 from collections.abc import Mapping
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
+from actors.capacity import check_capacity
 from actors.names import run_tag, stage_name
 from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
@@ -40,11 +41,13 @@ _EXIT_S = 10.0  # how long stages get to exit on their own before they are kille
 class PipelineDriver:
     """Hands out the policy and collects each iteration's telemetry; the group does the driving."""
 
-    def __init__(self, *, pipeline: PipelineConfig, workload: Workload, gpus_per_stage: float = 0.0) -> None:
+    def __init__(
+        self, *, pipeline: PipelineConfig, workload: Workload, gpus_per_stage: float = 0.0, autoscaler: bool = False
+    ) -> None:
         collective.register_backends()
         self.pipeline = pipeline
         started = time.perf_counter()
-        fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage)
+        fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage, autoscaler=autoscaler)
         self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero))
         self.group.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
@@ -109,16 +112,19 @@ class PipelineDriver:
 
 
 class RayStages:
-    """The Ray `Fabric`: a placement group, one stage actor per (replica, stage, TP rank), their links."""
+    """The Ray `Fabric`: a placement group per (replica, stage) holding its T TP ranks on one node
+    (STRICT_PACK), one stage actor per (replica, stage, TP rank), their links."""
 
-    def __init__(self, *, pipeline: PipelineConfig, gpus_per_stage: float) -> None:
+    def __init__(self, *, pipeline: PipelineConfig, gpus_per_stage: float, autoscaler: bool = False) -> None:
         self.pipeline = pipeline
+        self.autoscaler = autoscaler  # the cluster grows on demand: no capacity check
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = collective.resolve_backend(backend=pipeline.backend)
         self.gpus_per_stage = gpus_per_stage  # a fraction lets stages share one GPU (gloo links then)
         self.stages: list[ray.actor.ActorHandle] = []
         self.pids: dict[str, int] = {}  # actor id -> process, once the stage actors are up
+        self._pgs: list = []  # a placement group per (replica, stage)
 
     def start(self) -> list[RayStageHandle]:
         """Placement, stage actors and their links."""
@@ -126,19 +132,29 @@ class RayStages:
         bundle = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}
         stages = self.pipeline.actors  # one actor per (replica, stage, TP rank)
         per_replica = self.pipeline.stages * self.pipeline.tp
-        if gpus and ray.cluster_resources().get("GPU", 0) < stages * gpus:
-            raise ValueError(
-                f"{stages} stages x {gpus:g} GPU each need {stages * gpus:g} GPUs; "
-                f"the cluster has {ray.cluster_resources().get('GPU', 0):g}"
-            )
-        self._pg = placement_group([bundle] * stages, strategy="PACK")
+        check_capacity(
+            dp=self.pipeline.dp,
+            stages=self.pipeline.stages,
+            tp=self.pipeline.tp,
+            bundle=bundle,
+            cluster=ray.cluster_resources(),
+            autoscaler=self.autoscaler,
+        )
+        tp = self.pipeline.tp
+        # a stage's T ranks on one node (their all-reduces run every layer); stages and replicas free to spread
+        self._pgs = [placement_group([bundle] * tp, strategy="STRICT_PACK") for _ in range(stages // tp)]
         spawn_s = max(self.timeout_s, _SPAWN_S)
         waited = time.perf_counter()
-        logger.info("waiting up to %.0f s for a placement group of %d x %s", spawn_s, stages, bundle)
-        self._await(self._pg.ready(), what=f"a placement group of {stages} x {bundle}", timeout_s=spawn_s)
-        logger.info("placement group ready in %.1f s: %d bundles of %s", time.perf_counter() - waited, stages, bundle)
+        logger.info("waiting up to %.0f s for %d placement groups of %d x %s", spawn_s, len(self._pgs), tp, bundle)
+        self.wait(
+            [pg.ready() for pg in self._pgs],
+            what=f"placement: {len(self._pgs)} (replica, stage) groups of {tp} x {bundle} on one node each",
+            labels=[self._label(g * tp) for g in range(len(self._pgs))],
+            timeout_s=spawn_s,
+        )
+        logger.info("placement ready in %.1f s: %d groups of %d x %s", time.perf_counter() - waited, len(self._pgs), tp, bundle)
         waited = time.perf_counter()
-        run, tp = run_tag(), self.pipeline.tp  # fresh names: a restart's old actors may not have released theirs
+        run = run_tag()  # fresh names: a restart's old actors may not have released theirs
         self.stages = [
             StageActor.options(
                 name=stage_name(
@@ -151,7 +167,7 @@ class RayStages:
                 num_cpus=1,
                 num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=s
+                    placement_group=self._pgs[s // tp], placement_group_bundle_index=s % tp
                 ),
             ).remote(
                 stage=s % per_replica // self.pipeline.tp,
@@ -247,15 +263,10 @@ class RayStages:
         else:
             for actor in self.stages:
                 ray.kill(actor)
-        remove_placement_group(self._pg)
+        for pg in self._pgs:
+            remove_placement_group(pg)
         logger.info("%d stage actors stopped%s", len(self.stages), "" if graceful else " (after a failure)")
         self.stages = []
-
-    def _await(self, ref: ray.ObjectRef, *, what: str, timeout_s: float) -> object:
-        try:
-            return ray.get(ref, timeout=timeout_s)
-        except GetTimeoutError:
-            raise PipelineError(f"timed out after {timeout_s:g} s waiting for {what}") from None
 
     def wait(
         self, refs: list[ray.ObjectRef], *, what: str, labels: list[str] | None = None, timeout_s: float | None = None

@@ -97,6 +97,15 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     )
     pipe.add_argument("--grad-mb", type=float, default=25.0, help="with --dp: MB of synthetic gradient per chunk")
     pipe.add_argument(
+        "--reduce-mb-per-s",
+        type=float,
+        default=None,
+        help="with --dp: the simulator's reduction bandwidth (default: the measured bytes / reduce time of this run)",
+    )
+    pipe.add_argument(
+        "--reduce-latency-ms", type=float, default=0.0, help="with --dp: the simulator's latency per bucket"
+    )
+    pipe.add_argument(
         "--rank-comm",
         action="store_true",
         help="with --tp: each TP rank's messages take their own latencies (the scenario drawn with seed + rank)",
@@ -119,6 +128,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
     if args.grad_mb <= 0:
         parser.error(f"--grad-mb must be > 0, got {args.grad_mb:g}")
+    if args.reduce_mb_per_s is not None and not args.reduce_mb_per_s > 0:
+        parser.error(f"--reduce-mb-per-s must be > 0, got {args.reduce_mb_per_s:g}")
+    if args.reduce_latency_ms < 0:
+        parser.error(f"--reduce-latency-ms must be >= 0, got {args.reduce_latency_ms:g}")
     if args.rank_comm and (args.tp < 2 or args.trace):
         parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
     if args.out:
@@ -218,6 +231,36 @@ def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline
     }
 
 
+def predict_exposed(
+    *, pipeline: PipelineConfig, trace: Trace, names: list[str], reports: dict[str, list], args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """The simulator's exposed reduce share per policy (`rrfp_ray.sim.reduction`), its bandwidth
+    `--reduce-mb-per-s` or else calibrated on this run's measured bytes per reduce ms."""
+    from rrfp_ray.sim.reduction import ReduceModel, with_reduction
+    from rrfp_ray.sim.simulator import layout_for, simulate
+
+    measured = [s for runs in reports.values() for r in runs for s in r.stages if s.reduce_ms > 0]
+    calibrated = sum(s.reduce_bytes for s in measured) / sum(s.reduce_ms for s in measured)
+    model = ReduceModel(
+        chunk_bytes=int(args.grad_mb * 2**20) // 4 * 4,
+        bucket_bytes=max(1, int(pipeline.dp_bucket_mb * 2**20)),
+        bytes_per_ms=calibrated if args.reduce_mb_per_s is None else args.reduce_mb_per_s * 2**20 / 1e3,
+        latency_ms=args.reduce_latency_ms,
+        overlap=pipeline.dp_overlap,
+    )
+    predicted = {}
+    for name in names:
+        policy = pipeline.resolved_policy(name)
+        report = simulate(policy=policy, trace=trace, cap=pipeline.cap, buffer_limit=pipeline.buffer_limit)
+        summary = dp_summary([with_reduction(report, layout=layout_for(policy=policy, trace=trace), model=model)])
+        predicted[name] = {
+            "sim_dp_exposed_fraction": summary["dp_exposed_fraction"],
+            "sim_dp_exposed_ms": summary["dp_exposed_ms"],
+            "sim_reduce_mb_per_s": model.bytes_per_ms * 1e3 / 2**20,
+        }
+    return predicted
+
+
 def main(argv: list[str] | None = None) -> dict:
     args, pipeline, traces, names = parse(argv)
     trace = traces[0]
@@ -252,6 +295,9 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         ray.kill(driver)
     results = summarize(reports=reports, simulated=simulated, baseline=names[0])
+    if pipeline.dp > 1:
+        for name, figures in predict_exposed(pipeline=pipeline, trace=trace, names=names, reports=reports, args=args).items():
+            results[name].update(figures)
     if args.out:
         write_pictures(out=Path(args.out), runs=reports)
     print(
@@ -266,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{'policy':<12} {'measured ms':>11} {'step ms':>7} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} "
         f"{'predicted':>9} {'meas/pred':>9}"
         + (f" {'TP coord':>8} {'disagree':>8} {'rounds':>6} {'ms/round':>8}" if pipeline.tp > 1 else "")
-        + (f" {'reduce ms':>9} {'exposed':>7} {'own':>6}" if pipeline.dp > 1 else "")
+        + (f" {'reduce ms':>9} {'exposed':>7} {'own':>6} {'sim exp':>7}" if pipeline.dp > 1 else "")
     )
     for name, r in results.items():
         print(
@@ -279,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
             )
             + (
                 f" {r['dp_reduce_ms']:9.1f} {r['dp_exposed_fraction']:7.1%} {r['dp_exposed_own_fraction']:6.1%}"
+                f" {r['sim_dp_exposed_fraction']:7.1%}"
                 if pipeline.dp > 1
                 else ""
             )
@@ -287,7 +334,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"DP: {args.grad_mb:g} MB of gradient per chunk in {pipeline.dp_bucket_mb:g} MB buckets, "
             f"{'no overlap' if args.no_overlap else 'overlapped'}; exposed: the reduce time past every stage's last op "
-            "(what it adds to the iteration), own: past the stage's own last op (median over stages and iterations)"
+            "(what it adds to the iteration), own: past the stage's own last op (median over stages and iterations); "
+            f"sim exp: the simulator's exposed share at {next(iter(results.values()))['sim_reduce_mb_per_s']:.1f} MB/s "
+            f"and {args.reduce_latency_ms:g} ms a bucket"
         )
     summary = {"policies": results}
     if args.json:

@@ -140,7 +140,7 @@ def merge_stage_reports(
         stages.append(stats)
     makespan = max((s.started_at - origin) * 1e3 + s.wall_ms for s in stages)
     ops_end = max((s.started_at - origin) * 1e3 + s.wall_ms - s.step_ms for s in stages)
-    stages = _with_exposed_reduce(stages, origin=origin)
+    stages = with_exposed_reduce(stages, origin=origin)
     losses = [s.loss for s in stages if s.loss is not None]  # one per replica, each the mean of its microbatches
     loss = sum(losses) / len(losses) if losses else None
     return IterationReport(
@@ -154,7 +154,7 @@ def merge_stage_reports(
     )
 
 
-def _with_exposed_reduce(stages: list[StageStats], *, origin: float) -> list[StageStats]:
+def with_exposed_reduce(stages: list[StageStats], *, origin: float) -> list[StageStats]:
     """Each stage's DP reduce time past the last op of every stage (on the common clock: the step
     needs every stage's gradients, so only that part can delay it) and past its own last op."""
     if not any(s.reduce_bytes for s in stages):

@@ -19,16 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rrfp_ray.schedule.actions import Action, Kind
-
 logger = logging.getLogger(__name__)
 
 AllReduce = Callable[[Tensor], Tensor]  # the sum of a tensor over the DP group (returned; the input may be reused)
-
-
-def completes_weights(action: Action) -> bool:
-    """Whether `action` writes weight gradients: W, or the full backward B (never split)."""
-    return action.kind in (Kind.W, Kind.B)
 
 
 @dataclass(frozen=True)
@@ -193,11 +186,6 @@ def gather_owned(tensors: Sequence[Tensor], *, owner: Sequence[int], rank: int, 
             offset += tensor.numel()
         nbytes += flat.numel() * flat.element_size()
     return nbytes
-
-
-def reduce_order(*, chunks: int) -> list[int]:
-    """The order every replica reduces a stage's chunks in: the last chunk's backward ends first."""
-    return list(reversed(range(chunks)))
 
 
 @dataclass(frozen=True)

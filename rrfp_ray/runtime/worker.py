@@ -23,10 +23,11 @@ from rrfp_ray.policy.agreement import Agreement, TPContext
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.errors import PipelineError
-from rrfp_ray.runtime.reduce import DPContext, ReduceStats, completes_weights, reduce_order
+from rrfp_ray.runtime.reduce import DPContext, ReduceStats
 from rrfp_ray.runtime.transport import Channel, Header, recv_message, send_message
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Link, Message
+from rrfp_ray.schedule.grad_ready import completes_weights, reduce_order
 
 
 @dataclass(frozen=True)
