@@ -25,7 +25,7 @@ import ray
 
 from actors.capacity import check_capacity
 from actors.driver import PipelineDriver
-from actors.local_ray import init_ray
+from actors.local_ray import attaching, init_ray
 from actors.names import driver_name, run_tag
 from actors.teardown import await_exit
 from rrfp_ray.observe.telemetry import IterationReport
@@ -40,12 +40,13 @@ logger = logging.getLogger(__name__)
 
 
 class RayBackend:
-    def __init__(self, *, gpus_per_stage: float = 0.0, autoscaler: bool = False) -> None:
-        """`autoscaler`: the cluster grows on demand, so a pipeline bigger than it is not refused up front."""
+    def __init__(self, *, gpus_per_stage: float = 0.0, autoscaler: bool | None = None) -> None:
+        """`autoscaler`: the cluster grows on demand, so a pipeline bigger than it is not refused up
+        front (None: assumed of a cluster attached to through RAY_ADDRESS, never of a local Ray)."""
         if gpus_per_stage < 0:
             raise ValueError(f"gpus_per_stage must be >= 0, got {gpus_per_stage:g}")
         self.gpus_per_stage = gpus_per_stage
-        self.autoscaler = autoscaler
+        self.autoscaler = attaching() if autoscaler is None else autoscaler
         self.driver: ray.actor.ActorHandle | None = None
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False

@@ -93,3 +93,31 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_checkpoint(ray_sess
         for file in manifest.files.values():
             load_stage(directory=tmp_path, file=file)
     assert _live_actors() == before
+
+
+def test_a_killed_actor_in_replica_1_rebuilds_the_whole_dp_zero_group(ray_session, tmp_path):
+    def run(directory: Path, *, max_restarts: int) -> RunConfig:
+        config = _run(directory, max_restarts=max_restarts)
+        pipeline = config.pipeline.model_copy(update={"stages": 2, "dp": 2, "zero": 1})
+        return config.model_copy(update={"pipeline": pipeline})
+
+    with gpt_trainer(run(tmp_path / "clean", max_restarts=0), backend=RayBackend()) as clean:
+        clean.fit(ITERATIONS)
+        expected = _final_states(clean)
+    rng = random.Random(2)
+    with gpt_trainer(run(tmp_path / "killed", max_restarts=2), backend=RayBackend()) as trainer:
+        stages = ray.get(trainer.backend.driver.stage_actors.remote())
+        victim, at = 2 + rng.randrange(2), rng.randrange(1, ITERATIONS)  # actors 2, 3: replica 1's stages
+        trainer.fit(at)
+        threading.Timer(rng.uniform(0.02, 0.25), ray.kill, args=(stages[victim],)).start()
+        while trainer.iteration < ITERATIONS:
+            trainer.step()
+        assert trainer.restarts == 1, f"actor {victim} (replica 1) was killed but no restart happened"
+        got = _final_states(trainer)
+    assert len(got) == len(expected) == 4  # ZeRO-1: every replica's stage writes its shard
+    for want_stage, got_stage in zip(expected, got):
+        for (name, want), (_, value) in zip(want_stage["chunks"][0].items(), got_stage["chunks"][0].items()):
+            torch.testing.assert_close(value, want, msg=f"parameter {name}")
+        for key, want in want_stage["optimizer"]["state"].items():  # this replica's shard of the moments
+            for field, tensor in want.items():
+                torch.testing.assert_close(got_stage["optimizer"]["state"][key][field], tensor, msg=f"state {key} {field}")
