@@ -69,12 +69,9 @@ class Workload(Protocol):
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> Workload:
         """This workload as TP rank `rank` of `size` runs it (its tensor-parallel layers sum over `all_reduce`)."""
-        ...
 
     def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Workload:
-        """This workload as data-parallel replica `rank` runs it (it reads its own share of each iteration's
-        data); with `zero_sum` (the DP group's sum), it steps its ZeRO-1 shard and gathers the rest."""
-        ...
+        """As data-parallel replica `rank` (its share of each iteration's data); `zero_sum`: the DP sum, for ZeRO-1."""
 
 
 @dataclass
