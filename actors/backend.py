@@ -103,6 +103,9 @@ class RayBackend:
     def load(self, *, directory: Path, manifest: Manifest) -> None:
         self._call(self._driver().load.remote(directory=str(directory), manifest=manifest))
 
+    def chunk_states(self) -> list[dict]:
+        return self._call(self._driver().chunk_states.remote())
+
     def restart(self) -> None:
         """Fresh stage actors under the same driver; or, if the driver died, a fresh driver with fresh stages."""
         if not self._driver_lost:

@@ -47,7 +47,8 @@ class PipelineDriver:
         collective.register_backends()
         self.pipeline = pipeline
         started = time.perf_counter()
-        fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage, autoscaler=autoscaler)
+        ties = tuple(dict.fromkeys(tie.stages for tie in getattr(workload, "ties", ())))
+        fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage, autoscaler=autoscaler, ties=ties)
         self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero))
         self.group.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
@@ -83,6 +84,10 @@ class PipelineDriver:
     def load(self, *, directory: str, manifest: Manifest) -> None:
         self.group.load(directory=directory, files=manifest.files)
 
+    def chunk_states(self) -> list[dict]:
+        """Every stage actor's chunk weights (CPU tensors), in actor order (stage * tp + rank)."""
+        return self.group.chunk_states()
+
     def restart(self) -> None:
         """Tear every stage down, whatever state it is in, and bring a fresh pipeline up."""
         self.group.restart()
@@ -115,9 +120,17 @@ class RayStages:
     """The Ray `Fabric`: a placement group per (replica, stage) holding its T TP ranks on one node
     (STRICT_PACK), one stage actor per (replica, stage, TP rank), their links."""
 
-    def __init__(self, *, pipeline: PipelineConfig, gpus_per_stage: float, autoscaler: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        pipeline: PipelineConfig,
+        gpus_per_stage: float,
+        autoscaler: bool = False,
+        ties: tuple[tuple[int, ...], ...] = (),
+    ) -> None:
         self.pipeline = pipeline
         self.autoscaler = autoscaler  # the cluster grows on demand: no capacity check
+        self.ties = ties  # each a set of stages holding a tied parameter: a collective group of them per TP rank
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = collective.resolve_backend(backend=pipeline.backend)
@@ -190,8 +203,9 @@ class RayStages:
 
     def _wire(self) -> None:
         """A 2-rank group per link, TP rank and replica, a TP group per stage and replica (T > 1) with
-        its agreement connections, a DP group per (stage, TP rank) across the replicas (D > 1), and
-        one group of all actors."""
+        its agreement connections, a DP group per (stage, TP rank) across the replicas (D > 1), a
+        group per set of stages holding tied parameters (per TP rank and replica), and one group of
+        all actors."""
         prefix, tp, dp, stages = uuid.uuid4().hex[:8], self.pipeline.tp, self.pipeline.dp, self.layout.stages
 
         def actor(replica: int, stage: int, rank: int) -> int:
@@ -210,6 +224,13 @@ class RayStages:
         members |= {name: tuple(actor(d, s, t) for d in range(dp)) for (s, t), name in dp_groups.items()}
         everyone = f"{prefix}-all"
         members[everyone] = tuple(range(len(self.stages)))
+        ties = {
+            (owners, t, d): f"{prefix}-tie{'-'.join(map(str, owners))}-t{t}-d{d}"
+            for owners in self.ties
+            for t in range(tp)
+            for d in range(dp)
+        }
+        members |= {name: tuple(actor(d, s, t) for s in owners) for (owners, t, d), name in ties.items()}
         addresses = self.wait(
             [self.stages[ranks[0]].host_group.remote(name=name) for name, ranks in members.items()],
             what="group stores",
@@ -238,6 +259,7 @@ class RayStages:
                     tp_group=tp_groups.get(i // tp),
                     dp_group=dp_groups.get((i // tp % stages, i % tp)),
                     chunks=self.layout.chunks,
+                    tie_groups={owners: name for (owners, t, d), name in ties.items() if (t, d) == (i % tp, i // tp // stages)},
                     agreement=agreement[i - i % tp : i - i % tp + tp] if tp > 1 else None,
                 )
                 for i, a in enumerate(self.stages)

@@ -66,6 +66,7 @@ class StageActor:
         self._workload: Workload | None = None
         self._executor: Executor | None = None
         self._everyone = ""
+        self._tie_groups: dict[tuple[int, ...], str] = {}
         self._metrics = StageMetrics(stage=stage)
         logger.info("replica %d stage %d TP rank %d of %d: actor started", replica, stage, tp_rank, tp_size)
 
@@ -98,6 +99,7 @@ class StageActor:
         agreement: list[str] | None,
         dp_group: str | None = None,
         chunks: int = 1,
+        tie_groups: dict[tuple[int, ...], str] | None = None,
     ) -> None:
         """Open a channel on every link this stage sends or receives on and, with TP, the
         agreement connections to the other ranks (`agreement`: every rank's address); with DP,
@@ -109,6 +111,7 @@ class StageActor:
 
         self._everyone = everyone
         self._tp_group = tp_group
+        self._tie_groups = dict(tie_groups or {})
         if agreement is not None:
             if self._agreement is None:
                 raise RuntimeError(f"stage {self.stage}: connect() with agreement addresses before listen_agreement()")
@@ -140,6 +143,8 @@ class StageActor:
             workload = workload.with_tp(rank=self.tp_rank, size=self.tp_size, all_reduce=self._tp_all_reduce)
         if self._dp is not None:
             workload = workload.with_dp(rank=self.replica, zero_sum=self._dp.zero_sum)
+        if getattr(workload, "ties", ()):
+            workload = workload.with_ties(reduce=self._tie_reduce)
         self._workload = workload
         self._executor = ProfiledExecutor(workload.executor(stage=self.stage, layout=layout), stage=self.stage)
 
@@ -178,6 +183,11 @@ class StageActor:
             protocol=protocol,
         )
 
+    def _tie_reduce(self, stages: tuple[int, ...], tensor: torch.Tensor) -> torch.Tensor:
+        total = tensor.detach().clone()
+        collective.all_reduce_sum(group=self._tie_groups[stages], tensor=total)
+        return total
+
     def _tp_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._group_sum(group=self._tp_group, tensor=tensor)
 
@@ -192,6 +202,9 @@ class StageActor:
 
     def save(self, *, directory: str, iteration: int) -> StageFile:
         return self._executor.save(directory=Path(directory), iteration=iteration, shard=self.index)
+
+    def chunk_states(self) -> dict[int, dict[str, torch.Tensor]]:
+        return self._executor.chunk_states()
 
     def load(self, *, directory: str, file: StageFile) -> None:
         self._executor.load(directory=Path(directory), file=file)
@@ -279,6 +292,8 @@ class RayStageHandle:
     def load(self, *, directory: str, file: Any) -> ray.ObjectRef:
         return self.actor.load.remote(directory=directory, file=file)
 
+    def chunk_states(self) -> ray.ObjectRef:
+        return self.actor.chunk_states.remote()
 
 def rss_bytes() -> int:
     """This process's resident memory."""

@@ -58,6 +58,10 @@ FLAGS = {
     "pipeline.dp": "--dp",
     "pipeline.dp_bucket_mb": "--dp-bucket-mb",
     "pipeline.zero": "--zero",
+    "pipeline.precision": "--precision",
+    "pipeline.activation_checkpointing": "--activation-checkpointing",
+    "train.varlen": "--varlen",
+    "model.tie_embeddings": "--untie-embeddings",
     "train.iterations": "--iterations",
     "train.micro_batch_size": "--micro-batch-size",
     "train.seq_len": "--seq-len",
@@ -115,17 +119,25 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
     )
     pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
+    pipe.add_argument("--precision", default="fp32", help="fp32, or bf16 (autocast, fp32 master weights, bf16 links)")
+    pipe.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute each block's internals in its backward"
+    )
     model = parser.add_argument_group("model")
     model.add_argument("--n-layer", type=int, default=4)
     model.add_argument("--n-head", type=int, default=4)
     model.add_argument("--n-embd", type=int, default=64)
     model.add_argument("--block-size", type=int, default=64)
+    model.add_argument("--untie-embeddings", action="store_true", help="the LM head gets its own weight")
     train = parser.add_argument_group("training")
     train.add_argument("--iterations", type=int, default=30)
     train.add_argument("--micro-batch-size", type=int, default=8)
     train.add_argument("--seq-len", type=int, default=64)
     train.add_argument("--lr", type=float, default=3e-3)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--varlen", action="store_true", help="whole documents of varying length, padding masked out of the loss"
+    )
     train.add_argument("--data", default=None, help="text file or directory (default: the Python stdlib's sources)")
     train.add_argument("--val-every", type=int, default=10)
     train.add_argument(
@@ -153,7 +165,13 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         parser.error("--tensorboard needs the tensorboard package: pip install 'rrfp-ray[tensorboard]'")
     try:
         run = RunConfig(
-            model={"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size},
+            model={
+                "n_layer": args.n_layer,
+                "n_head": args.n_head,
+                "n_embd": args.n_embd,
+                "block_size": args.block_size,
+                "tie_embeddings": not args.untie_embeddings,
+            },
             pipeline={
                 "stages": args.stages,
                 "chunks": args.chunks,
@@ -169,6 +187,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
                 "dp_bucket_mb": args.dp_bucket_mb,
                 "dp_overlap": not args.no_overlap,
                 "zero": args.zero,
+                "precision": args.precision,
+                "activation_checkpointing": args.activation_checkpointing,
             },
             variability=variability(args),
             train={
@@ -183,6 +203,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
                 "checkpoint_every": args.checkpoint_every,
                 "resume": args.resume,
                 "max_restarts": args.max_restarts,
+                "varlen": args.varlen,
                 "device": "cuda" if gpus_per_stage(args) else "cpu",
             },
         )
@@ -270,6 +291,7 @@ def train(
     from tqdm import tqdm
 
     from rrfp_ray.observe.telemetry import append_jsonl
+    from rrfp_ray.train.gpt_workload import corpus_source
 
     board = None
     if tensorboard:
@@ -277,8 +299,8 @@ def train(
 
         board = TensorBoardLog(directory=Path(tensorboard), run=policy_name)
 
-    tokens = run.pipeline.global_microbatches * run.train.micro_batch_size * run.train.seq_len
-    reports, val_loss = [], None
+    source = corpus_source(run)  # tokens/s counts real tokens: with --varlen, padding is left out
+    reports, val_loss, tokens_seen = [], None, []
     telemetry = out / f"telemetry-{policy_name}.jsonl"
     telemetry.unlink(missing_ok=True)
     bar = tqdm(total=run.train.iterations, initial=trainer.iteration, desc=label, disable=None, leave=False)
@@ -287,6 +309,8 @@ def train(
         report = trainer.step(policy=policy_name)
         reports.append(report)
         append_jsonl(path=telemetry, report=report)
+        tokens = source.tokens(iteration=iteration)
+        tokens_seen.append(tokens)
         if board is not None:
             board.iteration(report, tokens=tokens)
         line = (
@@ -299,6 +323,8 @@ def train(
             line += f"  TP agreement {report.tp_fraction:4.2%}"
         if report.restart:
             line += f"  (first after restart {report.restart})"
+        if report.skipped_step:
+            line += "  step skipped (non-finite gradients)"
         every = run.train.val_every
         if every and (trainer.iteration % every == 0 or trainer.iteration == run.train.iterations):
             val_loss = trainer.evaluate()
@@ -319,9 +345,12 @@ def train(
         "val_loss_last": val_loss,
         "iteration_ms_median": median_ms,  # optimizer step included
         "step_ms_median": statistics.median(r.step_ms for r in reports),
-        "tokens_per_s": tokens / median_ms * 1e3,
+        "tokens_per_s": sum(tokens_seen) / sum(r.makespan_ms for r in reports) * 1e3,  # real tokens (no padding)
         "peak_inflight": max(r.peak_inflight for r in reports),
         "restarts": trainer.restarts,
+        "skipped_steps": sum(r.skipped_step for r in reports),
+        "precision": run.pipeline.precision.value,
+        "varlen": run.train.varlen,
     }
     if run.pipeline.tp > 1:
         summary["tp_coord_fraction"] = statistics.median(r.tp_fraction for r in reports)

@@ -11,7 +11,8 @@ from rrfp_ray.train.gpt_workload import gpt_workload
 
 
 class GradCapture:
-    """Wraps an executor; keeps each parameter's gradient just before the optimizer step."""
+    """Wraps an executor; keeps each parameter's gradient just before the optimizer step: after
+    tied gradients are summed over their stages, before a (sum, count) loss's division by the count."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -21,8 +22,18 @@ class GradCapture:
         return getattr(self.inner, name)
 
     def finish(self, **kwargs):
-        self.grads = [p.grad.clone() for p in self.inner.runner.parameters()]
-        return self.inner.finish(**kwargs)
+        runner = self.inner.runner
+        norm = runner.grad_sq_norm
+
+        def capture(**norm_kwargs):
+            self.grads = [p.grad.clone() for p in runner.parameters()]
+            return norm(**norm_kwargs)
+
+        runner.grad_sq_norm = capture
+        try:
+            return self.inner.finish(**kwargs)
+        finally:
+            del runner.grad_sq_norm
 
 
 def gpt_reference(run: RunConfig) -> tuple[float, list[nn.Module]]:

@@ -177,6 +177,15 @@ def _nonscalar(out, y):
     return (out - y) ** 2
 
 
+def _bad_count(out, y):
+    return ((out - y) ** 2).sum(), torch.ones(2)
+
+
+class _Named(nn.Module):
+    def forward(self, ids):
+        return {"ids": ids, "name": "tokens"}
+
+
 class _Residual(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -209,11 +218,15 @@ BAD = [
         {"model": [nn.Linear(16, 8), nn.Linear(8, 1)], "chunks": 2},
         "the model has 2 modules: too few to split into stages x chunks = 2 x 2 = 4 chunks",
     ),
-    ({"loss_fn": _nonscalar}, "loss_fn _nonscalar must return a scalar tensor, got shape (32, 1)"),
+    (
+        {"loss_fn": _nonscalar},
+        "loss_fn _nonscalar must return a scalar tensor, or a (sum, count) pair of scalar tensors, got loss of shape (32, 1)",
+    ),
+    ({"loss_fn": _bad_count}, "got count of shape (2,)"),
     ({"data": Regression(microbatches=3)}, "data.microbatches = 3 differs from the pipeline's microbatches = 4"),
     ({"val_data": Regression(microbatches=0)}, "val_data must declare `microbatches`"),
     ({"data": _Noisy()}, "data.microbatch(iteration=0, index=0) differs between two reads"),
-    ({"data": _Strings()}, "data.microbatch inputs must be a tensor or a tuple of tensors, got a str"),
+    ({"data": _Strings()}, "data.microbatch inputs must be a tensor, or tuples, lists and dicts of tensors, got a str"),
     (
         {"model": [nn.Linear(16, 8), torch.tanh, nn.Linear(8, 1)]},
         "model[1] is builtin_function_or_method, not an nn.Module",
@@ -227,10 +240,10 @@ BAD = [
         "split_points cut the model into 2 parts; the pipeline needs stages x chunks = 2 x 2 = 4",
     ),
     (
-        {"model": [nn.Identity(), nn.Embedding(5, 4)], "data": InMemoryData(batches=[(_IDS, _IDS)], microbatches=4)},
+        {"model": [_Named(), nn.Embedding(5, 4)], "data": InMemoryData(batches=[(_IDS, _IDS)], microbatches=4)},
         (
-            "virtual stage 0 (modules 0..0) returns a torch.int64 tensor of shape (4,): between stages only one "
-            "floating-point tensor can pass"
+            "virtual stage 0 (modules 0..0) returns a dict of ('ids': a torch.int64 tensor of shape (4,), 'name': a str): "
+            "between stages only tensors, and tuples, lists and dicts (string keys) of them, can pass"
         ),
     ),
     (

@@ -23,7 +23,7 @@ from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.gpt_workload import gpt_workload
 from rrfp_ray.train.runner import StageRunner, partition
 
-TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}
+TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}  # driven without a Trainer: no tie groups
 
 
 def _on_stage_0(kind: Kind, m: int, chunk: int = 0) -> Action:

@@ -29,6 +29,7 @@ import train_gpt  # noqa: E402
         (["--n-embd", "30", "--n-head", "4"], "n_embd (30) must be a multiple of n_head (4)"),
         (["--dp", "0"], "--dp: Input should be greater than or equal to 1"),
         (["--zero", "1"], "zero 1 shards the optimizer state over the DP replicas: it needs dp >= 2, got dp 1"),
+        (["--precision", "fp16"], "--precision: Input should be 'fp32' or 'bf16'"),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv, expected, capsys):

@@ -19,7 +19,7 @@ from rrfp_ray.train.runner import partition
 from rrfp_ray.train.workload import ModelExecutor, ModelWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16}
+TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}  # driven without a Trainer: no tie groups
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,29 @@ def test_messages_carry_kind_microbatch_chunk_and_shape():
     payload = torch.randn(2, 3, 5)
     send_message(channel=channel, header=Header.for_payload(message=message, iteration=7, payload=payload), payload=payload)
     header, got = recv_message(channel=channel)
-    assert (header.message, header.iteration, header.shape) == (message, 7, (2, 3, 5))
+    assert (header.message, header.iteration, header.leaves[0].shape) == (message, 7, (2, 3, 5))
     assert layout.consumer(header.message) == parse_action("2F2", stages=2)
     torch.testing.assert_close(got, payload)
+
+
+def test_a_message_carries_any_tree_of_tensors_with_its_dtypes_and_gradient_flags():
+    channel = LocalChannel(name="test", timeout_s=1)
+    message = Layout(stages=2, chunks=1, microbatches=1).sends(parse_action("0F0", stages=2))
+    hidden = torch.randn(2, 3, dtype=torch.bfloat16).requires_grad_(True)
+    payload = {
+        "hidden": hidden,
+        "mask": torch.tensor([[True, False, True]]),
+        "extra": (torch.arange(4), [torch.zeros(1, 1, 1, 1, 1, 1, 1, 1, 1, 2)]),
+    }
+    send_message(channel=channel, header=Header.for_payload(message=message, iteration=3, payload=payload), payload=payload)
+    header, got = recv_message(channel=channel)
+    assert header.iteration == 3 and set(got) == {"hidden", "mask", "extra"}
+    assert got["hidden"].dtype == torch.bfloat16 and got["hidden"].requires_grad
+    assert got["mask"].dtype == torch.bool and not got["mask"].requires_grad
+    assert isinstance(got["extra"], tuple) and isinstance(got["extra"][1], list)
+    assert torch.equal(got["mask"], payload["mask"]) and torch.equal(got["extra"][0], torch.arange(4))
+    assert got["extra"][1][0].shape == (1,) * 9 + (2,)
+    torch.testing.assert_close(got["hidden"].detach(), hidden.detach())
 
 
 class _Losing:

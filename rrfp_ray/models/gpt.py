@@ -2,14 +2,16 @@
 
 The one concession to splitting: ``GPT.layers()`` lists modules whose sequential
 composition is ``forward``'s logits, so a pipeline can cut the list anywhere.
-The token embedding and the output head are not tied, so no parameter is shared
-between the first and the last layer (and so between two pipeline stages).
+The token embedding and the output head share one weight by default (as in GPT-2 and
+nanoGPT; ``tie_embeddings=False`` unties them), so the first and the last layer share a
+parameter: a pipeline keeps one copy per stage and sums their gradients.
 There is no dropout: a run is a deterministic function of its seeds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,7 @@ class GPTConfig(BaseModel):
     n_head: int = Field(default=4, gt=0, description="attention heads per block")
     n_embd: int = Field(default=64, gt=0, description="model width; a multiple of n_head")
     bias: bool = Field(default=True, description="biases in Linear and LayerNorm layers")
+    tie_embeddings: bool = Field(default=True, description="the LM head reuses the token embedding's weight")
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> GPTConfig:
@@ -116,21 +119,8 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig, *, seed: int = 0) -> None:
         super().__init__()
         self.config = config
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.embed = Embed(config)
-            self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-            self.head = Head(config)
-            self._init_weights()
-
-    def _init_weights(self) -> None:
-        residual_std = INIT_STD / math.sqrt(2 * self.config.n_layer)
-        for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                std = residual_std if name.endswith(".proj") else INIT_STD
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+        embed, *blocks, head = build_layers(config, seed=seed)
+        self.embed, self.blocks, self.head = embed, nn.ModuleList(blocks), head
 
     def layers(self) -> list[nn.Module]:
         """``[Embed, Block, ..., Block, Head]``: composed in order, they compute the logits."""
@@ -143,6 +133,51 @@ class GPT(nn.Module):
         return x, None if targets is None else lm_loss(x, targets)
 
 
+def build_layers(config: GPTConfig, *, seed: int, keep: Collection[int] | None = None) -> list[nn.Module]:
+    """``GPT(config, seed=seed).layers()``, value for value; a layer whose index is not in `keep`
+    (None: all) lives on the meta device and holds no memory.
+
+    The RNG runs through every layer in the same order either way: a dropped layer is built on
+    the CPU and moved to meta at once (one layer at a time is ever held), and its init draws land
+    in a scratch tensor of the same size. A tied weight stays one tensor, real when either
+    owner is kept.
+    """
+    count = config.n_layer + 2
+    keep = set(range(count)) if keep is None else set(keep)
+    makers = [Embed, *[Block] * config.n_layer, Head]
+    names = ["embed", *(f"blocks.{i}" for i in range(config.n_layer)), "head"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers = []
+        for index, make in enumerate(makers):
+            layer = make(config)
+            layers.append(layer if index in keep else layer.to("meta"))
+        embed, head = layers[0], layers[-1]
+        if config.tie_embeddings:
+            if 0 in keep or count - 1 not in keep:
+                head.lm_head.weight = embed.wte.weight
+            else:
+                embed.wte.weight = head.lm_head.weight
+        residual_std = INIT_STD / math.sqrt(2 * config.n_layer)
+        for prefix, layer in zip(names, layers):
+            for name, module in layer.named_modules(prefix=prefix):
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    std = residual_std if name.endswith(".proj") else INIT_STD
+                    weight = module.weight
+                    target = torch.empty(weight.shape, dtype=weight.dtype) if weight.is_meta else weight
+                    nn.init.normal_(target, mean=0.0, std=std)
+                if isinstance(module, nn.Linear) and module.bias is not None and not module.bias.is_meta:
+                    nn.init.zeros_(module.bias)
+    return layers
+
+
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over every token of the batch."""
+    """Mean cross-entropy over every token of the batch (targets -100 are padding, left out)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def lm_loss_sum(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Summed cross-entropy and the number of tokens it counts (targets -100 are padding):
+    a pipeline divides by the iteration's total, the token-weighted mean."""
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum")
+    return total, (targets != -100).sum()

@@ -86,6 +86,24 @@ def shard_block_tensors(tensors: dict[str, Tensor], *, n_head: int, rank: int, s
     return {name: t.clone() for name, t in out.items()}
 
 
+def unshard_block_tensors(shards: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """A whole `Block`'s parameters from every rank's slices (`shard_block_tensors`, inverted), by name."""
+    out = {name: t.clone() for name, t in shards[0].items() if not name.startswith(("attn.", "mlp."))}
+    for name in ("attn.qkv.weight", "attn.qkv.bias"):
+        if name in shards[0]:
+            parts = [shard[name].chunk(3) for shard in shards]  # each rank: its q, k and v rows
+            out[name] = torch.cat([torch.cat([p[i] for p in parts]) for i in range(3)])
+    out["attn.proj.weight"] = torch.cat([shard["attn.proj.weight"] for shard in shards], dim=1)
+    out["mlp.fc.weight"] = torch.cat([shard["mlp.fc.weight"] for shard in shards])
+    if "mlp.fc.bias" in shards[0]:
+        out["mlp.fc.bias"] = torch.cat([shard["mlp.fc.bias"] for shard in shards])
+    out["mlp.proj.weight"] = torch.cat([shard["mlp.proj.weight"] for shard in shards], dim=1)
+    for name in ("attn.proj.bias", "mlp.proj.bias"):
+        if name in shards[0]:
+            out[name] = shards[0][name].clone()
+    return out
+
+
 REPLICA = "tp_replica"  # parameter attribute: a copy of rank 0's, left out of the gradient norm
 REPLICATED_IN_BLOCK = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.proj.bias", "mlp.proj.bias")
 

@@ -53,6 +53,7 @@ class StageStats:
     reduce_end_ms: float = 0.0  # when the last bucket was summed
     reduce_exposed_ms: float = 0.0  # reduce time after every stage's last op: what it adds to the iteration
     reduce_exposed_own_ms: float = 0.0  # reduce time after this stage's own last op
+    skipped_step: bool = False  # the global gradient norm was inf or NaN: the optimizer step was skipped
 
 
 @dataclass
@@ -86,6 +87,11 @@ class IterationReport:
         """TP-coordination time (agreement rounds) over the stages' wall time."""
         wall = sum(s.wall_ms for s in self.stages)
         return sum(s.tp_ms for s in self.stages) / wall if wall > 0 else 0.0
+
+    @property
+    def skipped_step(self) -> bool:
+        """The iteration's gradients were not finite, so no stage stepped (one global decision)."""
+        return any(s.skipped_step for s in self.stages)
 
     @property
     def peak_inflight(self) -> int:

@@ -57,6 +57,10 @@ class StageHandle(Protocol):
 
     def load(self, *, directory: str, file: Any) -> Pending: ...
 
+    def chunk_states(self) -> Pending:
+        """Pending weights of this stage's chunks, on the CPU: {chunk: state dict}."""
+        ...
+
 
 class Fabric(Protocol):
     """What a backend gives the group: its stages, brought up and down, and the wait on their calls."""
@@ -188,6 +192,10 @@ class StageGroup:
         shared = len(self.handles) if self.zero else self.layout.stages * self.tp
         self._all(lambda i, h: h.load(directory=directory, file=files[i % shared]), what="checkpoint load")
         logger.info("%d stage files loaded from %s", len(files), directory)
+
+    def chunk_states(self) -> list[Any]:
+        """Every stage's chunk weights (CPU), by stage index: what `rrfp_ray.train.export` puts together."""
+        return self._all(lambda _, h: h.chunk_states(), what="chunk weights")
 
     def restart(self) -> None:
         """Tear every stage down, whatever state it is in, and bring fresh ones up with the workload."""

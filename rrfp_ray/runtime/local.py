@@ -122,6 +122,9 @@ class ThreadStage:
     def load(self, *, directory: str, file: Any) -> Future:
         return self._thread.submit(lambda: self._executor().load(directory=Path(directory), file=file))
 
+    def chunk_states(self) -> Future:
+        return self._thread.submit(lambda: self._executor().chunk_states())
+
     def close(self) -> None:
         self.worker.close()
         if self._dp is not None:
@@ -134,6 +137,11 @@ class ThreadStage:
             workload = workload.with_tp(rank=self.rank, size=self.tp, all_reduce=all_reduce)
         if self._dp is not None:
             workload = workload.with_dp(rank=self.replica, zero_sum=self._dp.zero_sum)
+        if getattr(workload, "ties", ()):  # parameters shared between stages (`rrfp_ray.train.ties`)
+            reduce = functools.partial(
+                self._stages.tie_all_reduce, stage=self.worker.stage, rank=self.rank, replica=self.replica
+            )
+            workload = workload.with_ties(reduce=reduce)
         self.executor = workload.executor(stage=self.worker.stage, layout=layout)
         self.latency = workload.latency
 
@@ -180,6 +188,7 @@ class ThreadStages:
         self.handles: list[ThreadStage] = []
         self._tensor_groups: list[ThreadAllGather] = []
         self._dp_groups: list[ThreadAllGather] = []
+        self._tie_groups: dict[tuple[tuple[int, ...], int, int], ThreadAllGather] = {}
         self._round: _Round | None = None
         self._lock = threading.Lock()
 
@@ -200,6 +209,7 @@ class ThreadStages:
         ]
         self._tensor_groups = [ThreadAllGather(parties=tp, timeout_s=self.timeout_s) for _ in range(dp * layout.stages)]
         self._dp_groups = [ThreadAllGather(parties=dp, timeout_s=self.timeout_s) for _ in range(layout.stages * tp)]
+        self._tie_groups = {}  # fresh ones after a restart
         self._round = None
         self.handles = [ThreadStage(index=i, worker=w, tp=tp, stages=self) for i, w in enumerate(workers)]
         logger.info(
@@ -246,6 +256,16 @@ class ThreadStages:
             name=name,
         )
         return DPContext(reducer=reducer, overlap=self.dp.overlap, zero_sum=group_sum if self.dp.zero else None)
+
+    def tie_all_reduce(
+        self, stages: tuple[int, ...], tensor: Tensor, *, stage: int, rank: int, replica: int
+    ) -> Tensor:
+        """The sum of `tensor` over TP rank `rank` of each of `stages` in `replica` (they share a tied parameter)."""
+        with self._lock:
+            group = self._tie_groups.setdefault(
+                (stages, rank, replica), ThreadAllGather(parties=len(stages), timeout_s=self.timeout_s)
+            )
+        return tensor_all_reduce(group.member(stages.index(stage)))(tensor)
 
     def join_round(self, index: int) -> _Round:
         """The shared objects of the iteration stage `index` is starting: a stage asking again opens the next round."""

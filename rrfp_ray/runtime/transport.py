@@ -1,6 +1,10 @@
 """Message framing and the channel interface; an in-memory channel for one-process runs.
 
-Every message is a fixed-size int64 header, then (unless it is STOP) the payload tensor.
+A message is a fixed-size int64 header, then (unless it is STOP) its payload: a tree of
+tensors (`rrfp_ray.runtime.tree`). A lone tensor's dtype and shape fit in the header.
+Any other tree sends, after the header, a uint8 description (JSON: the tree's structure,
+and each leaf's dtype, shape and whether it carries a gradient back), then its leaves,
+one tensor each. The same framing runs over every channel (in memory, gloo, NCCL).
 A `Channel` is one direction of one link; the collective implementation lives in
 `actors/collective.py`, the in-memory one here.
 """
@@ -8,20 +12,27 @@ A `Channel` is one direction of one link; the collective implementation lives in
 from __future__ import annotations
 
 import enum
+import json
 import queue
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
 HEADER_LEN = 16
-MAX_DIMS = HEADER_LEN - 6
+_FIXED = 8  # code, virtual stage, microbatch, iteration, description bytes, dtype, ndim, requires grad
+MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
 _KIND_CODE = {Kind.F: 1, Kind.B: 2}
 _STOP = 0
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8)
+DTYPES = (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool,
+    torch.int8, torch.int16,
+)
+_WIRE = {torch.bool: torch.uint8}  # dtypes a collective may not carry travel as another of the same size
 
 
 class LinkBackend(enum.Enum):
@@ -45,59 +56,99 @@ class Channel(Protocol):
 
 
 @dataclass(frozen=True)
+class Leaf:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    requires_grad: bool = False  # the receiver treats it as differentiable and sends its gradient back
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> Leaf:
+        if tensor.dtype not in DTYPES:
+            raise ValueError(f"a {tensor.dtype} tensor cannot cross a stage boundary; dtypes: {DTYPES}")
+        return cls(dtype=tensor.dtype, shape=tuple(tensor.shape), requires_grad=tensor.requires_grad)
+
+
+@dataclass(frozen=True)
 class Header:
     message: Message | None  # None: STOP
     iteration: int = 0
-    dtype: torch.dtype = torch.float32
-    shape: tuple[int, ...] = ()
+    structure: Structure = LEAF
+    leaves: tuple[Leaf, ...] = (Leaf(dtype=torch.float32, shape=()),)
+
+    def description(self) -> bytes:
+        """Empty for a lone tensor that fits in the header; else the JSON that follows it."""
+        if self.structure == LEAF and len(self.leaves[0].shape) <= MAX_DIMS:
+            return b""
+        leaves = [[DTYPES.index(leaf.dtype), int(leaf.requires_grad), list(leaf.shape)] for leaf in self.leaves]
+        return json.dumps({"tree": self.structure, "leaves": leaves}, separators=(",", ":")).encode()
 
     def encode(self) -> torch.Tensor:
-        if len(self.shape) > MAX_DIMS:
-            raise ValueError(f"payload has {len(self.shape)} dims; the header holds at most {MAX_DIMS}")
-        fields = [_STOP, 0, 0, 0, 0, 0]
+        fields = [_STOP] + [0] * (HEADER_LEN - 1)
         if self.message is not None:
-            m = self.message
-            fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, DTYPES.index(self.dtype), len(self.shape)]
-        fields += list(self.shape) + [0] * (MAX_DIMS - len(self.shape))
+            m, described = self.message, self.description()
+            fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described)]
+            leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
+            fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
+            fields += list(leaf.shape) + [0] * (MAX_DIMS - len(leaf.shape))
         return torch.tensor(fields, dtype=torch.int64)
 
     @classmethod
-    def decode(cls, data: torch.Tensor) -> Header:
-        code, vs, mb, iteration, dtype, ndim, *shape = (int(x) for x in data.tolist())
+    def decode(cls, data: torch.Tensor, *, description: bytes = b"") -> Header:
+        code, vs, mb, iteration, _, dtype, ndim, grad, *shape = (int(x) for x in data.tolist())
         if code == _STOP:
             return cls(message=None)
         kind = Kind.F if code == _KIND_CODE[Kind.F] else Kind.B
-        return cls(
-            message=Message(kind=kind, virtual_stage=vs, microbatch=mb),
-            iteration=iteration,
-            dtype=DTYPES[dtype],
-            shape=tuple(shape[:ndim]),
-        )
+        message = Message(kind=kind, virtual_stage=vs, microbatch=mb)
+        if not description:
+            leaf = Leaf(dtype=DTYPES[dtype], shape=tuple(shape[:ndim]), requires_grad=bool(grad))
+            return cls(message=message, iteration=iteration, leaves=(leaf,))
+        spec = json.loads(description)
+        leaves = tuple(Leaf(dtype=DTYPES[d], shape=tuple(s), requires_grad=bool(g)) for d, g, s in spec["leaves"])
+        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves)
+
+    @staticmethod
+    def description_bytes(data: torch.Tensor) -> int:
+        return int(data[4])
 
     @classmethod
-    def for_payload(cls, *, message: Message, iteration: int, payload: torch.Tensor) -> Header:
-        return cls(message=message, iteration=iteration, dtype=payload.dtype, shape=tuple(payload.shape))
+    def for_payload(cls, *, message: Message, iteration: int, payload: Tree) -> Header:
+        tensors, structure = flatten(payload)
+        return cls(message=message, iteration=iteration, structure=structure, leaves=tuple(Leaf.of(t) for t in tensors))
 
     @property
     def is_stop(self) -> bool:
         return self.message is None
 
 
-def send_message(*, channel: Channel, header: Header, payload: torch.Tensor | None) -> None:
+def send_message(*, channel: Channel, header: Header, payload: Tree | None) -> None:
     channel.send(header.encode().to(channel.device))
+    described = b"" if header.is_stop else header.description()
+    if described:
+        channel.send(torch.frombuffer(bytearray(described), dtype=torch.uint8).to(channel.device))
     if payload is not None:
-        channel.send(payload.detach().to(channel.device).contiguous())
+        for tensor in flatten(payload)[0]:
+            wire = tensor.detach().to(channel.device).contiguous()
+            channel.send(wire.to(_WIRE.get(wire.dtype, wire.dtype)))
 
 
-def recv_message(*, channel: Channel) -> tuple[Header, torch.Tensor | None]:
+def recv_message(*, channel: Channel) -> tuple[Header, Tree | None]:
     raw = torch.empty(HEADER_LEN, dtype=torch.int64, device=channel.device)
     channel.recv(raw)
-    header = Header.decode(raw.cpu())
+    raw = raw.cpu()
+    described = b""
+    if int(raw[0]) != _STOP and Header.description_bytes(raw):
+        data = torch.empty(Header.description_bytes(raw), dtype=torch.uint8, device=channel.device)
+        channel.recv(data)
+        described = bytes(data.cpu().tolist())
+    header = Header.decode(raw, description=described)
     if header.is_stop:
         return header, None
-    payload = torch.empty(header.shape, dtype=header.dtype, device=channel.device)
-    channel.recv(payload)
-    return header, payload
+    leaves = []
+    for leaf in header.leaves:
+        tensor = torch.empty(leaf.shape, dtype=_WIRE.get(leaf.dtype, leaf.dtype), device=channel.device)
+        channel.recv(tensor)
+        leaves.append(tensor.to(leaf.dtype).requires_grad_(leaf.requires_grad))
+    return header, unflatten(header.structure, leaves)
 
 
 class LocalChannel:

@@ -37,6 +37,7 @@ class StepResult:
     lr: float | None  # None: the optimizer's own rates
     peak_bytes: int
     optim_bytes: int = 0  # optimizer state held (with ZeRO-1: this replica's shard)
+    skipped: bool = False  # the global gradient norm was not finite: no stage stepped
 
 
 class Executor(Protocol):
@@ -209,6 +210,7 @@ class StageWorker:
             stats.tp_conflicts = agreement.conflicts
         if step is not None:
             stats.loss, stats.peak_bytes, stats.optim_bytes = step.loss, step.peak_bytes, step.optim_bytes
+            stats.skipped_step = step.skipped
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         stats.started_at = started_at
         stats.send_busy_ms, stats.recv_busy_ms = self._send_busy * 1e3, self._recv_busy * 1e3

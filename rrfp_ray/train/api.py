@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from rrfp_ray.train.backend import Backend, LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest, resume_point
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
+from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
 from rrfp_ray.train.runner import LossFn
 from rrfp_ray.train.workload import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
@@ -87,7 +88,28 @@ def make_workload(
         val_data=val_data,
         device=device,
         dp=pipeline.dp,
+        precision=pipeline.precision,
+        activation_checkpointing=pipeline.activation_checkpointing,
     )
+
+
+def checked(workload: ModelWorkload, *, pipeline: PipelineConfig) -> ModelWorkload:
+    """`workload` dry-run (ValueError naming what cannot run), with what the dry run found:
+    the loss's form and the parameters tied between stages."""
+    findings = dry_run(
+        layers=workload.layers,
+        loss_fn=workload.loss_fn,
+        optim=workload.optim,
+        data=workload.data,
+        val_data=workload.val_data,
+        pipeline=pipeline,
+    )
+    return replace(workload, counted_loss=findings.counted_loss, ties=findings.ties)
+
+
+def model_fingerprint(*, layers: Callable[[], Sequence[torch.nn.Module]], stages: int, chunks: int, tp: int) -> str:
+    """What a checkpoint must match to load: the split and the parameters' shapes."""
+    return fingerprint(stages, chunks, tp, [tuple(p.shape) for m in layers() for p in m.parameters()])
 
 
 def workload_fingerprint(*, pipeline: PipelineConfig, workload: ModelWorkload) -> str:
@@ -141,14 +163,7 @@ class Trainer:
             injected=injected,
             device=device,
         )
-        dry_run(
-            layers=self.workload.layers,
-            loss_fn=loss_fn,
-            optim=self.workload.optim,
-            data=data,
-            val_data=val_data,
-            pipeline=pipeline,
-        )
+        self.workload = checked(self.workload, pipeline=pipeline)
         self.fingerprint = workload_fingerprint(pipeline=pipeline, workload=self.workload)
         resume = None
         if checkpoints is not None and checkpoints.resume:  # a CheckpointError saying what is wrong, before any stage starts
@@ -158,6 +173,7 @@ class Trainer:
         self.iteration = 0
         self.restarts = 0
         self._restored = 0  # the restart whose first iteration is still to run (0: none)
+        self.skipped_steps = 0  # iterations whose gradient norm was inf or NaN: no stage stepped
         self._policies: dict[str, Policy] = {}
         if resume is not None:
             self._restore(resume)
@@ -177,6 +193,12 @@ class Trainer:
                 self._recover(error, failed=f"iteration {self.iteration}")
                 continue
             report.restart, self._restored = self._restored, 0
+            if report.skipped_step:
+                self.skipped_steps += 1
+                logger.warning(
+                    "iteration %d skipped its optimizer step: non-finite gradients (%d so far)",
+                    report.iteration, self.skipped_steps,
+                )  # fmt: skip
             self.iteration += 1
             if self.checkpoints is None or not self.checkpoints.every or self.iteration % self.checkpoints.every:
                 return report
@@ -185,6 +207,18 @@ class Trainer:
                 return report
             except PipelineError as error:
                 self._recover(error, failed=f"the checkpoint of iteration {self.iteration}")
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The unsplit model's weights, gathered from every stage, chunk and TP shard (tied ones once):
+        what `model.load_state_dict` takes for the model as given (`rrfp_ray.train.export.load_unsplit`)."""
+        return unsplit_state_dict(
+            layers=self.workload.layers,
+            stages=self.pipeline.stages,
+            chunks=self.pipeline.chunks,
+            tp=self.pipeline.tp,
+            shards=self.backend.chunk_states(),
+            placement=self.pipeline.layout.placement,
+        )
 
     def save(self) -> Path:
         """Checkpoint now: every stage writes its file, then the manifest is committed.

@@ -44,6 +44,10 @@ class Backend(Protocol):
 
     def load(self, *, directory: Path, manifest: Manifest) -> None: ...
 
+    def chunk_states(self) -> list[dict[int, dict[str, Tensor]]]:
+        """Every stage's (TP shard's, index `stage * tp + rank`) chunk weights, on the CPU."""
+        ...
+
     def restart(self) -> None:
         """Tear the stages down (whatever state they are in) and bring fresh ones up with the workload."""
         ...
@@ -111,6 +115,9 @@ class LocalBackend:
 
     def load(self, *, directory: Path, manifest: Manifest) -> None:
         self._running().load(directory=str(directory), files=manifest.files)
+
+    def chunk_states(self) -> list[dict[int, dict[str, Tensor]]]:
+        return self._running().chunk_states()
 
     def restart(self) -> None:
         self._running().restart()

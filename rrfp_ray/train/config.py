@@ -16,6 +16,7 @@ from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.validate import parse_order
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
+from rrfp_ray.train.precision import Precision
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,6 +53,12 @@ class PipelineConfig(BaseModel):
         "(False: everything after every stage's last op)",
     )
     zero: int = Field(0, ge=0, le=1, description="ZeRO stage: 1 shards the optimizer state over the D replicas (needs dp >= 2)")
+    precision: Precision = Field(
+        Precision.FP32, description="fp32, or bf16: autocast compute, fp32 master weights, bf16 activations on the links"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each block's internals in its backward instead of keeping them"
+    )
 
     @field_validator("cap", mode="plain")
     @classmethod
@@ -164,6 +171,7 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(10, ge=0, description="iterations between checkpoints (0: never)")
     resume: bool = Field(False, description="start from the newest complete checkpoint in checkpoint_dir")
     max_restarts: int = Field(0, ge=0, description="rebuilds from the last checkpoint after a stage is lost")
+    varlen: bool = Field(False, description="whole documents of varying length, padding left out of a token-weighted loss")
 
     @model_validator(mode="after")
     def _resume_needs_a_directory(self) -> TrainConfig:

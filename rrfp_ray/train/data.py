@@ -3,6 +3,12 @@
 A batch is a pure function of the corpus and (seed, split, iteration, index), so
 stage 0 (which reads the inputs) and the last stage (which reads the targets) draw
 the same windows without any data passing between them.
+
+Two kinds of batch: fixed windows of `seq_len` bytes anywhere in the text, or (varlen)
+whole documents at their natural length, capped at `seq_len`, right-padded to the
+longest in the microbatch, padding targets `IGNORE` (left out of the loss). A document
+is a paragraph: the text up to and including a blank line. (The stdlib's files are
+~15 KB each, so a file would always fill the block and no length would vary.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ STDLIB_BYTES = 4 << 20  # enough text for the tiny models, read in well under a 
 VAL_FRACTION = 0.1  # the last tenth of the bytes is the validation split
 SPLITS = ("train", "val")
 _SNIFF = 8192  # a file whose first bytes hold a NUL is binary
+IGNORE = -100  # target of a padding position (cross-entropy's default ignore_index)
+PAD = 0  # input byte at a padding position
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,34 @@ class Corpus:
         if not text:
             raise ValueError(f"--data {path}: no text found")
         return cls(data=_tensor(text), source=str(target))
+
+    @cached_property
+    def documents(self) -> Tensor:
+        """(N, 2) int64 [start, end) of every paragraph of two bytes or more."""
+        newline = self.data == ord("\n")
+        ends = (torch.nonzero(newline[:-1] & newline[1:]).flatten() + 2).tolist()
+        bounds = torch.tensor([0, *ends, self.data.numel()]).unique()
+        spans = torch.stack([bounds[:-1], bounds[1:]], dim=1)
+        return spans[spans[:, 1] - spans[:, 0] >= 2]
+
+    def varlen_batch(
+        self, *, split: str, iteration: int, index: int, micro_batch_size: int, seq_len: int, seed: int
+    ) -> tuple[Tensor, Tensor]:
+        """`micro_batch_size` documents of the split, each capped at `seq_len` + 1 bytes, padded to the longest."""
+        cut = self.data.numel() - int(self.data.numel() * VAL_FRACTION)
+        docs = self.documents
+        docs = docs[docs[:, 1] <= cut] if split == "train" else docs[docs[:, 0] >= cut]
+        if len(docs) == 0:
+            raise ValueError(f"the {split} split of {self.source} holds no document (paragraph) of two bytes or more")
+        generator = torch.Generator().manual_seed(_seed(seed, split, iteration, index, "varlen"))
+        picked = docs[torch.randint(0, len(docs), (micro_batch_size,), generator=generator)]
+        rows = [self.data[start : min(end, start + seq_len + 1)].long() for start, end in picked.tolist()]
+        width = max(len(row) for row in rows) - 1
+        x = torch.full((micro_batch_size, width), PAD, dtype=torch.long)
+        y = torch.full((micro_batch_size, width), IGNORE, dtype=torch.long)
+        for i, row in enumerate(rows):
+            x[i, : len(row) - 1], y[i, : len(row) - 1] = row[:-1], row[1:]
+        return x, y
 
     def split(self, name: str) -> Tensor:
         if name not in SPLITS:
@@ -124,15 +160,31 @@ class CorpusSource:
     microbatches: int
     seed: int
     split: str = "train"
+    varlen: bool = False  # whole documents of varying length, padded (targets IGNORE)
 
     @cached_property
     def corpus(self) -> Corpus:
         return Corpus.from_path(self.path)
 
+    def tokens(self, *, iteration: int) -> int:
+        """Real (not padding) target tokens in `iteration`'s microbatches."""
+        return sum(int((self.microbatch(iteration=iteration, index=m)[1] != IGNORE).sum()) for m in range(self.microbatches))
+
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "corpus"}  # each process reads its own copy
 
     def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
+        if self.varlen:
+            if not 0 <= index < self.microbatches:
+                raise ValueError(f"index must be in [0, microbatches={self.microbatches}), got {index}")
+            return self.corpus.varlen_batch(
+                split=self.split,
+                iteration=iteration,
+                index=index,
+                micro_batch_size=self.micro_batch_size,
+                seq_len=self.seq_len,
+                seed=self.seed,
+            )
         return self.corpus.batch(
             split=self.split,
             iteration=iteration,

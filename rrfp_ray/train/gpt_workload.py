@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from rrfp_ray.models.gpt import GPT, GPTConfig, lm_loss
-from rrfp_ray.train.api import Trainer, make_workload
+from rrfp_ray.models.gpt import GPT, GPTConfig, build_layers, lm_loss, lm_loss_sum
+from rrfp_ray.train.api import Trainer, checked, make_workload
 from rrfp_ray.train.backend import Backend
 from rrfp_ray.train.checkpoint import Checkpointing
 from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.data import CorpusSource
+from rrfp_ray.train.layers import ModelLayers, model_layers
 from rrfp_ray.train.workload import ModelWorkload, Optim
 
 
@@ -26,6 +30,45 @@ class GPTLayers:
     def __call__(self) -> list[nn.Module]:
         return GPT(self.config, seed=self.seed).layers()
 
+    def count(self) -> int:
+        return self.config.n_layer + 2
+
+    def build(self, *, keep: Collection[int]) -> list[nn.Module]:
+        """Only the layers in `keep` materialized, with the values of the whole build (`build_layers`)."""
+        return build_layers(self.config, seed=self.seed, keep=keep)
+
+
+MODEL_FILE = "model.json"  # beside a GPT run's checkpoints: what jobs/export.py needs to rebuild the model
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """The model and split of a GPT run, as written beside its checkpoints."""
+
+    config: GPTConfig
+    seed: int
+    stages: int
+    chunks: int
+    tp: int
+
+    @classmethod
+    def of(cls, run: RunConfig) -> SavedModel:
+        p = run.pipeline
+        return cls(config=run.model, seed=run.train.seed, stages=p.stages, chunks=p.chunks, tp=p.tp)
+
+    def write(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        data = {"model": self.config.model_dump(), "seed": self.seed, "stages": self.stages, "chunks": self.chunks, "tp": self.tp}
+        (directory / MODEL_FILE).write_text(json.dumps(data, indent=2))
+
+    @classmethod
+    def read(cls, directory: Path) -> SavedModel:
+        data = json.loads((directory / MODEL_FILE).read_text())
+        return cls(config=GPTConfig(**data.pop("model")), **data)
+
+    def layers(self) -> ModelLayers:
+        return model_layers(model=GPTLayers(config=self.config, seed=self.seed), seed=self.seed)
+
 
 def corpus_source(run: RunConfig, *, split: str = "train", microbatches: int | None = None) -> CorpusSource:
     return CorpusSource(
@@ -35,6 +78,7 @@ def corpus_source(run: RunConfig, *, split: str = "train", microbatches: int | N
         microbatches=microbatches or run.pipeline.global_microbatches,
         seed=run.train.seed,
         split=split,
+        varlen=run.train.varlen,
     )
 
 
@@ -49,12 +93,13 @@ def gpt_trainer(run: RunConfig, *, backend: Backend | None = None) -> Trainer:
             resume=train.resume,
             max_restarts=train.max_restarts,
         )
+        SavedModel.of(run).write(Path(train.checkpoint_dir))
     return Trainer(pipeline=run.pipeline, backend=backend, checkpoints=checkpoints, **_arguments(run))
 
 
 def gpt_workload(run: RunConfig) -> ModelWorkload:
-    """What every stage of `gpt_trainer(run)` runs, for driving a pipeline directly."""
-    return make_workload(pipeline=run.pipeline, **_arguments(run))
+    """What every stage of `gpt_trainer(run)` runs, for driving a pipeline directly (dry-run: its ties found)."""
+    return checked(make_workload(pipeline=run.pipeline, **_arguments(run)), pipeline=run.pipeline)
 
 
 def _arguments(run: RunConfig) -> dict[str, Any]:
@@ -64,7 +109,7 @@ def _arguments(run: RunConfig) -> dict[str, Any]:
         injected = run.variability.trace(pipeline=run.pipeline)
     return {
         "model": GPTLayers(config=run.model, seed=train.seed),
-        "loss_fn": lm_loss,
+        "loss_fn": lm_loss_sum if train.varlen else lm_loss,
         "data": corpus_source(run),
         "optimizer": Optim(
             lr=train.lr,

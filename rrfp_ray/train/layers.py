@@ -13,14 +13,30 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from rrfp_ray.schedule.actions import Placement
+from rrfp_ray.train.runner import partition
+
 Model = nn.Module | Sequence[nn.Module]
 ModelSource = Model | Callable[[], Model]
+
+
+@runtime_checkable
+class PartialModel(Protocol):
+    """A builder that can materialize some of its layers only, with exactly the values a whole
+    build gives them (the GPT's `GPTLayers`); the others come back on the meta device."""
+
+    def __call__(self) -> Sequence[nn.Module]: ...
+
+    def count(self) -> int: ...
+
+    def build(self, *, keep: Collection[int]) -> Sequence[nn.Module]: ...
 
 
 @dataclass(frozen=True)
@@ -33,6 +49,19 @@ class ModelLayers:
 
     def __call__(self) -> list[nn.Module]:
         return to_layers(self.model(), split_points=self.split_points)
+
+    def stage_layers(
+        self, *, stages: int, chunks: int, stage: int, placement: Placement = Placement.LOOPED
+    ) -> list[nn.Module]:
+        """The layer list as `stage` of a stages x chunks pipeline needs it: a `PartialModel` builder
+        materializes only that stage's layers (the others on the meta device); any other source builds all."""
+        if not isinstance(self.source, PartialModel):
+            return self()
+        parts = partition(n_layers=self.source.count(), parts=stages * chunks)
+        own = {i for c in range(chunks) for i in parts[placement.virtual_stage(stage=stage, chunk=c, stages=stages)]}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return list(self.source.build(keep=own))
 
     def model(self) -> nn.Module:
         """A fresh copy of the whole model (the layers' parent)."""

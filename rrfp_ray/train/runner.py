@@ -17,10 +17,12 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
+from rrfp_ray.runtime.tree import Tree, flatten, tree_map
 from rrfp_ray.schedule.actions import Placement
+from rrfp_ray.train.precision import Precision, autocast, for_the_wire
 from rrfp_ray.train.split_backward import WeightPass, collect, split_backward, unchanged
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
+LossFn = Callable[[Any, Any], Tensor | tuple[Tensor, Tensor]]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
@@ -58,6 +60,8 @@ def build_stage(
     loss_scale: float,
     optimizer_factory: OptimizerFactory,
     placement: Placement = Placement.LOOPED,
+    precision: Precision = Precision.FP32,
+    device: str = "cpu",
 ) -> StageRunner:
     """A runner for ``stage`` of a ``stages`` x ``chunks`` pipeline over ``layers``."""
     last_stage, last_chunk = placement.locate(virtual_stage=stages * chunks - 1, stages=stages)
@@ -68,13 +72,15 @@ def build_stage(
         loss_fn=loss_fn,
         loss_scale=loss_scale,
         optimizer_factory=optimizer_factory,
+        precision=precision,
+        device=device,
     )
 
 
 @dataclass
 class _Saved:
-    inputs: Tensor
-    root: Tensor  # the chunk's output, or the scaled loss on the last virtual stage
+    inputs: list[Tensor]  # the received leaves that carry a gradient back (none on virtual stage 0)
+    roots: list[Tensor]  # the output's differentiable leaves, or the scaled loss on the last virtual stage
     nbytes: int
 
 
@@ -101,6 +107,8 @@ class StageRunner:
         loss_fn: LossFn,
         loss_scale: float,
         optimizer_factory: OptimizerFactory,
+        precision: Precision = Precision.FP32,
+        device: str = "cpu",
     ) -> None:
         if not chunks:
             raise ValueError("chunks must hold at least one chunk")
@@ -114,18 +122,25 @@ class StageRunner:
         self._last = last_chunk
         self._loss_fn = loss_fn
         self._loss_scale = loss_scale
+        self.precision = precision
+        self._device = device
         self._chunk_params = {c: [p for p in m.parameters() if p.requires_grad] for c, m in self._chunks.items()}
         self._optimizer = optimizer_factory(self.parameters())
         self._saved: dict[tuple[int, int], _Saved] = {}
         self._deferred: dict[tuple[int, int], _Deferred] = {}
-        self._losses: dict[int, Tensor] = {}
+        self._losses: dict[int, tuple[Tensor, float | None]] = {}  # microbatch: (loss or sum, count)
         self._peak = 0
 
     def parameters(self) -> list[nn.Parameter]:
-        return [p for c in sorted(self._chunk_params) for p in self._chunk_params[c]]
+        unique = {id(p): p for c in sorted(self._chunk_params) for p in self._chunk_params[c]}
+        return list(unique.values())  # a parameter two chunks of this stage share is stepped once
 
-    def forward(self, *, chunk: int, microbatch: int, inputs: Tensor, targets: Tensor | None = None) -> Tensor | None:
-        """Run the chunk; return the activation to send, or None on the last virtual stage."""
+    def forward(self, *, chunk: int, microbatch: int, inputs: Tree, targets: Tree | None = None) -> Tree | None:
+        """Run the chunk; return the activations to send, or None on the last virtual stage.
+
+        Inputs and outputs are trees of tensors (`rrfp_ray.runtime.tree`). A received leaf
+        that requires grad gets its gradient sent back; a sent leaf requires grad when
+        the chunk's output depends on it differentiably."""
         module = self.module(chunk)
         key = (chunk, microbatch)
         if key in self._saved or key in self._deferred:
@@ -135,38 +150,45 @@ class StageRunner:
             raise ValueError(f"targets are required on the last virtual stage (chunk {chunk})")
         if not last and targets is not None:
             raise ValueError(f"targets only apply to the last virtual stage, not chunk {chunk}")
-        x = inputs if chunk == self._first else inputs.detach().requires_grad_(True)
+        x = inputs if chunk == self._first else tree_map(_as_input, inputs)
         saved: list[Tensor] = []
         with torch.enable_grad(), saved_tensors_hooks(collect(saved), unchanged):
-            out = module(x)
-            root = out if targets is None else self._scaled_loss(out=out, targets=targets, microbatch=microbatch)
-        self._saved[key] = _Saved(inputs=x, root=root, nbytes=self._activation_bytes([*saved, root]))
+            with autocast(self.precision, device=self._device):
+                out = module(x)
+                if targets is not None:
+                    roots = [self._scaled_loss(out=out, targets=targets, microbatch=microbatch)]
+            if targets is None:
+                out = tree_map(lambda t: for_the_wire(self.precision, t), out)
+                roots = _differentiable(out)
+        received = [] if chunk == self._first else [t for t in flatten(x)[0] if t.requires_grad]
+        self._saved[key] = _Saved(inputs=received, roots=roots, nbytes=self._activation_bytes([*saved, *roots]))
         self._peak = max(self._peak, self.held_bytes())
-        return None if last else out.detach()
+        return None if last else tree_map(_to_send, out)
 
-    def backward(self, *, chunk: int, microbatch: int, grad: Tensor | None) -> Tensor | None:
-        """Input and weight gradients at once; return the input gradient (None on virtual stage 0)."""
+    def backward(self, *, chunk: int, microbatch: int, grad: Tree | None) -> Tree | None:
+        """Input and weight gradients at once; return the input gradients (None on virtual stage 0)."""
         saved = self._pop_saved(chunk=chunk, microbatch=microbatch)
-        torch.autograd.backward([saved.root], [self._root_grad(chunk=chunk, root=saved.root, grad=grad)])
-        return None if chunk == self._first else saved.inputs.grad
+        grads = self._root_grads(chunk=chunk, roots=saved.roots, grad=grad)
+        if saved.roots:
+            torch.autograd.backward(saved.roots, grads)
+        if chunk == self._first:
+            return None
+        return _grad_message([x.grad if x.grad is not None else torch.zeros_like(x) for x in saved.inputs])
 
-    def backward_input(self, *, chunk: int, microbatch: int, grad: Tensor | None) -> Tensor | None:
-        """Input gradient only; the weight gradients wait for ``backward_weight``.
+    def backward_input(self, *, chunk: int, microbatch: int, grad: Tree | None) -> Tree | None:
+        """Input gradients only; the weight gradients wait for ``backward_weight``.
 
         On virtual stage 0 there is no input gradient, so all the work waits.
         """
         saved = self._pop_saved(chunk=chunk, microbatch=microbatch)
-        root_grad = self._root_grad(chunk=chunk, root=saved.root, grad=grad)
-        if chunk == self._first:
-            dx = None
-            whole = WeightPass(
-                roots=[get_gradient_edge(saved.root)], grads=[root_grad], params=self._chunk_params[chunk], pinned={}
-            )
-            passes = [whole]
+        grads = self._root_grads(chunk=chunk, roots=saved.roots, grad=grad)
+        if not saved.inputs or not saved.roots:
+            dx = None if chunk == self._first else _grad_message([torch.zeros_like(x) for x in saved.inputs])
+            edges = [get_gradient_edge(root) for root in saved.roots]
+            passes = [WeightPass(roots=edges, grads=grads, params=self._chunk_params[chunk], pinned={})] if edges else []
         else:
-            dx, passes = split_backward(
-                root=saved.root, grad=root_grad, leaf=saved.inputs, params=self._chunk_params[chunk]
-            )
+            dx, passes = split_backward(roots=saved.roots, grads=grads, leaves=saved.inputs, params=self._chunk_params[chunk])
+            dx = _grad_message(dx)
         held = saved.nbytes + self._activation_bytes(g for work in passes for g in work.grads)
         self._deferred[(chunk, microbatch)] = _Deferred(passes=passes, nbytes=held)
         self._peak = max(self._peak, self.held_bytes())
@@ -183,8 +205,12 @@ class StageRunner:
             work.run()
 
     def losses(self) -> list[float]:
-        """This iteration's unscaled losses, by microbatch (last virtual stage only)."""
-        return [float(self._losses[m]) for m in sorted(self._losses)]
+        """This iteration's unscaled losses, by microbatch (last virtual stage only); sums for a (sum, count) loss."""
+        return [float(self._losses[m][0]) for m in sorted(self._losses)]
+
+    def loss_count(self) -> float:
+        """How many elements this iteration's (sum, count) losses counted (0 off the last virtual stage)."""
+        return sum(count or 0.0 for _, count in self._losses.values())
 
     def held_bytes(self) -> int:
         """Bytes of activations (and, after an input pass, gradients) held for backward work."""
@@ -203,10 +229,15 @@ class StageRunner:
         self._clear_grads()
         self._peak = 0
 
-    def grad_sq_norm(self) -> float:
+    def grad_sq_norm(self, *, exclude: frozenset[int] = frozenset()) -> float:
         """Sum of squared gradient entries over this runner's parameters, less tensor-parallel
-        replicas (parameters with a true `tp_replica` attribute; rank 0 counts them)."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None and not getattr(p, "tp_replica", False)]
+        replicas (parameters with a true `tp_replica` attribute; rank 0 counts them) and the
+        parameters whose ids are in `exclude` (copies another stage counts)."""
+        grads = [
+            p.grad
+            for p in self.parameters()
+            if p.grad is not None and not getattr(p, "tp_replica", False) and id(p) not in exclude
+        ]
         squares = [grad.detach().double().square().sum() for grad in grads]
         return float(torch.stack(squares).sum()) if squares else 0.0
 
@@ -218,9 +249,7 @@ class StageRunner:
     def step(self, *, clip_coef: float, lr: float | None) -> None:
         """Scale gradients by ``clip_coef``, take an optimizer step at ``lr`` (None: the optimizer's own rates),
         clear gradients."""
-        if self._saved or self._deferred:
-            unfinished = sorted([*self._saved, *self._deferred])
-            raise RuntimeError(f"optimizer step with backward work unfinished for (chunk, microbatch) {unfinished}")
+        self._check_finished()
         if not (math.isfinite(clip_coef) and clip_coef >= 0):
             raise ValueError(f"clip_coef must be finite and >= 0, got {clip_coef}")
         if lr is not None and not (math.isfinite(lr) and lr >= 0):
@@ -233,6 +262,16 @@ class StageRunner:
             group["lr"] = lr
         self._optimizer.step()
         self._clear_grads()
+
+    def skip_step(self) -> None:
+        """Drop this iteration's gradients without stepping (they were not finite)."""
+        self._check_finished()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def _check_finished(self) -> None:
+        if self._saved or self._deferred:
+            unfinished = sorted([*self._saved, *self._deferred])
+            raise RuntimeError(f"optimizer step with backward work unfinished for (chunk, microbatch) {unfinished}")
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -267,11 +306,15 @@ class StageRunner:
     def _grads(self) -> list[Tensor]:
         return [p.grad for p in self.parameters() if p.grad is not None]
 
-    def _scaled_loss(self, *, out: Tensor, targets: Tensor, microbatch: int) -> Tensor:
+    def _scaled_loss(self, *, out: Tree, targets: Tree, microbatch: int) -> Tensor:
         loss = self._loss_fn(out, targets)
+        if isinstance(loss, tuple):  # (sum, count): scaled at the step, by the iteration's global count
+            total, count = loss
+            self._losses[microbatch] = (total.detach(), float(count))
+            return total
         if loss.dim() != 0:
             raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
-        self._losses[microbatch] = loss.detach()
+        self._losses[microbatch] = (loss.detach(), None)
         return loss * self._loss_scale
 
     def _pop_saved(self, *, chunk: int, microbatch: int) -> _Saved:
@@ -284,20 +327,42 @@ class StageRunner:
             )
         return saved
 
-    def _root_grad(self, *, chunk: int, root: Tensor, grad: Tensor | None) -> Tensor:
+    def _root_grads(self, *, chunk: int, roots: list[Tensor], grad: Tree | None) -> list[Tensor]:
         if chunk == self._last:
             if grad is not None:
                 raise ValueError(f"grad must be None on the last virtual stage (chunk {chunk}): it starts at the loss")
-            return torch.ones_like(root)
-        if grad is None or grad.shape != root.shape:
-            got = None if grad is None else tuple(grad.shape)
-            raise ValueError(f"grad for chunk {chunk} must have the output's shape {tuple(root.shape)}, got {got}")
-        return grad
+            return [torch.ones_like(root) for root in roots]
+        grads = [] if grad is None else flatten(grad)[0]
+        shapes = [tuple(r.shape) for r in roots]
+        if grad is None or [tuple(g.shape) for g in grads] != shapes:
+            got = None if grad is None else [tuple(g.shape) for g in grads]
+            raise ValueError(f"grad for chunk {chunk} must be one tensor per differentiable output {shapes}, got {got}")
+        return [g.to(r.dtype) for g, r in zip(grads, roots)]
 
     def _activation_bytes(self, tensors: Iterable[Tensor]) -> int:
         params = {p.untyped_storage().data_ptr() for p in self.parameters()}
         sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
         return sum(size for ptr, size in sizes.items() if ptr not in params)
+
+
+def _as_input(tensor: Tensor) -> Tensor:
+    """A received leaf: differentiable (a fresh autograd leaf) when its sender said so."""
+    return tensor.detach().requires_grad_(True) if tensor.requires_grad else tensor
+
+
+def _grad_message(grads: list[Tensor]) -> Tree:
+    """The gradients of a chunk's differentiable inputs, in order: a lone tensor when there is one."""
+    return grads[0] if len(grads) == 1 else tuple(grads)
+
+
+def _differentiable(tree: Tree) -> list[Tensor]:
+    return [t for t in flatten(tree)[0] if t.requires_grad]
+
+
+def _to_send(tensor: Tensor) -> Tensor:
+    """Detached; still marked requires_grad when a gradient must come back for it."""
+    sent = tensor.detach()
+    return sent.requires_grad_(True) if tensor.requires_grad else sent
 
 
 def lr_at(*, step: int, warmup: int, total: int, lr: float, min_lr: float) -> float:

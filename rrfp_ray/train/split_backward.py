@@ -50,11 +50,13 @@ class WeightPass:
 
 
 def split_backward(
-    *, root: Tensor, grad: Tensor, leaf: Tensor, params: list[nn.Parameter]
-) -> tuple[Tensor, list[WeightPass]]:
-    """The input gradient now, and the weight passes that finish the job later."""
-    graph = _children(root.grad_fn)
-    on_input_path = _ancestors(graph, get_gradient_edge(leaf).node)
+    *, roots: list[Tensor], grads: list[Tensor], leaves: list[Tensor], params: list[nn.Parameter]
+) -> tuple[list[Tensor], list[WeightPass]]:
+    """The gradients of ``leaves`` now (zeros where unused), and the weight passes that finish the job later."""
+    graph = _children([root.grad_fn for root in roots if root.grad_fn is not None])
+    on_input_path: set[Node] = set()
+    for leaf in leaves:
+        on_input_path |= _ancestors(graph, get_gradient_edge(leaf).node)
     param_ids = {id(p) for p in params}
     groups: list[tuple[list[Node], set[int]]] = []
     for node in graph:
@@ -71,7 +73,8 @@ def split_backward(
     arrived: dict[Node, Grads] = {}
     handles = [node.register_prehook(_record(arrived, node)) for nodes, _ in groups for node in nodes]
     try:
-        (dx,) = torch.autograd.grad([root], [leaf], [grad], retain_graph=True)
+        found = torch.autograd.grad(roots, leaves, grads, retain_graph=True, allow_unused=True)
+        dx = [g if g is not None else torch.zeros_like(leaf) for g, leaf in zip(found, leaves)]
     finally:
         for handle in handles:
             handle.remove()
@@ -88,10 +91,10 @@ def split_backward(
     return dx, passes
 
 
-def _children(root: Node) -> dict[Node, list[Node]]:
-    """Every node reachable from ``root``, in discovery order, with its children."""
+def _children(roots: list[Node]) -> dict[Node, list[Node]]:
+    """Every node reachable from ``roots``, in discovery order, with its children."""
     graph: dict[Node, list[Node]] = {}
-    stack = [root]
+    stack = list(reversed(roots))
     while stack:
         node = stack.pop()
         if node not in graph:

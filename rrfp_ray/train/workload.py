@@ -11,6 +11,7 @@ norm (one all-reduce over all stages), clip, and step.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -23,12 +24,19 @@ from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
 from rrfp_ray.runtime.reduce import gather_owned, owners
+from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.runtime.worker import StepResult
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.sim.variability import Trace
 from rrfp_ray.train.checkpoint import StageFile, load_stage, save_stage
-from rrfp_ray.train.runner import LossFn, StageRunner, build_stage, clip_coef, lr_at
+from rrfp_ray.train.layers import ModelLayers
+from rrfp_ray.train.precision import Precision, autocast
+from rrfp_ray.train.recompute import checkpoint_blocks
+from rrfp_ray.train.runner import LossFn, StageRunner, build_stage, clip_coef, lr_at, partition
+from rrfp_ray.train.ties import Tie, TiedGradients, TieReduce
+
+logger = logging.getLogger(__name__)
 
 
 class DataSource(Protocol):
@@ -107,26 +115,54 @@ class ModelWorkload:
     dp: int = 1  # data-parallel replicas: `data` holds dp x microbatches microbatches an iteration
     dp_rank: int = 0  # this replica: it reads microbatches dp_rank x microbatches onwards
     zero_sum: Callable[[Tensor], Tensor] | None = None  # ZeRO-1: the DP group's sum (set by with_dp)
+    counted_loss: bool = False  # loss_fn returns (sum, count): the iteration's loss is the global sum / global count
+    ties: tuple[Tie, ...] = ()  # parameters shared between stages (the dry run finds them)
+    tie_reduce: TieReduce | None = None  # given by the backend: sums a tensor over the stages of a tie
+    tp_rank: int = 0
+    precision: Precision = Precision.FP32
+    activation_checkpointing: bool = False  # recompute each block's internals in its backward
 
     def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
+        split = {"stages": layout.stages, "chunks": layout.chunks, "stage": stage, "placement": layout.placement}
+        layers = self.layers.stage_layers(**split) if isinstance(self.layers, ModelLayers) else list(self.layers())
+        parts = partition(n_layers=len(layers), parts=layout.stages * layout.chunks)
+        own = {i for c in range(layout.chunks) for i in parts[layout.virtual_stage(stage=stage, chunk=c)]}
+        layers = [layer.to(self.device) if i in own else layer for i, layer in enumerate(layers)]  # the rest is dropped
+        if self.activation_checkpointing:
+            checkpoint_blocks(layers)
+        tied = TiedGradients(
+            stage=stage,
+            stages=layout.stages,
+            chunks=layout.chunks,
+            placement=layout.placement,
+            layers=layers,
+            ties=self.ties,
+            reduce=self.tie_reduce,
+        )
         runner = build_stage(
-            layers=[layer.to(self.device) for layer in self.layers()],
+            layers=layers,
             stages=layout.stages,
             chunks=layout.chunks,
             placement=layout.placement,
             stage=stage,
             loss_fn=self.loss_fn,
-            loss_scale=1.0 / (self.microbatches * self.dp),  # summed over the replicas: the global mean's gradients
+            loss_scale=1.0 if self.counted_loss else 1.0 / (self.microbatches * self.dp),  # summed over the replicas
             optimizer_factory=self.optim.optimizer if self.zero_sum is None else self._shard_optimizer,
+            precision=self.precision,
+            device=self.device,
         )
-        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self)
+        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self, tied=tied)
 
     def latency(self, message: Message) -> float:
         return 0.0 if self.injected is None else self.injected.latency(message)
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[Tensor], Tensor]) -> ModelWorkload:
         """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
-        return replace(self, layers=TPLayers(layers=self.layers, rank=rank, size=size, all_reduce=all_reduce))
+        return replace(self, layers=TPLayers(layers=self.layers, rank=rank, size=size, all_reduce=all_reduce), tp_rank=rank)
+
+    def with_ties(self, *, reduce: TieReduce) -> ModelWorkload:
+        """This workload as a stage runs it, summing tied gradients over `reduce` (owning stages, tensor) -> sum."""
+        return replace(self, tie_reduce=reduce)
 
     def with_dp(self, *, rank: int, zero_sum: Callable[[Tensor], Tensor] | None = None) -> ModelWorkload:
         if not 0 <= rank < self.dp:
@@ -142,8 +178,11 @@ class ModelWorkload:
 
 
 class ModelExecutor:
-    def __init__(self, *, stage: int, runner: StageRunner, layout: Layout, workload: ModelWorkload) -> None:
+    def __init__(
+        self, *, stage: int, runner: StageRunner, layout: Layout, workload: ModelWorkload, tied: TiedGradients
+    ) -> None:
         self.stage = stage
+        self._tied = tied
         self.runner = runner
         self._layout = layout
         self._workload = workload
@@ -182,31 +221,58 @@ class ModelExecutor:
         return self.runner.chunk_grads(chunk)
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult:
-        """Clip by the global gradient norm (summed over all stages; replica 0's alone, since the
-        replicas hold the same summed gradients) and step."""
-        total = all_reduce(self.runner.grad_sq_norm() if self._workload.dp_rank == 0 else 0.0)
+        """Sum tied gradients over their stages, clip by the global gradient norm (summed over all
+        stages; replica 0's alone, since the replicas hold the same summed gradients), step.
+
+        With a (sum, count) loss the gradients are those of the sums: more all-reduces give the
+        iteration's count and summed loss over every replica, and dividing by the count makes them
+        the global mean's. A norm that is inf or NaN is the same on every stage (it is all-reduced),
+        so every stage skips the step on its own and the decision is still one global one."""
+        self._tied.all_reduce()
+        scale, count, summed = 1.0, None, None
+        if self._workload.counted_loss:
+            first = self._workload.tp_rank == 0
+            count = all_reduce(self.runner.loss_count() if first else 0.0)
+            summed = all_reduce(sum(self.runner.losses()) if first else 0.0)
+            scale = 1.0 / count if count > 0 else 0.0
+        mine = self.runner.grad_sq_norm(exclude=self._tied.duplicates) if self._workload.dp_rank == 0 else 0.0
+        total = all_reduce(mine) * scale**2
         lr = self._workload.optim.lr_at(iteration)
-        coef = clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm)
-        self.runner.step(clip_coef=coef, lr=lr)
-        if self._workload.zero_sum is not None:
-            params = self.runner.parameters()
-            gather_owned(
-                params,
-                owner=owners([p.numel() for p in params], replicas=self._workload.dp),
-                rank=self._workload.dp_rank,
-                all_reduce=self._workload.zero_sum,
-                bucket_bytes=_GATHER_BUCKET_BYTES,
-            )
+        skipped = not math.isfinite(total)
+        if skipped:
+            if self.stage == 0:
+                logger.warning("iteration %d: gradient norm is %s; every stage skips this optimizer step", iteration, total)
+            self.runner.skip_step()
+        else:
+            coef = clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm)
+            self.runner.step(clip_coef=coef * scale, lr=lr)
+            if self._workload.zero_sum is not None:
+                params = self.runner.parameters()
+                gather_owned(
+                    params,
+                    owner=owners([p.numel() for p in params], replicas=self._workload.dp),
+                    rank=self._workload.dp_rank,
+                    all_reduce=self._workload.zero_sum,
+                    bucket_bytes=_GATHER_BUCKET_BYTES,
+                )
         losses = self.runner.losses()
+        loss = None
+        if losses:
+            loss = summed * scale if count is not None else sum(losses) / len(losses)
         return StepResult(
-            loss=sum(losses) / len(losses) if losses else None,
+            loss=loss,
             grad_norm=total**0.5,
             lr=lr,
             peak_bytes=(
                 torch.cuda.max_memory_allocated() if self._workload.device.startswith("cuda") else self.runner.peak_held_bytes
             ),
             optim_bytes=self.runner.optim_bytes,
+            skipped=skipped,
         )
+
+    def chunk_states(self) -> dict[int, dict[str, Tensor]]:
+        """This stage's (TP shard's) chunks' weights, on the CPU."""
+        return {c: {k: v.detach().to("cpu", copy=True) for k, v in s.items()} for c, s in self.runner.state_dict()["chunks"].items()}
 
     def save(self, *, directory: Path, iteration: int, shard: int) -> StageFile:
         """Write this stage's (TP shard's) chunks and optimizer state atomically; the driver commits the manifest."""
@@ -222,14 +288,16 @@ class ModelExecutor:
             raise ValueError("this workload has no validation data (val_data)")
         vs = self._layout.virtual_stage(stage=self.stage, chunk=chunk)
         x, y = _to(self._workload.val_data.microbatch(iteration=0, index=index), device=self._workload.device)
-        out = self.runner.module(chunk)(x if vs == 0 else _to(inputs, device=self._workload.device))
-        return (self._workload.loss_fn(out, y) if vs == self._layout.virtual_stages - 1 else out).cpu()
+        with autocast(self._workload.precision, device=self._workload.device):
+            out = self.runner.module(chunk)(x if vs == 0 else _to(inputs, device=self._workload.device))
+            loss = self._workload.loss_fn(out, y) if vs == self._layout.virtual_stages - 1 else None
+        if loss is not None:
+            return (loss[0] / loss[1] if isinstance(loss, tuple) else loss).cpu()
+        return _to(out, device="cpu")
 
 
 def _to(value: Any, *, device: str) -> Any:
-    """A tensor, or a tuple/list of them, on `device`."""
-    if isinstance(value, Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to(v, device=device) for v in value)
-    return value
+    """A tree of tensors (or None) on `device`; a received leaf keeps its requires-grad mark."""
+    if value is None:
+        return None
+    return tree_map(lambda t: t if t.device.type == torch.device(device).type else t.detach().to(device).requires_grad_(t.requires_grad), value)
