@@ -116,3 +116,16 @@ def test_the_gpt_ties_embedding_and_head_by_default_and_its_gradients_equal_the_
         got = captures[stage * tp].grads
         for g, w in zip(got, want, strict=False):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_data_parallel_replicas_keep_their_tied_copies_and_token_counts_apart():
+    from real_models import token_sum_count
+
+    def run(dp: int, microbatches: int) -> list[float]:
+        pipeline = PipelineConfig(stages=2, microbatches=microbatches, policy="bf", timeout_s=30, dp=dp)
+        with Trainer(
+            model=tied_model, loss_fn=token_sum_count, data=PaddedTokens(microbatches=4), pipeline=pipeline, optimizer=OPTIM
+        ) as trainer:
+            return [trainer.step().loss for _ in range(3)]
+
+    assert run(2, 2) == pytest.approx(run(1, 4), rel=1e-5)  # dp=2 x M=2 computes what dp=1 x M=4 does

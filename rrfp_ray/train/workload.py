@@ -235,8 +235,8 @@ class ModelExecutor:
             count = all_reduce(self.runner.loss_count() if first else 0.0)
             summed = all_reduce(sum(self.runner.losses()) if first else 0.0)
             scale = 1.0 / count if count > 0 else 0.0
-        mine = self.runner.grad_sq_norm(exclude=self._tied.duplicates) if self._workload.dp_rank == 0 else 0.0
-        total = all_reduce(mine) * scale**2
+        mine = self.runner.grad_sq_norm(exclude=self._tied.duplicates)
+        total = all_reduce(mine if self._workload.dp_rank == 0 else 0.0) * scale**2
         lr = self._workload.optim.lr_at(iteration)
         skipped = not math.isfinite(total)
         if skipped:
