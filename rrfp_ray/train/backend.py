@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from torch import Tensor
+
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
