@@ -128,7 +128,13 @@ class FaultyWorkload:
             self, inner=self.inner.with_tp(rank=rank, size=size, all_reduce=all_reduce), rank=rank, size=size
         )
 
-    def __getattr__(self, name: str) -> Any:  # the inner workload's data (val_data, device, ...)
+    def with_ties(self, *, reduce: Callable[..., torch.Tensor]) -> FaultyWorkload:
+        return replace(self, inner=self.inner.with_ties(reduce=reduce))
+
+    def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> FaultyWorkload:
+        return replace(self, inner=self.inner.with_dp(rank=rank, zero_sum=zero_sum))
+
+    def __getattr__(self, name: str) -> Any:  # the inner workload's data (ties, val_data, device, ...)
         if name.startswith("__") or name == "inner":  # not yet set while unpickling
             raise AttributeError(name)
         return getattr(self.inner, name)
