@@ -39,3 +39,18 @@ def test_the_split_gpt2_trains_like_a_single_process_run_and_saves_with_save_pre
             total, n = lm_loss_sum(loaded(x, attention_mask=(x != PAD).long()).logits, y)
             sums, count = sums + float(total), count + int(n)
     assert sums / count == pytest.approx(following, rel=1e-4)  # HF's own forward, the pipeline's weights
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_each_stage_materializes_only_its_own_gpt2_layers_with_the_seeded_whole_builds_weights(stage):
+    from rrfp_ray.train.layers import model_layers
+
+    layers = model_layers(model=hf.build, seed=0)
+    whole = layers()
+    built = layers.stage_layers(stages=3, chunks=1, stage=stage)
+    own = range(2 * stage, 2 * stage + 2)
+    real = {t.untyped_storage()._cdata for layer in built for t in layer.parameters() if not t.is_meta}
+    assert real == {t.untyped_storage()._cdata for i in own for t in built[i].parameters()}  # the tie is one tensor
+    for index in own:
+        for (name, x), (_, y) in zip(built[index].state_dict().items(), whole[index].state_dict().items(), strict=True):
+            assert torch.equal(x, y), (index, name)

@@ -62,12 +62,112 @@ def test_a_stage_of_the_gpt_trainer_holds_only_its_own_layers_with_the_unsplit_w
     reference = GPT(run.model, seed=run.train.seed)
     with gpt_trainer(run) as trainer:
         state = trainer.state_dict()
-        held = [
-            [p.is_meta for p in executor.runner.parameters()] for executor in trainer.backend.executors
-        ]
+        held = [[p.is_meta for p in executor.runner.parameters()] for executor in trainer.backend.executors]
         built = trainer.workload.layers.stage_layers(stages=3, chunks=1, stage=1)
     assert held and not any(any(h) for h in held)  # what each stage steps is real
     assert [any(p.is_meta for p in layer.parameters()) for layer in built] == [True, True, False, False, True, True]
     for key, value in nn.Sequential(*reference.layers()).state_dict().items():
         if key in state:
             assert torch.equal(state[key], value), key
+
+
+class Scaled(nn.Module):
+    """Init the way user code does it: a draw into a transposed view, a parameter derived from a
+    temporary, a random buffer."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        nn.init.normal_(self.linear.weight.t(), std=0.05)
+        self.gain = nn.Parameter(torch.randn(width) * 0.1 + 1)
+        self.register_buffer("offset", torch.rand(width))
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x)) * self.gain + self.offset
+
+
+class TiedHead(nn.Module):
+    def __init__(self, embed: nn.Embedding) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(embed.embedding_dim)
+        self.out = nn.Linear(embed.embedding_dim, embed.num_embeddings, bias=False)
+        self.out.weight = embed.weight  # tied, as GPT-2 ties its embedding and LM head
+
+    def forward(self, x):
+        return self.out(self.norm(x))
+
+
+def user_builder() -> list[nn.Module]:
+    embed = nn.Embedding(32, 16)
+    return [embed, *(Scaled(16) for _ in range(4)), TiedHead(embed)]
+
+
+def _storages(layers) -> set[int]:
+    return {
+        t.untyped_storage()._cdata for layer in layers for t in [*layer.parameters(), *layer.buffers()] if not t.is_meta
+    }
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_users_builder_materializes_only_the_stages_own_layers_with_the_whole_builds_values(stage):
+    from rrfp_ray.train.layers import model_layers
+
+    layers = model_layers(model=user_builder, seed=5)
+    whole = layers()
+    built = layers.stage_layers(stages=3, chunks=1, stage=stage)
+    own = range(2 * stage, 2 * stage + 2)
+    assert _storages(built) == _storages(built[i] for i in own)  # nothing else holds memory (a tie is one tensor)
+    for index in own:
+        for (name, x), (_, y) in zip(built[index].state_dict().items(), whole[index].state_dict().items(), strict=True):
+            assert not x.is_meta and torch.equal(x, y), (index, name)
+
+
+def test_a_users_builder_trains_exactly_like_the_same_modules_built_eagerly():
+    from rrfp_ray import InMemoryData, PipelineConfig, Trainer
+
+    gen = torch.Generator().manual_seed(1)
+    batches = [
+        (torch.randint(0, 32, (4, 8), generator=gen), torch.randint(0, 32, (4, 8), generator=gen)) for _ in range(3)
+    ]
+
+    def loss_fn(logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, 32), targets.reshape(-1))
+
+    def train(model):
+        with Trainer(
+            model=model,
+            loss_fn=loss_fn,
+            data=InMemoryData(batches=batches, microbatches=3),
+            pipeline=PipelineConfig(stages=3, microbatches=3, policy="bfw", timeout_s=30),
+            seed=2,
+        ) as trainer:
+            losses = [trainer.step().loss for _ in range(3)]
+            held = [list(executor.runner.parameters()) for executor in trainer.backend.executors]
+            return losses, trainer.state_dict(), held
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        eager = user_builder()
+    want_losses, want_state, _ = train(eager)
+    losses, state, held = train(user_builder)
+    assert not any(p.is_meta for params in held for p in params)
+    assert losses == want_losses
+    assert state.keys() == want_state.keys()
+    for key, value in want_state.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_a_builder_that_reads_values_is_built_whole_with_a_warning(caplog):
+    from rrfp_ray.train.layers import model_layers
+
+    def reads_values() -> list[nn.Module]:
+        first = nn.Linear(4, 4)
+        width = 4 if float(first.weight.detach().sum()) < 100 else 5  # data-dependent: meta tensors have no values
+        return [first, nn.Linear(4, width), nn.Linear(width, 4)]
+
+    layers = model_layers(model=reads_values, seed=0)
+    with caplog.at_level("WARNING", logger="rrfp_ray.train.meta_init"):
+        built = layers.stage_layers(stages=3, chunks=1, stage=2)
+    assert "building the whole model" in caplog.text
+    for x, y in zip(nn.Sequential(*built).state_dict().values(), nn.Sequential(*layers()).state_dict().values()):
+        assert not x.is_meta and torch.equal(x, y)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from rrfp_ray.schedule.actions import Placement
+from rrfp_ray.train.meta_init import build_partial
 from rrfp_ray.train.runner import partition
 
 Model = nn.Module | Sequence[nn.Module]
@@ -53,15 +54,24 @@ class ModelLayers:
     def stage_layers(
         self, *, stages: int, chunks: int, stage: int, placement: Placement = Placement.LOOPED
     ) -> list[nn.Module]:
-        """The layer list as `stage` of a stages x chunks pipeline needs it: a `PartialModel` builder
-        materializes only that stage's layers (the others on the meta device); any other source builds all."""
-        if not isinstance(self.source, PartialModel):
+        """The layer list as `stage` of a stages x chunks pipeline needs it: a builder materializes only
+        that stage's layers, with the whole build's values (the others on the meta device); modules
+        given built are copied whole. A `PartialModel` builds its own layers; any other builder is
+        run by `build_partial`."""
+        if _is_built(self.source):
             return self()
-        parts = partition(n_layers=self.source.count(), parts=stages * chunks)
-        own = {i for c in range(chunks) for i in parts[placement.virtual_stage(stage=stage, chunk=c, stages=stages)]}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            return list(self.source.build(keep=own))
+
+        def own(count: int) -> set[int]:
+            parts = partition(n_layers=count, parts=stages * chunks)
+            return {
+                i for c in range(chunks) for i in parts[placement.virtual_stage(stage=stage, chunk=c, stages=stages)]
+            }
+
+        if isinstance(self.source, PartialModel):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                return list(self.source.build(keep=own(self.source.count())))
+        return build_partial(self._build, keep=own, seed=self.seed)
 
     def model(self) -> nn.Module:
         """A fresh copy of the whole model (the layers' parent)."""
@@ -69,10 +79,16 @@ class ModelLayers:
             return copy.deepcopy(as_module(self.source))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            built = self.source()
+            return self._built()
+
+    def _built(self) -> nn.Module:
+        built = self.source()
         if not _is_built(built):
             raise ValueError(f"model builder {self.source!r} returned {type(built).__name__}, not modules")
         return as_module(built)
+
+    def _build(self) -> list[nn.Module]:
+        return to_layers(self._built(), split_points=self.split_points)
 
 
 def model_layers(*, model: ModelSource, split_points: Sequence[str] | None = None, seed: int = 0) -> ModelLayers:
