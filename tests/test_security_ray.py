@@ -97,7 +97,7 @@ def test_listeners_are_narrow_and_close_and_secrets_stay_out_of_files(ray_sessio
         first = ray.get(trainer.backend.driver.stage_actors.remote())
         listening = _listening(first)
         secrets = [_secret(first)]
-        summary, reports = train(trainer=trainer, run=run, policy_name="bf", out=tmp_path, label="bf")
+        summary, reports = train(trainer=trainer, run=run, policy="bf", out=tmp_path)
         ray.kill(first[1])
         trainer.step()  # fails on the lost stage, rebuilds the pipeline from the last checkpoint
         assert trainer.restarts == 1

@@ -1,0 +1,153 @@
+"""A GPT run as jobs/train_gpt.py reports it: one policy trained to the run's iterations with its
+per-iteration line and summary, its comparison with the fixed baseline, and the DP check."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rrfp_ray.observe.telemetry import IterationReport, append_jsonl
+from rrfp_ray.train.api import Trainer
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import corpus_source, gpt_trainer
+
+Summary = dict[str, Any]
+
+
+class PolicyRun:
+    """`policy` trained on `trainer` up to the run's iterations (from wherever the trainer is: a
+    resumed run starts later): telemetry to `telemetry`, TensorBoard scalars to `tensorboard`."""
+
+    def __init__(
+        self, *, trainer: Trainer, run: RunConfig, policy: str, telemetry: Path, tensorboard: str | None = None
+    ) -> None:
+        self.trainer, self.run, self.policy = trainer, run, policy
+        self.telemetry, self.tensorboard = telemetry, tensorboard
+        self.reports: list[IterationReport] = []
+        self.tokens: list[int] = []  # real tokens per iteration: with --varlen, padding is left out
+        self.val_loss: float | None = None
+
+    def iterations(self) -> Iterator[str]:
+        """Trains one iteration per item, yielding its line (validation every `val_every` and at the end)."""
+        trainer, run = self.trainer, self.run
+        board = None
+        if self.tensorboard:
+            from rrfp_ray.observe.tensorboard import TensorBoardLog
+
+            board = TensorBoardLog(directory=Path(self.tensorboard), run=self.policy)
+        source = corpus_source(run)
+        self.telemetry.unlink(missing_ok=True)
+        try:
+            while trainer.iteration < run.train.iterations:
+                iteration = trainer.iteration
+                report = trainer.step(policy=self.policy)
+                self.reports.append(report)
+                append_jsonl(path=self.telemetry, report=report)
+                tokens = source.tokens(iteration=iteration)
+                self.tokens.append(tokens)
+                if board is not None:
+                    board.iteration(report, tokens=tokens)
+                line = self._line(report, iteration=iteration, tokens=tokens)
+                every = run.train.val_every
+                if every and (trainer.iteration % every == 0 or trainer.iteration == run.train.iterations):
+                    self.val_loss = trainer.evaluate()
+                    line += f"  val {self.val_loss:.4f}"
+                    if board is not None:
+                        board.validation(iteration=iteration, loss=self.val_loss)
+                yield line
+        finally:
+            if board is not None:
+                board.close()
+
+    def _line(self, report: IterationReport, *, iteration: int, tokens: int) -> str:
+        line = (
+            f"[{self.policy}] iter {iteration:3d}  loss {report.loss:.4f}  {report.makespan_ms:7.1f} ms "
+            f"(step {report.step_ms:4.1f})  "
+            f"{tokens / report.makespan_ms * 1e3:8.0f} tok/s  bubble {report.bubble:5.1%}  "
+            f"blocked {report.blocked_fraction:5.1%}"
+        )
+        if self.run.pipeline.tp > 1:
+            line += f"  TP agreement {report.tp_fraction:4.2%}"
+        if report.restart:
+            line += f"  (first after restart {report.restart})"
+        if report.skipped_step:
+            line += "  step skipped (non-finite gradients)"
+        return line
+
+    def summary(self) -> Summary:
+        reports, pipeline = self.reports, self.run.pipeline
+        summary = {
+            "policy": self.policy,
+            "iterations": self.run.train.iterations,
+            "loss_first": reports[0].loss,
+            "loss_last": reports[-1].loss,
+            "val_loss_last": self.val_loss,
+            "iteration_ms_median": statistics.median(r.makespan_ms for r in reports),  # optimizer step included
+            "step_ms_median": statistics.median(r.step_ms for r in reports),
+            "tokens_per_s": sum(self.tokens) / sum(r.makespan_ms for r in reports) * 1e3,  # real tokens (no padding)
+            "peak_inflight": max(r.peak_inflight for r in reports),
+            "restarts": self.trainer.restarts,
+            "skipped_steps": sum(r.skipped_step for r in reports),
+            "precision": pipeline.precision.value,
+            "varlen": self.run.train.varlen,
+        }
+        if pipeline.tp > 1:
+            summary["tp_coord_fraction"] = statistics.median(r.tp_fraction for r in reports)
+        if pipeline.dp > 1:
+            summary["optim_bytes_per_actor"] = max(s.optim_bytes for r in reports for s in r.stages)  # ZeRO-1: ~1/D
+        return summary
+
+
+def state_lines(summary: Summary) -> list[str]:
+    """What the job prints after a policy's iterations: with DP, the largest optimizer state of an actor."""
+    if "optim_bytes_per_actor" not in summary:
+        return []
+    most = summary["optim_bytes_per_actor"] / 2**20
+    return [f"[{summary['policy']}] optimizer state per actor: at most {most:.2f} MiB"]
+
+
+def speedup_vs_baseline(summary: Summary) -> float:
+    """How many times faster the run's median iteration is than its baseline's (`summary["baseline"]`)."""
+    return summary["baseline"]["iteration_ms_median"] / summary["iteration_ms_median"]
+
+
+def outcome_lines(summary: Summary) -> list[str]:
+    """The run's closing lines: its losses, median iteration and tokens/s; with a baseline, the
+    baseline's and the speedup (`summary["speedup_vs_baseline"]`)."""
+    val = summary["val_loss_last"] or float("nan")
+    own = (
+        f"{summary['policy']}: loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f} (val {val:.3f}), "
+        f"median iteration {summary['iteration_ms_median']:.1f} ms, {summary['tokens_per_s']:.0f} tokens/s"
+    )
+    if "baseline" not in summary:
+        return [own]
+    base = summary["baseline"]
+    return [
+        own,
+        f"{base['policy']}: loss {base['loss_first']:.3f} -> {base['loss_last']:.3f}, median iteration "
+        + f"{base['iteration_ms_median']:.1f} ms",
+        f"speedup of {summary['policy']} over fixed {base['policy']}: {summary['speedup_vs_baseline']:.2f}x",
+    ]
+
+
+def dp_check(*, run: RunConfig, losses: list[float]) -> Summary:
+    """The same iterations trained as one pipeline of dp x microbatches in this process, without
+    injected delays: the largest relative difference from `losses` and the reference losses."""
+    pipeline = run.pipeline.model_copy(update={"dp": 1, "zero": 0, "microbatches": run.pipeline.global_microbatches})
+    quiet = run.variability.model_copy(update={"scenario": "none", "trace_file": None})
+    reference = run.model_copy(update={"pipeline": pipeline, "variability": quiet})
+    with gpt_trainer(reference) as trainer:
+        expected = [r.loss for r in trainer.fit(len(losses))]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, expected, strict=True))
+    return {"iterations": len(losses), "max_rel_loss_diff": worst, "reference_losses": expected}
+
+
+def dp_check_line(*, run: RunConfig, check: Summary) -> str:
+    worst = check["max_rel_loss_diff"]
+    return (
+        f"dp check: dp={run.pipeline.dp} x microbatches={run.pipeline.microbatches} against one pipeline of "
+        f"{run.pipeline.global_microbatches} microbatches (in-process), {check['iterations']} iterations: largest "
+        f"relative loss difference {worst:.2e} ({'equal' if worst < 1e-4 else 'DIFFERENT'} within 1e-4)"
+    )
