@@ -1,3 +1,4 @@
+import gc
 import io
 import random
 
@@ -234,6 +235,27 @@ def test_held_bytes_follow_the_microbatch_life_cycle() -> None:
     assert runner.peak_held_bytes == 2 * one
     runner.reset_iteration()
     assert runner.peak_held_bytes == 0
+
+
+def test_split_backward_iterations_leave_no_tensor_behind() -> None:
+    """The split backward retains each graph for its weight passes; a graph that outlives them
+    (held through a C++ cycle the collector cannot see) is a leak of every activation."""
+    (_, runner), _ = _runners(stages=2, chunks=1)
+    _, ys = _microbatches()
+
+    def live_tensors_after_an_iteration() -> int:
+        for m, y in enumerate(ys):
+            received = torch.randn(*y.shape, CONFIG.n_embd, requires_grad=True)
+            runner.forward(chunk=0, microbatch=m, inputs=received, targets=y)
+            runner.backward_input(chunk=0, microbatch=m, grad=None)
+            runner.backward_weight(chunk=0, microbatch=m)
+        runner.step(clip_coef=1.0, lr=None)
+        runner.reset_iteration()
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+
+    first = live_tensors_after_an_iteration()
+    assert live_tensors_after_an_iteration() == first
 
 
 def test_call_order_errors_name_chunk_and_microbatch() -> None:

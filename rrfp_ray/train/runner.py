@@ -20,7 +20,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 from rrfp_ray.runtime.tree import Tree, flatten, tree_map
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.train.precision import Precision, autocast, for_the_wire
-from rrfp_ray.train.split_backward import WeightPass, collect, split_backward, unchanged
+from rrfp_ray.train.split_backward import WeightPass, note_storages, split_backward, unchanged
 
 LossFn = Callable[[Any, Any], Tensor | tuple[Tensor, Tensor]]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -151,8 +151,8 @@ class StageRunner:
         if not last and targets is not None:
             raise ValueError(f"targets only apply to the last virtual stage, not chunk {chunk}")
         x = inputs if chunk == self._first else tree_map(_as_input, inputs)
-        saved: list[Tensor] = []
-        with torch.enable_grad(), saved_tensors_hooks(collect(saved), unchanged):
+        saved: dict[int, int] = {}
+        with torch.enable_grad(), saved_tensors_hooks(note_storages(saved), unchanged):
             with autocast(self.precision, device=self._device):
                 out = module(x)
                 if targets is not None:
@@ -161,7 +161,7 @@ class StageRunner:
                 out = tree_map(lambda t: for_the_wire(self.precision, t), out)
                 roots = _differentiable(out)
         received = [] if chunk == self._first else [t for t in flatten(x)[0] if t.requires_grad]
-        self._saved[key] = _Saved(inputs=received, roots=roots, nbytes=self._activation_bytes([*saved, *roots]))
+        self._saved[key] = _Saved(inputs=received, roots=roots, nbytes=self._activation_bytes(saved | _storages(roots)))
         self._peak = max(self._peak, self.held_bytes())
         return None if last else tree_map(_to_send, out)
 
@@ -189,7 +189,7 @@ class StageRunner:
         else:
             dx, passes = split_backward(roots=saved.roots, grads=grads, leaves=saved.inputs, params=self._chunk_params[chunk])
             dx = _grad_message(dx)
-        held = saved.nbytes + self._activation_bytes(g for work in passes for g in work.grads)
+        held = saved.nbytes + self._activation_bytes(_storages(g for work in passes for g in work.grads))
         self._deferred[(chunk, microbatch)] = _Deferred(passes=passes, nbytes=held)
         self._peak = max(self._peak, self.held_bytes())
         return dx
@@ -339,10 +339,14 @@ class StageRunner:
             raise ValueError(f"grad for chunk {chunk} must be one tensor per differentiable output {shapes}, got {got}")
         return [g.to(r.dtype) for g, r in zip(grads, roots)]
 
-    def _activation_bytes(self, tensors: Iterable[Tensor]) -> int:
+    def _activation_bytes(self, storages: dict[int, int]) -> int:
+        """The bytes of `storages` (data pointer: bytes) that are not a parameter's."""
         params = {p.untyped_storage().data_ptr() for p in self.parameters()}
-        sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-        return sum(size for ptr, size in sizes.items() if ptr not in params)
+        return sum(size for ptr, size in storages.items() if ptr not in params)
+
+
+def _storages(tensors: Iterable[Tensor]) -> dict[int, int]:
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
 
 
 def _as_input(tensor: Tensor) -> Tensor:

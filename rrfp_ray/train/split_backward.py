@@ -147,10 +147,20 @@ def _constant(grads: Grads) -> Callable[[Grads], Grads]:
     return lambda _: grads
 
 
-def collect(store: list[Tensor]) -> Callable[[Tensor], Tensor]:
+def note_storages(store: dict[int, int]) -> Callable[[Tensor], Tensor]:
+    """A pack hook that notes each storage the graph saves (data pointer: bytes) and saves the tensor detached.
+
+    The graph holds its hooks until it is freed, and the split backward never frees it by
+    a backward without ``retain_graph``: a hook that kept the tensors, or saved a node's
+    own output (tanh, softmax) with its ``grad_fn``, would hold the graph through C++, a
+    cycle that Python's collector cannot see. The detached tensor shares storage and
+    version counter, not history.
+    """
+
     def pack(tensor: Tensor) -> Tensor:
-        store.append(tensor)
-        return tensor
+        storage = tensor.untyped_storage()
+        store[storage.data_ptr()] = storage.nbytes()
+        return tensor.detach()
 
     return pack
 
