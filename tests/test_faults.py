@@ -13,6 +13,7 @@ from torch import nn
 from rrfp_ray import InMemoryData, PipelineConfig, Trainer
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.deps import Layout
@@ -105,33 +106,36 @@ def test_a_pause_longer_than_the_link_timeout_does_not_break_the_links(tmp_path)
         assert trainer.restarts == 0
 
 
-def test_a_stalled_tp_rank_is_named_with_the_link_and_op_its_neighbours_wait_for(tmp_path):
+def test_a_stalled_tp_rank_of_a_dp_replica_is_named_with_the_links_and_ops_its_neighbours_wait_for(tmp_path):
     layout = Layout(stages=2, chunks=1, microbatches=2)
     trace = generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0)
-    workload = SyntheticWorkload(trace=trace)
+    workload = SyntheticWorkload(trace=trace, grad_elems=4)  # gradients for the DP reduction
     plan = FaultPlan(
         directory=str(tmp_path),
-        faults=(Fault(shard=2, iteration=0, moment=Moment.ACTION, index=1),),  # stage 1 TP rank 0
+        faults=(Fault(shard=6, iteration=0, moment=Moment.ACTION, index=1),),  # replica 1 stage 1 TP rank 0
         crash=Crash.STALL,
         stall_s=7.0,  # past the fabric's wait (its timeout + 5 s)
     )
-    pipeline = PipelineConfig(stages=2, microbatches=2, tp=2, policy="bf", timeout_s=1.0)
-    with LocalPipeline(layout=layout, timeout_s=1.0, tp=2) as local:
+    pipeline = PipelineConfig(stages=2, microbatches=2, tp=2, dp=2, policy="bf", timeout_s=1.0)
+    with LocalPipeline(layout=layout, timeout_s=1.0, tp=2, dp=DPSpec(size=2)) as local:
         executors = [
             FaultyExecutor(
-                inner=workload.with_tp(rank=i % 2, size=2, all_reduce=torch.clone).executor(
-                    stage=i // 2, layout=layout
-                ),
+                inner=workload.with_tp(rank=i % 2, size=2, all_reduce=torch.clone)
+                .with_dp(rank=i // 4)
+                .executor(stage=i // 2 % 2, layout=layout),
                 plan=plan,
                 shard=i,
             )
-            for i in range(4)
+            for i in range(8)
         ]
         with pytest.raises(PipelineError) as failed:
             local.run_iteration(
                 iteration=0, policy=pipeline.resolved_policy("bf"), cap=Cap.parse("inf"), executors=executors
             )
     message = str(failed.value)
-    assert "no answer within" in message and "from stage 1 TP rank 0" in message
-    assert "stage 0 TP rank 0 failed during iteration 0" in message
-    assert "(needs gradients 1->0 for microbatch" in message  # the link and the op stage 0 waits on
+    assert "no answer within 6 s from replica 1 stage 1 TP rank 0" in message  # the stalled one
+    lines = {line.split(" failed during iteration 0: ")[0]: line for line in message.splitlines()}
+    assert "(needs gradients 1->0 for microbatch" in lines["replica 1 stage 0 TP rank 0"]  # its pipeline link
+    assert "TP agreement of replica 1 stage 1: TP rank 1 waited 1 s for TP rank 0" in lines["replica 1 stage 1 TP rank 1"]
+    for rank in (0, 1):  # its DP group: the same stage and TP rank in replica 0
+        assert "the DP reduction" in lines[f"replica 0 stage 1 TP rank {rank}"]

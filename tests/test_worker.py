@@ -10,8 +10,9 @@ import torch
 
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
-from rrfp_ray.runtime.local import LocalPipeline, ThreadAllGather, tensor_all_reduce
+from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.runtime.transport import Header, LocalChannel, recv_message, send_message
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.actions import Kind, parse_action

@@ -12,8 +12,8 @@ from torch import nn
 
 from examples.mlp import FEATURES, Regression
 from rrfp_ray import Optim, PipelineConfig, Trainer
-from rrfp_ray.runtime.local import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.runtime.reduce import gather_owned, owners
+from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.train.checkpoint import Checkpointing
 
 M = 2  # microbatches per replica

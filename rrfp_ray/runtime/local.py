@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from torch import Tensor
 
@@ -25,12 +25,12 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
+from rrfp_ray.runtime.thread_collectives import ThreadAllGather, ThreadAllReduce, tensor_all_reduce
 from rrfp_ray.runtime.transport import Channel, local_channels
 from rrfp_ray.runtime.worker import Executor, PipelineError, StageWorker, Workload
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.grad_ready import reduce_order
 
-T = TypeVar("T")
 logger = logging.getLogger(__name__)
 _SLACK_S = 5.0  # how much longer than a stage's own timeout the fabric waits for its answer
 
@@ -207,8 +207,27 @@ class ThreadStages:
             for s in range(layout.stages)
             for t in range(tp)
         ]
-        self._tensor_groups = [ThreadAllGather(parties=tp, timeout_s=self.timeout_s) for _ in range(dp * layout.stages)]
-        self._dp_groups = [ThreadAllGather(parties=dp, timeout_s=self.timeout_s) for _ in range(layout.stages * tp)]
+        tp_ranks = [f"TP rank {t}" for t in range(tp)]
+        self._tensor_groups = [
+            ThreadAllGather(
+                parties=tp,
+                timeout_s=self.timeout_s,
+                name=f"the TP all-reduce of {self._label(s, replica=d)}",
+                labels=tp_ranks,
+            )
+            for d in range(dp)
+            for s in range(layout.stages)
+        ]
+        self._dp_groups = [
+            ThreadAllGather(
+                parties=dp,
+                timeout_s=self.timeout_s,
+                name=f"the DP reduction of {self._label(s, rank=t)}",
+                labels=[f"replica {d}" for d in range(dp)],
+            )
+            for s in range(layout.stages)
+            for t in range(tp)
+        ]
         self._tie_groups = {}  # fresh ones after a restart
         self._round = None
         self.handles = [ThreadStage(index=i, worker=w, tp=tp, stages=self) for i, w in enumerate(workers)]
@@ -221,7 +240,7 @@ class ThreadStages:
         timeout_s = self.timeout_s + _SLACK_S
         _, late = wait_all(pending, timeout=timeout_s)
         failures = [
-            f"{label} failed during {what}: {future.exception() or type(future.exception()).__name__}"
+            f"{label} failed during {what}: {_text(future.exception())}"
             for future, label in zip(pending, labels)
             if future not in late and future.exception() is not None
         ]
@@ -263,7 +282,13 @@ class ThreadStages:
         """The sum of `tensor` over TP rank `rank` of each of `stages` in `replica` (they share a tied parameter)."""
         with self._lock:
             group = self._tie_groups.setdefault(
-                (stages, rank, replica), ThreadAllGather(parties=len(stages), timeout_s=self.timeout_s)
+                (stages, rank, replica),
+                ThreadAllGather(
+                    parties=len(stages),
+                    timeout_s=self.timeout_s,
+                    name=f"the tied-weight all-reduce of {self._label(stage, rank=rank, replica=replica)}",
+                    labels=[f"stage {s}" for s in stages],
+                ),
             )
         return tensor_all_reduce(group.member(stages.index(stage)))(tensor)
 
@@ -275,12 +300,23 @@ class ThreadStages:
                 self._round = _Round(
                     all_reduce=ThreadAllReduce(parties=parties, timeout_s=self.timeout_s),
                     agree=[
-                        ThreadAllGather(parties=self.tp, timeout_s=self.timeout_s)
-                        for _ in range(self.dp_size * self.layout.stages)
+                        ThreadAllGather(
+                            parties=self.tp,
+                            timeout_s=self.timeout_s,
+                            name=f"the TP agreement of {self._label(s, replica=d)}",
+                            labels=[f"TP rank {t}" for t in range(self.tp)],
+                        )
+                        for d in range(self.dp_size)
+                        for s in range(self.layout.stages)
                     ],
                 )
             self._round.joined.add(index)
             return self._round
+
+    def _label(self, stage: int, *, rank: int | None = None, replica: int | None = None) -> str:
+        """A stage, or one TP rank of it, in one replica or (`replica` None) in each."""
+        tp, dp = (1 if rank is None else self.tp), (1 if replica is None else self.dp_size)
+        return stage_label(stage=stage, rank=rank or 0, replica=replica or 0, tp=tp, dp=dp)
 
 
 class LocalPipeline:
@@ -339,56 +375,5 @@ class LocalPipeline:
         self.close()
 
 
-class ThreadAllReduce:
-    """Sum of one float from each of `parties` threads, returned to all of them."""
-
-    def __init__(self, *, parties: int, timeout_s: float) -> None:
-        self._barrier = threading.Barrier(parties, timeout=timeout_s)
-        self._lock = threading.Lock()
-        self._total = 0.0
-
-    def __call__(self, value: float) -> float:
-        with self._lock:
-            self._total += value
-        self._barrier.wait()
-        total = self._total
-        if self._barrier.wait() == 0:
-            self._total = 0.0
-        self._barrier.wait()
-        return total
-
-
-class ThreadAllGather:
-    """All-gather among `parties` threads: `member(rank)` is rank's callable; each call returns every rank's value, in rank order."""
-
-    def __init__(self, *, parties: int, timeout_s: float) -> None:
-        if parties < 1:
-            raise ValueError(f"parties must be >= 1, got {parties}")
-        self.parties = parties
-        self._barrier = threading.Barrier(parties, timeout=timeout_s)
-        self._values: list[Any] = [None] * parties
-
-    def member(self, rank: int) -> Callable[[T], list[T]]:
-        if not 0 <= rank < self.parties:
-            raise ValueError(f"rank must be in [0, {self.parties}), got {rank}")
-        return functools.partial(self._gather, rank=rank)
-
-    def _gather(self, value: T, *, rank: int) -> list[T]:
-        self._values[rank] = value
-        self._barrier.wait()
-        gathered = list(self._values)
-        self._barrier.wait()  # nobody overwrites a slot before every rank has read it
-        return gathered
-
-
-def tensor_all_reduce(all_gather: Callable[[Tensor], list[Tensor]]) -> Callable[[Tensor], Tensor]:
-    """Sum of a tensor over a group, added in rank order (the same bits on every rank)."""
-
-    def all_reduce(tensor: Tensor) -> Tensor:
-        parts = all_gather(tensor)
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total += part
-        return total
-
-    return all_reduce
+def _text(error: BaseException | None) -> str:
+    return str(error) or type(error).__name__

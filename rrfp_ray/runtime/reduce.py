@@ -94,9 +94,9 @@ class GradReducer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     key = self._order[self._next]
-                    state = "submitted" if key in self._submitted else "not submitted"
+                    state = "another replica did not join its sum" if key in self._submitted else "not submitted"
                     raise TimeoutError(
-                        f"{self._name}: the DP reduction of chunk {key} ({state}) did not finish within {self._timeout_s:g} s"
+                        f"{self._name}: the DP reduction of chunk {key} did not finish within {self._timeout_s:g} s ({state})"
                     )
                 self._cond.wait(timeout=left)
             self._raise_if_failed()

@@ -41,7 +41,7 @@ class Crash(enum.Enum):
 
 @dataclass(frozen=True)
 class Fault:
-    shard: int  # stage * tp + TP rank: the executor that crashes
+    shard: int  # (replica * stages + stage) * tp + TP rank: the executor that crashes, as the group indexes it
     iteration: int
     moment: Moment
     index: int = 0  # Moment.ACTION: which of the shard's actions in the iteration
@@ -66,17 +66,21 @@ class FaultPlan:
         checkpoint_every: int,
         directory: str,
         crash: Crash = Crash.RAISE,
+        savers: int | None = None,
     ) -> FaultPlan:
         """`count` faults on distinct iterations in [1, iterations): each hits a random shard,
         mid-iteration (before one of its first `actions` actions) or, on a checkpoint
-        iteration, mid-checkpoint (a save of iteration k runs after iteration k - 1)."""
+        iteration, mid-checkpoint (a save of iteration k runs after iteration k - 1) of one of
+        the first `savers` shards, those that write checkpoint files (default: all; with DP
+        and no ZeRO, replica 0's)."""
         rng = random.Random(seed)
         faults = []
         for iteration in sorted(rng.sample(range(1, iterations), count)):
             saves = checkpoint_every > 0 and iteration % checkpoint_every == 0
             moment = Moment.SAVE if saves and rng.random() < 0.5 else Moment.ACTION
             index = rng.randrange(actions) if moment is Moment.ACTION else 0
-            faults.append(Fault(shard=rng.randrange(shards), iteration=iteration, moment=moment, index=index))
+            pool = shards if moment is Moment.ACTION or savers is None else savers
+            faults.append(Fault(shard=rng.randrange(pool), iteration=iteration, moment=moment, index=index))
         return cls(directory=directory, faults=tuple(faults), crash=crash)
 
     def fired(self) -> list[Fault]:
@@ -108,17 +112,18 @@ class FaultPlan:
 
 @dataclass(frozen=True)
 class FaultyWorkload:
-    """`inner`, whose executors crash where `plan` says; TP rank `rank` of `size` (shard `stage * size + rank`)."""
+    """`inner`, whose executors crash where `plan` says; TP rank `rank` of `size` in DP replica
+    `replica` (shard `(replica * stages + stage) * size + rank`)."""
 
     inner: Workload
     plan: FaultPlan
     rank: int = 0
     size: int = 1
+    replica: int = 0
 
     def executor(self, *, stage: int, layout: Layout) -> FaultyExecutor:
-        return FaultyExecutor(
-            inner=self.inner.executor(stage=stage, layout=layout), plan=self.plan, shard=stage * self.size + self.rank
-        )
+        shard = (self.replica * layout.stages + stage) * self.size + self.rank
+        return FaultyExecutor(inner=self.inner.executor(stage=stage, layout=layout), plan=self.plan, shard=shard)
 
     def latency(self, message: Message) -> float:
         return self.inner.latency(message)
@@ -132,7 +137,7 @@ class FaultyWorkload:
         return replace(self, inner=self.inner.with_ties(reduce=reduce))
 
     def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> FaultyWorkload:
-        return replace(self, inner=self.inner.with_dp(rank=rank, zero_sum=zero_sum))
+        return replace(self, inner=self.inner.with_dp(rank=rank, zero_sum=zero_sum), replica=rank)
 
     def __getattr__(self, name: str) -> Any:  # the inner workload's data (ties, val_data, device, ...)
         if name.startswith("__") or name == "inner":  # not yet set while unpickling
