@@ -89,9 +89,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     train.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="run the fixed baseline first (1f1b; interleaved when --chunks > 1; zbv for a V-placed policy), "
-        "same seed and data (not with checkpoints)",
+        "same seed and data (default: on, unless the run checkpoints)",
     )
     train.add_argument("--out", default="runs/train_gpt", help="output directory")
     train.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)")
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
         print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
         summary, runs = {}, {}
-        baseline = baseline_of(run, compare=args.compare)
+        baseline = baseline_of(run, compare=args.compare is not False)
         if baseline is not None:
             summary["baseline"], runs[baseline] = train(
                 trainer=trainer, run=run, policy=baseline, out=out, tensorboard=args.tensorboard

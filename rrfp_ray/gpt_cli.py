@@ -61,6 +61,11 @@ def run_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run
         parser.error(f"--gpus-per-stage must be >= 0, got {args.gpus_per_stage:g}")
     if args.gpu and args.gpus_per_stage not in (0, 1):
         parser.error(f"--gpu means --gpus-per-stage 1; it contradicts --gpus-per-stage {args.gpus_per_stage:g}")
+    if args.compare and checkpoint_dir(args) is not None:
+        parser.error(
+            "--compare trains the baseline and then the policy from the same initial weights; a run with checkpoints "
+            "(--checkpoint-dir, --checkpoint-every, --resume, --max-restarts) trains one policy: drop one of them"
+        )
     if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
         parser.error("--tensorboard needs the tensorboard package: pip install 'rrfp-ray[tensorboard]'")
     try:
