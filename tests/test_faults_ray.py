@@ -1,7 +1,7 @@
-"""Faults on Ray. A chaos run: TP-rank stage actors killed on a seeded schedule (mid-iteration
-and mid-checkpoint) and the driver actor killed mid-iteration, all in one PP=2 x TP=2 GPT
-run that recovers within its restarts and ends with an uninterrupted run's weights and
-optimizer state. A killed driver without restarts left is a clear error at once; a pause
+"""Faults on Ray. A chaos run: stage actors (TP ranks, one in each DP replica) killed on a
+seeded schedule (mid-iteration and mid-checkpoint) and the driver actor killed mid-iteration,
+all in one DP=2 x PP=2 x TP=2 GPT run that recovers within its restarts and ends with an
+uninterrupted run's weights and optimizer state. A killed driver without restarts left is a clear error at once; a pause
 longer than the link timeout breaks no link."""
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.faults import Crash, FaultPlan, FaultyWorkload, Moment
 from rrfp_ray.train.gpt_workload import gpt_trainer
 
-ITERATIONS = 12
-DRIVER_KILLED_IN = 10  # the iteration during which the driver actor is killed
+ITERATIONS = 6
+DRIVER_KILLED_IN = 5  # the iteration during which the driver actor is killed
 
 
-def _run(directory: Path, *, max_restarts: int, tp: int = 2, **pipeline) -> RunConfig:
+def _run(directory: Path, *, max_restarts: int, tp: int = 2, dp: int = 1, **pipeline) -> RunConfig:
     return RunConfig(
         model={"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16},
-        pipeline={"stages": 2, "microbatches": 4, "policy": "bf", "tp": tp, "timeout_s": 30, **pipeline},
+        pipeline={"stages": 2, "microbatches": 4, "policy": "bf", "tp": tp, "dp": dp, "timeout_s": 90, **pipeline},
         variability={"scenario": "lognormal", "t_f": 10.0},  # iterations of ~0.2 s: room to kill inside one
         train={
             "iterations": ITERATIONS,
@@ -37,7 +37,7 @@ def _run(directory: Path, *, max_restarts: int, tp: int = 2, **pipeline) -> RunC
             "seq_len": 16,
             "val_every": 0,
             "checkpoint_dir": str(directory),
-            "checkpoint_every": 3,
+            "checkpoint_every": 2,
             "max_restarts": max_restarts,
         },
     )
@@ -78,15 +78,17 @@ def _settled(count: int, *, within_s: float = 20.0) -> int:
 
 def test_a_chaos_run_recovers_and_ends_with_the_weights_of_an_uninterrupted_run(ray_session, tmp_path):
     before = _live_actors()
-    with gpt_trainer(_run(tmp_path / "clean", max_restarts=0), backend=LocalBackend()) as clean:
+    with gpt_trainer(_run(tmp_path / "clean", max_restarts=0, dp=2), backend=LocalBackend()) as clean:
         clean.fit(ITERATIONS)
         expected = _final_checkpoint(tmp_path / "clean", clean.fingerprint)
+    per_replica = 2 * 2  # stages x TP ranks; replica 0's write the checkpoints
     plan = FaultPlan.seeded(
-        seed=28, count=2, shards=4, iterations=DRIVER_KILLED_IN, actions=8, checkpoint_every=3,
-        directory=str(tmp_path / "faults"), crash=Crash.EXIT,
+        seed=9, count=2, shards=2 * per_replica, savers=per_replica, iterations=DRIVER_KILLED_IN, actions=8,
+        checkpoint_every=2, directory=str(tmp_path / "faults"), crash=Crash.EXIT,
     )  # fmt: skip
-    assert {f.moment for f in plan.faults} == {Moment.ACTION, Moment.SAVE}  # mid-iteration and mid-checkpoint
-    with gpt_trainer(_run(tmp_path / "chaos", max_restarts=4), backend=RayBackend()) as trainer:
+    moments = {f.moment: f.shard // per_replica for f in plan.faults}
+    assert moments == {Moment.ACTION: 1, Moment.SAVE: 0}  # replica 1 mid-iteration, replica 0 mid-checkpoint
+    with gpt_trainer(_run(tmp_path / "chaos", max_restarts=4, dp=2), backend=RayBackend()) as trainer:
         trainer.backend.set_workload(workload=FaultyWorkload(inner=trainer.workload, plan=plan))
         driver_killed = False
         while trainer.iteration < ITERATIONS:
