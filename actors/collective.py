@@ -129,7 +129,10 @@ class GlooGroup(BaseGroup):
         self.process_group.recv(tensor, recv_options.src_rank, 0).wait()
 
     def reduce(self, tensor, reduce_options=types.ReduceOptions()) -> None:
-        raise NotImplementedError(f"{GLOO_BACKEND} has no reduce; use allreduce")
+        options = dist.ReduceOptions()
+        options.reduceOp = _TORCH_REDUCE_OPS[reduce_options.reduceOp]
+        options.rootRank = reduce_options.root_rank
+        self.process_group.reduce(tensor, options).wait()
 
     def broadcast(self, tensor, broadcast_options=types.BroadcastOptions()) -> None:
         raise NotImplementedError(f"{GLOO_BACKEND} has no broadcast; use send/recv")
@@ -310,6 +313,18 @@ def all_reduce_sum(*, group: str, tensor: torch.Tensor) -> None:
     options.reduceOp = types.ReduceOp.SUM
     handle.allreduce([tensor], options)
     _settle_collective(handle=handle, tensor=tensor)
+
+
+def reduce_sum(*, group: str, tensor: torch.Tensor, dst: int) -> bool:
+    """Sum ``tensor`` over all ranks of ``group`` into rank ``dst``'s, in place; True on ``dst``
+    (elsewhere ``tensor`` is left undefined: the backend may use it as scratch)."""
+    handle = col.get_group_handle(group)
+    options = types.ReduceOptions()
+    options.reduceOp = types.ReduceOp.SUM
+    options.root_rank = dst
+    handle.reduce([tensor], options)
+    _settle_collective(handle=handle, tensor=tensor)
+    return handle.rank == dst
 
 
 def _gloo_transfer(

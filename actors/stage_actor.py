@@ -122,8 +122,13 @@ class StageActor:
             def group_sum(tensor: torch.Tensor) -> torch.Tensor:
                 return self._group_sum(group=dp_group, tensor=tensor)
 
+            def reduce_to(tensor: torch.Tensor, dst: int) -> torch.Tensor | None:
+                total = tensor.detach().clone()
+                return total if collective.reduce_sum(group=dp_group, tensor=total, dst=dst) else None
+
             reducer = GradReducer(
                 all_reduce=group_sum,
+                reduce_to=reduce_to if self._dp_spec.zero else None,
                 order=reduce_order(chunks=chunks),
                 bucket_bytes=self._dp_spec.bucket_bytes,
                 timeout_s=self.timeout_s,

@@ -12,7 +12,7 @@ from torch import nn
 
 from examples.mlp import Regression, mlp
 from rrfp_ray import Optim, PipelineConfig, Trainer
-from rrfp_ray.runtime.reduce import GradReducer, buckets
+from rrfp_ray.runtime.reduce import ChunkGradients, GradReducer, buckets
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.train.runner import partition
 
@@ -93,7 +93,7 @@ def test_replicas_sum_their_chunks_in_one_order_whatever_order_they_finish_in():
     def replica(r: int, finish_order: list[int]) -> None:
         reducers[r].begin()
         for chunk in finish_order:
-            reducers[r].submit(key=chunk, tensors=grads[r][chunk])
+            reducers[r].submit(key=chunk, grads=ChunkGradients(tensors=grads[r][chunk]))
         reducers[r].wait()
 
     threads = [threading.Thread(target=replica, args=(0, [0, 1])), threading.Thread(target=replica, args=(1, [1, 0]))]

@@ -118,14 +118,17 @@ def test_the_gpt_ties_embedding_and_head_by_default_and_its_gradients_equal_the_
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
-def test_data_parallel_replicas_keep_their_tied_copies_and_token_counts_apart():
+# ZeRO-1 over 3 replicas: the tied weight has another owner on each of its two stages, so its
+# DP sums must reach every replica before the tie sums them over the stages
+@pytest.mark.parametrize(("dp", "microbatches", "zero"), [(2, 2, 0), (3, 2, 1)])
+def test_data_parallel_replicas_keep_their_tied_copies_and_token_counts_apart(dp, microbatches, zero):
     from real_models import token_sum_count
 
-    def run(dp: int, microbatches: int) -> list[float]:
-        pipeline = PipelineConfig(stages=2, microbatches=microbatches, policy="bf", timeout_s=30, dp=dp)
-        with Trainer(
-            model=tied_model, loss_fn=token_sum_count, data=PaddedTokens(microbatches=4), pipeline=pipeline, optimizer=OPTIM
-        ) as trainer:
+    def run(dp: int, microbatches: int, zero: int = 0) -> list[float]:
+        pipeline = PipelineConfig(stages=2, microbatches=microbatches, policy="bf", timeout_s=30, dp=dp, zero=zero)
+        data = PaddedTokens(microbatches=dp * microbatches)
+        with Trainer(model=tied_model, loss_fn=token_sum_count, data=data, pipeline=pipeline, optimizer=OPTIM) as trainer:
             return [trainer.step().loss for _ in range(3)]
 
-    assert run(2, 2) == pytest.approx(run(1, 4), rel=1e-5)  # dp=2 x M=2 computes what dp=1 x M=4 does
+    # dp=D x M microbatches computes what dp=1 x D*M does
+    assert run(dp, microbatches, zero) == pytest.approx(run(1, dp * microbatches), rel=1e-5)

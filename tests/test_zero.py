@@ -1,6 +1,6 @@
-"""ZeRO-1 in one process: the optimizer state sharded over the DP replicas trains what the
-unsharded optimizer trains, each replica holding about 1/D of the state, and checkpoints
-hold (and restore) every replica's shard."""
+"""ZeRO-1 in one process: each replica receives the summed gradients of the parameters it owns
+alone, and the optimizer state sharded over the DP replicas trains what the unsharded optimizer
+trains, each replica holding about 1/D of the state; checkpoints hold (and restore) every replica's shard."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import threading
 
 import pytest
 import torch
+from gradients import GradCapture
 from torch import nn
 
 from examples.mlp import FEATURES, Regression
 from rrfp_ray import Optim, PipelineConfig, Trainer
-from rrfp_ray.runtime.reduce import gather_owned, owners
-from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
+from rrfp_ray.runtime.reduce import ChunkGradients, GradReducer, gather_owned, owners
+from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce, tensor_reduce_to
 from rrfp_ray.train.checkpoint import Checkpointing
 
 M = 2  # microbatches per replica
@@ -62,6 +63,79 @@ def test_zero_1_trains_as_zero_0_with_about_half_the_optimizer_state_per_replica
         assert total > 0 and len(shards) == 2
         assert sum(shards) == total  # every parameter's state held once over the replicas
         assert max(shards) <= 0.65 * total  # about 1/D each (whole tensors: 3 weights over 2 replicas on stage 1)
+
+
+def _captured_grads(*, zero: int) -> tuple[list[GradCapture], list[list[nn.Parameter]], list]:
+    with _trainer(zero=zero) as trainer:
+        captures = [GradCapture(e) for e in trainer.backend.executors]
+        trainer.backend.executors = captures
+        report = trainer.step()
+        params = [e.runner.parameters() for e in captures]
+    return captures, params, report.stages
+
+
+def test_zero_1_reduces_each_gradient_to_its_owner_alone():
+    summed, _, plain_stats = _captured_grads(zero=0)
+    sharded, params, stats = _captured_grads(zero=1)
+    for index, capture in enumerate(sharded):
+        replica = index // 2
+        owner = owners([p.numel() for p in params[index]], replicas=2)
+        assert 0 < owner.count(replica) < len(owner)
+        for got, want, o in zip(capture.grads, summed[index].grads, owner, strict=True):
+            if o == replica:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+            else:  # its own replica's share only: not the sum
+                assert not torch.allclose(got, want, rtol=1e-3, atol=1e-5)
+    for stage in range(2):
+        sent = [s.reduce_bytes for s in stats if s.stage == stage]
+        received = [s.reduce_received_bytes for s in stats if s.stage == stage]
+        assert sent[0] == sent[1] == next(s.reduce_bytes for s in plain_stats if s.stage == stage)
+        assert sum(received) == sent[0]  # every sum went to one replica
+        assert max(received) <= 0.65 * sent[0]  # about 1/D each
+    assert all(s.reduce_received_bytes == s.reduce_bytes for s in plain_stats)  # zero 0: every replica gets every sum
+
+
+def test_the_reducer_sends_owned_buckets_to_their_owner_and_unowned_ones_to_everyone():
+    group = ThreadAllGather(parties=2, timeout_s=10)
+    calls: list[str] = []
+
+    def reducer(rank: int) -> GradReducer:
+        def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+            calls.append(f"all {tensor.numel()}")
+            return tensor_all_reduce(group.member(rank))(tensor)
+
+        return GradReducer(
+            all_reduce=all_reduce,
+            reduce_to=tensor_reduce_to(group.member(rank), rank=rank),
+            order=[0],
+            bucket_bytes=1 << 20,
+            timeout_s=10,
+            name=f"r{rank}",
+        )
+
+    owner = [0, 1, None, 0]
+    grads = [[torch.full((n,), 10.0 * r + i) for i, n in enumerate((3, 2, 4, 1))] for r in range(2)]
+    stats = [None, None]
+
+    def replica(r: int) -> None:
+        reduce = reducer(r)
+        reduce.begin()
+        reduce.submit(key=0, grads=ChunkGradients(tensors=grads[r], owners=owner))
+        stats[r] = reduce.wait()
+        reduce.close()
+
+    threads = [threading.Thread(target=replica, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    for r in range(2):
+        for i, tensor in enumerate(grads[r]):
+            want = 10.0 + 2 * i if owner[i] in (r, None) else 10.0 * r + i
+            torch.testing.assert_close(tensor, torch.full_like(tensor, want))
+    assert sorted(calls) == ["all 4", "all 4"]  # only the unowned bucket was all-reduced
+    assert [s.nbytes for s in stats] == [40, 40]
+    assert [s.received for s in stats] == [(3 + 1 + 4) * 4, (2 + 4) * 4]
 
 
 def test_every_replicas_shard_is_checkpointed_and_resume_restores_them(tmp_path):

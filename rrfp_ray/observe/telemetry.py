@@ -48,8 +48,9 @@ class StageStats:
     loss: float | None = None  # the iteration's mean training loss, on the stage that computes it
     replica: int = 0  # the data-parallel replica this stage belongs to
     last_op_ms: float = 0.0  # when the stage's last op ended (set with data parallelism)
-    reduce_ms: float = 0.0  # time in the DP gradient all-reduces
-    reduce_bytes: int = 0  # gradient bytes summed over the DP group
+    reduce_ms: float = 0.0  # time in the DP gradient reductions
+    reduce_bytes: int = 0  # gradient bytes the stage contributed to sums over the DP group
+    reduce_received_bytes: int = 0  # bytes of those sums it received (all of them; with ZeRO-1 its own share)
     reduce_end_ms: float = 0.0  # when the last bucket was summed
     reduce_exposed_ms: float = 0.0  # reduce time after every stage's last op: what it adds to the iteration
     reduce_exposed_own_ms: float = 0.0  # reduce time after this stage's own last op

@@ -25,7 +25,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
-from rrfp_ray.runtime.thread_collectives import ThreadAllGather, ThreadAllReduce, tensor_all_reduce
+from rrfp_ray.runtime.thread_collectives import ThreadAllGather, ThreadAllReduce, tensor_all_reduce, tensor_reduce_to
 from rrfp_ray.runtime.transport import Channel, local_channels
 from rrfp_ray.runtime.worker import Executor, PipelineError, StageWorker, Workload
 from rrfp_ray.schedule.deps import Layout, Message
@@ -266,9 +266,11 @@ class ThreadStages:
         """The gradient reduction of (`stage`, TP `rank`) in `replica`, over its DP group (None without DP)."""
         if self.dp is None:
             return None
-        group_sum = tensor_all_reduce(self._dp_groups[stage * self.tp + rank].member(replica))
+        member = self._dp_groups[stage * self.tp + rank].member(replica)
+        group_sum = tensor_all_reduce(member)
         reducer = GradReducer(
             all_reduce=group_sum,
+            reduce_to=tensor_reduce_to(member, rank=replica) if self.dp.zero else None,
             order=reduce_order(chunks=self.layout.chunks),
             bucket_bytes=self.dp.bucket_bytes,
             timeout_s=self.timeout_s,

@@ -6,6 +6,10 @@ A chunk's gradients are handed over (`submit`) once its last weight-gradient op 
 Every replica must sum the same buckets in the same order, whatever order its chunks finished
 in: the thread reduces chunks in a fixed order (`order`), waiting for the next one's turn.
 The optimizer step waits for every bucket (`wait`).
+
+With ZeRO-1 each gradient has an owner, the replica that steps its parameter: a chunk's
+gradients are bucketed by owner and each bucket is reduced to its owner alone (together a
+reduce-scatter), so the other replicas keep their own unreduced gradients of it.
 """
 
 from __future__ import annotations
@@ -22,13 +26,38 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 AllReduce = Callable[[Tensor], Tensor]  # the sum of a tensor over the DP group (returned; the input may be reused)
+ReduceTo = Callable[[Tensor, int], Tensor | None]  # the sum at replica `dst`: returned there, None on the others
+
+
+@dataclass(frozen=True)
+class ChunkGradients:
+    """A chunk's final gradients. `owners[i]`: the replica that alone needs the sum of `tensors[i]`
+    (ZeRO-1; None: every replica, e.g. a tied parameter's, which is summed over stages afterwards);
+    `owners` None: every replica needs every sum."""
+
+    tensors: list[Tensor]
+    owners: list[int | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.owners is not None and len(self.owners) != len(self.tensors):
+            raise ValueError(f"{len(self.owners)} owners for {len(self.tensors)} gradients")
+
+    def by_owner(self) -> list[tuple[int | None, list[Tensor]]]:
+        """The tensors grouped by owner (in order of each owner's first tensor), each group in order."""
+        if self.owners is None:
+            return [(None, self.tensors)] if self.tensors else []
+        groups: dict[int | None, list[Tensor]] = {}
+        for tensor, owner in zip(self.tensors, self.owners, strict=True):
+            groups.setdefault(owner, []).append(tensor)
+        return list(groups.items())
 
 
 @dataclass(frozen=True)
 class ReduceStats:
-    busy_ms: float  # time spent in the group's all-reduces
+    busy_ms: float  # time spent in the group's reductions
     end_s: float  # time.perf_counter() when the last bucket was summed (0: nothing to reduce)
-    nbytes: int  # bytes summed (each replica's share, counted once)
+    nbytes: int  # bytes this replica contributed to the sums
+    received: int  # bytes of sums this replica received (nbytes; with ZeRO-1 about nbytes / D)
 
 
 def buckets(tensors: Sequence[Tensor], *, bucket_bytes: int) -> list[list[Tensor]]:
@@ -48,22 +77,34 @@ def buckets(tensors: Sequence[Tensor], *, bucket_bytes: int) -> list[list[Tensor
 class GradReducer:
     """Sums the submitted gradients of each iteration over the DP group, in place, bucket by
     bucket, on a thread of its own. `order`: the keys (chunks) of an iteration in the order
-    every replica reduces them."""
+    every replica reduces them. Gradients with an owner are summed with `reduce_to` (ZeRO-1):
+    only the owner's are replaced by the sum."""
 
-    def __init__(self, *, all_reduce: AllReduce, order: Sequence[int], bucket_bytes: int, timeout_s: float, name: str) -> None:
+    def __init__(
+        self,
+        *,
+        all_reduce: AllReduce,
+        order: Sequence[int],
+        bucket_bytes: int,
+        timeout_s: float,
+        name: str,
+        reduce_to: ReduceTo | None = None,
+    ) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self._all_reduce = all_reduce
+        self._reduce_to = reduce_to
         self._order = list(order)
         self._bucket_bytes = bucket_bytes
         self._timeout_s = timeout_s
         self._name = name
         self._cond = threading.Condition()
-        self._submitted: dict[int, list[Tensor]] = {}
+        self._submitted: dict[int, ChunkGradients] = {}
         self._next = len(self._order)  # index into order of the chunk to reduce next; all done until begin
         self._busy = 0.0
         self._end = 0.0
         self._nbytes = 0
+        self._received = 0
         self._error: BaseException | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"reduce {name}", daemon=True)
@@ -74,15 +115,17 @@ class GradReducer:
         with self._cond:
             self._raise_if_failed()
             self._submitted.clear()
-            self._next, self._busy, self._end, self._nbytes = 0, 0.0, 0.0, 0
+            self._next, self._busy, self._end, self._nbytes, self._received = 0, 0.0, 0.0, 0, 0
             self._cond.notify_all()
 
-    def submit(self, *, key: int, tensors: list[Tensor]) -> None:
+    def submit(self, *, key: int, grads: ChunkGradients) -> None:
         """`key`'s gradients are final: sum them over the group (in place) when its turn comes."""
+        if grads.owners is not None and any(o is not None for o in grads.owners) and self._reduce_to is None:
+            raise ValueError(f"{self._name}: gradients with owners (ZeRO-1) need a reducer built with reduce_to")
         with self._cond:
             if key in self._submitted:
                 raise RuntimeError(f"{self._name}: chunk {key}'s gradients were submitted twice in one iteration")
-            self._submitted[key] = tensors
+            self._submitted[key] = grads
             self._cond.notify_all()
 
     def wait(self) -> ReduceStats:
@@ -100,7 +143,7 @@ class GradReducer:
                     )
                 self._cond.wait(timeout=left)
             self._raise_if_failed()
-            return ReduceStats(busy_ms=self._busy * 1e3, end_s=self._end, nbytes=self._nbytes)
+            return ReduceStats(busy_ms=self._busy * 1e3, end_s=self._end, nbytes=self._nbytes, received=self._received)
 
     def close(self) -> None:
         with self._cond:
@@ -119,10 +162,10 @@ class GradReducer:
                     self._cond.wait()
                 if self._closed:
                     return
-                tensors = self._submitted[self._order[self._next]]
+                grads = self._submitted[self._order[self._next]]
             try:
                 began = time.perf_counter()
-                nbytes = self._reduce(tensors)
+                nbytes, received = self._reduce(grads)
                 ended = time.perf_counter()
             except BaseException as error:  # reported to the compute thread by wait()
                 with self._cond:
@@ -132,21 +175,27 @@ class GradReducer:
             with self._cond:
                 self._busy += ended - began
                 self._nbytes += nbytes
+                self._received += received
                 self._end = ended if nbytes else self._end
                 self._next += 1
                 self._cond.notify_all()
 
-    def _reduce(self, tensors: list[Tensor]) -> int:
-        nbytes = 0
-        for group in buckets(tensors, bucket_bytes=self._bucket_bytes):
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            total = self._all_reduce(flat)
-            offset = 0
-            for tensor in group:
-                tensor.detach().copy_(total[offset : offset + tensor.numel()].view_as(tensor))
-                offset += tensor.numel()
-            nbytes += flat.numel() * flat.element_size()
-        return nbytes
+    def _reduce(self, grads: ChunkGradients) -> tuple[int, int]:
+        """Every bucket of `grads` summed; returns the bytes contributed and the bytes of sums received."""
+        nbytes = received = 0
+        for owner, tensors in grads.by_owner():
+            for group in buckets(tensors, bucket_bytes=self._bucket_bytes):
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                total = self._all_reduce(flat) if owner is None else self._reduce_to(flat, owner)
+                nbytes += flat.numel() * flat.element_size()
+                if total is None:  # another replica owns this bucket
+                    continue
+                received += flat.numel() * flat.element_size()
+                offset = 0
+                for tensor in group:
+                    tensor.detach().copy_(total[offset : offset + tensor.numel()].view_as(tensor))
+                    offset += tensor.numel()
+        return nbytes, received
 
 
 @dataclass(frozen=True)

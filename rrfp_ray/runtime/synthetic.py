@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rrfp_ray.runtime.reduce import ChunkGradients
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.sim.variability import Trace
@@ -99,8 +100,8 @@ class SleepExecutor:
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> None:
         return None
 
-    def gradients(self, *, chunk: int) -> list[torch.Tensor]:
-        return [self._grads[chunk]] if self._grads else []
+    def gradients(self, *, chunk: int) -> ChunkGradients:
+        return ChunkGradients(tensors=[self._grads[chunk]] if self._grads else [])
 
     def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
         start = time.time()

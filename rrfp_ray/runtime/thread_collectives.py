@@ -81,10 +81,23 @@ def tensor_all_reduce(all_gather: Callable[[Tensor], list[Tensor]]) -> Callable[
     """Sum of a tensor over a group, added in rank order (the same bits on every rank)."""
 
     def all_reduce(tensor: Tensor) -> Tensor:
-        parts = all_gather(tensor)
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total += part
-        return total
+        return _rank_order_sum(all_gather(tensor))
 
     return all_reduce
+
+
+def tensor_reduce_to(all_gather: Callable[[Tensor], list[Tensor]], *, rank: int) -> Callable[[Tensor, int], Tensor | None]:
+    """Sum of a tensor over a group at rank `dst` alone (the bits `tensor_all_reduce` gives), as rank `rank` calls it."""
+
+    def reduce_to(tensor: Tensor, dst: int) -> Tensor | None:
+        parts = all_gather(tensor)
+        return _rank_order_sum(parts) if rank == dst else None
+
+    return reduce_to
+
+
+def _rank_order_sum(parts: list[Tensor]) -> Tensor:
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    return total

@@ -23,7 +23,7 @@ from rrfp_ray.policy.agreement import Agreement, TPContext
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.errors import PipelineError
-from rrfp_ray.runtime.reduce import DPContext, ReduceStats
+from rrfp_ray.runtime.reduce import ChunkGradients, DPContext, ReduceStats
 from rrfp_ray.runtime.transport import Channel, Header, recv_message, send_message
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Link, Message
@@ -53,9 +53,9 @@ class Executor(Protocol):
         I is the input gradient alone, W the weight gradient, B both."""
         ...
 
-    def gradients(self, *, chunk: int) -> list[torch.Tensor]:
+    def gradients(self, *, chunk: int) -> ChunkGradients:
         """The tensors data parallelism sums over the DP group once `chunk`'s last weight-gradient op
-        is done (in place; the gradients of its parameters, or a synthetic payload)."""
+        is done (in place; the gradients of its parameters, or a synthetic payload), with their owners under ZeRO-1."""
         ...
 
 
@@ -191,7 +191,7 @@ class StageWorker:
                 if dp is not None and dp.overlap and completes_weights(action):
                     weight_ops_left[action.chunk] -= 1
                     if not weight_ops_left[action.chunk]:
-                        dp.reducer.submit(key=action.chunk, tensors=executor.gradients(chunk=action.chunk))
+                        dp.reducer.submit(key=action.chunk, grads=executor.gradients(chunk=action.chunk))
             self._wait_outbox_empty()
         finally:
             with self._cond:
@@ -202,7 +202,7 @@ class StageWorker:
         wall_ms = self._now()  # the stage's iteration ends with its optimizer step
         stats = stage_stats(stage=self.stage, events=events, wall_ms=wall_ms, tp_ms=tp_ms, step_ms=wall_ms - ops_done)
         if reduced is not None:
-            stats.reduce_ms, stats.reduce_bytes = reduced.busy_ms, reduced.nbytes
+            stats.reduce_ms, stats.reduce_bytes, stats.reduce_received_bytes = reduced.busy_ms, reduced.nbytes, reduced.received
             stats.reduce_end_ms = (reduced.end_s - self._start) * 1e3 if reduced.end_s else 0.0
             stats.last_op_ms = max((e.end_ms for e in events), default=0.0)
         if agreement is not None:
@@ -223,7 +223,7 @@ class StageWorker:
         if not dp.overlap:
             all_reduce(0.0)  # every stage of every replica has run its last op
             for chunk in reduce_order(chunks=chunks):
-                dp.reducer.submit(key=chunk, tensors=executor.gradients(chunk=chunk))
+                dp.reducer.submit(key=chunk, grads=executor.gradients(chunk=chunk))
         try:
             return dp.reducer.wait()
         except (TimeoutError, RuntimeError) as error:

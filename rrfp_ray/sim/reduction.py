@@ -6,6 +6,7 @@ last weight-gradient op ends (`completes_weights`, the runtime's rule), the chun
 replicas' common order (`reduce_order`), each in buckets taking bytes / bandwidth + latency;
 without overlap every chunk waits for the last op of every stage. The replicas replay one
 trace, so their chunks are ready together and the group's all-reduce starts when they are.
+A bucket costs the same whether it is all-reduced or, with ZeRO-1, reduced to its owner.
 The exposed time is the runtime's (`rrfp_ray.observe.telemetry.with_exposed_reduce`).
 """
 

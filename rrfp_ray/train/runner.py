@@ -241,10 +241,10 @@ class StageRunner:
         squares = [grad.detach().double().square().sum() for grad in grads]
         return float(torch.stack(squares).sum()) if squares else 0.0
 
-    def chunk_grads(self, chunk: int) -> list[Tensor]:
-        """The gradients of `chunk`'s parameters, in parameter order (those that have one)."""
+    def chunk_parameters(self, chunk: int) -> list[nn.Parameter]:
+        """`chunk`'s trainable parameters, in order."""
         self.module(chunk)
-        return [p.grad for p in self._chunk_params[chunk] if p.grad is not None]
+        return list(self._chunk_params[chunk])
 
     def step(self, *, clip_coef: float, lr: float | None) -> None:
         """Scale gradients by ``clip_coef``, take an optimizer step at ``lr`` (None: the optimizer's own rates),

@@ -90,6 +90,7 @@ class TiedGradients:
         for tie in mine:
             self._groups.setdefault(tie.stages, []).append(parameter(layers, tie.names[0]))
         self.duplicates = {id(parameter(layers, t.names[0])) for t in mine if t.stages[0] != stage}
+        self.ids = frozenset(id(parameter(layers, t.names[0])) for t in mine)  # this stage's tied parameters
 
     def all_reduce(self) -> None:
         """Every owner calls the groups in the same order (the ties' order), so none waits on another."""

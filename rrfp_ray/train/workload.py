@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
-from rrfp_ray.runtime.reduce import gather_owned, owners
+from rrfp_ray.runtime.reduce import ChunkGradients, gather_owned, owners
 from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.runtime.worker import StepResult
 from rrfp_ray.schedule.actions import Action, Kind
@@ -186,6 +186,10 @@ class ModelExecutor:
         self.runner = runner
         self._layout = layout
         self._workload = workload
+        params = runner.parameters()
+        sizes = [p.numel() for p in params]
+        # ZeRO-1: the replica that steps each parameter (as _shard_optimizer chose), by id
+        self._owner = {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
 
     def begin(self, *, iteration: int) -> None:
         self.runner.reset_iteration()
@@ -217,12 +221,19 @@ class ModelExecutor:
         if self._workload.injected is not None:
             time.sleep(self._workload.injected.duration(action) / 1e3)
 
-    def gradients(self, *, chunk: int) -> list[Tensor]:
-        return self.runner.chunk_grads(chunk)
+    def gradients(self, *, chunk: int) -> ChunkGradients:
+        """With ZeRO-1 each gradient's sum goes to its owner alone, but a tied one's to every replica:
+        it is summed over its stages afterwards, and another stage's copy may have another owner."""
+        params = [p for p in self.runner.chunk_parameters(chunk) if p.grad is not None]
+        owner = None
+        if self._owner:
+            owner = [None if id(p) in self._tied.ids else self._owner[id(p)] for p in params]
+        return ChunkGradients(tensors=[p.grad for p in params], owners=owner)
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult:
         """Sum tied gradients over their stages, clip by the global gradient norm (summed over all
-        stages; replica 0's alone, since the replicas hold the same summed gradients), step.
+        stages; replica 0's alone, since the replicas hold the same summed gradients, or with ZeRO-1
+        each replica's over the parameters it owns, the only sums it holds), step.
 
         With a (sum, count) loss the gradients are those of the sums: more all-reduces give the
         iteration's count and summed loss over every replica, and dividing by the count makes them
@@ -235,8 +246,10 @@ class ModelExecutor:
             count = all_reduce(self.runner.loss_count() if first else 0.0)
             summed = all_reduce(sum(self.runner.losses()) if first else 0.0)
             scale = 1.0 / count if count > 0 else 0.0
-        mine = self.runner.grad_sq_norm(exclude=self._tied.duplicates)
-        total = all_reduce(mine if self._workload.dp_rank == 0 else 0.0) * scale**2
+        rank = self._workload.dp_rank
+        others = frozenset(i for i, o in self._owner.items() if o != rank)
+        mine = self.runner.grad_sq_norm(exclude=frozenset(self._tied.duplicates) | others)
+        total = all_reduce(mine if self._owner or rank == 0 else 0.0) * scale**2
         lr = self._workload.optim.lr_at(iteration)
         skipped = not math.isfinite(total)
         if skipped:
@@ -250,8 +263,8 @@ class ModelExecutor:
                 params = self.runner.parameters()
                 gather_owned(
                     params,
-                    owner=owners([p.numel() for p in params], replicas=self._workload.dp),
-                    rank=self._workload.dp_rank,
+                    owner=[self._owner[id(p)] for p in params],
+                    rank=rank,
                     all_reduce=self._workload.zero_sum,
                     bucket_bytes=_GATHER_BUCKET_BYTES,
                 )
