@@ -119,13 +119,19 @@ def test_the_gpt_ties_embedding_and_head_by_default_and_its_gradients_equal_the_
 
 
 # ZeRO-1 over 3 replicas: the tied weight has another owner on each of its two stages, so its
-# DP sums must reach every replica before the tie sums them over the stages
-@pytest.mark.parametrize(("dp", "microbatches", "zero"), [(2, 2, 0), (3, 2, 1)])
-def test_data_parallel_replicas_keep_their_tied_copies_and_token_counts_apart(dp, microbatches, zero):
+# DP sums must reach every replica before the tie sums them over the stages. zbv: stage 0 holds
+# the embedding and the head, so two of its chunks share the weight, which is summed over DP once.
+@pytest.mark.parametrize(
+    ("dp", "microbatches", "zero", "policy", "chunks"),
+    [(2, 2, 0, "bf", 1), (3, 2, 1, "bf", 1), (2, 4, 0, "zbv", 2), (2, 4, 1, "zbv", 2)],
+)
+def test_data_parallel_replicas_keep_their_tied_copies_and_token_counts_apart(dp, microbatches, zero, policy, chunks):
     from real_models import token_sum_count
 
     def run(dp: int, microbatches: int, zero: int = 0) -> list[float]:
-        pipeline = PipelineConfig(stages=2, microbatches=microbatches, policy="bf", timeout_s=30, dp=dp, zero=zero)
+        pipeline = PipelineConfig(
+            stages=2, chunks=chunks, microbatches=microbatches, policy=policy, timeout_s=30, dp=dp, zero=zero
+        )
         data = PaddedTokens(microbatches=dp * microbatches)
         with Trainer(model=tied_model, loss_fn=token_sum_count, data=data, pipeline=pipeline, optimizer=OPTIM) as trainer:
             return [trainer.step().loss for _ in range(3)]

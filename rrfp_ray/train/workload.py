@@ -28,6 +28,7 @@ from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.runtime.worker import StepResult
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.sim.variability import Trace
 from rrfp_ray.train.checkpoint import StageFile, load_stage, save_stage
 from rrfp_ray.train.layers import ModelLayers
@@ -186,6 +187,8 @@ class ModelExecutor:
         self.runner = runner
         self._layout = layout
         self._workload = workload
+        # a parameter two chunks of this stage share is final once both are: it goes with the one reduced last
+        self._reduced_with = {id(p): c for c in reduce_order(chunks=layout.chunks) for p in runner.chunk_parameters(c)}
         params = runner.parameters()
         sizes = [p.numel() for p in params]
         # ZeRO-1: the replica that steps each parameter (as _shard_optimizer chose), by id
@@ -224,7 +227,7 @@ class ModelExecutor:
     def gradients(self, *, chunk: int) -> ChunkGradients:
         """With ZeRO-1 each gradient's sum goes to its owner alone, but a tied one's to every replica:
         it is summed over its stages afterwards, and another stage's copy may have another owner."""
-        params = [p for p in self.runner.chunk_parameters(chunk) if p.grad is not None]
+        params = [p for p in self.runner.chunk_parameters(chunk) if p.grad is not None and self._reduced_with[id(p)] == chunk]
         owner = None
         if self._owner:
             owner = [None if id(p) in self._tied.ids else self._owner[id(p)] for p in params]
