@@ -24,7 +24,7 @@ ITERATIONS = 6
 def _run(directory: Path, *, max_restarts: int) -> RunConfig:
     return RunConfig(
         model={"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16},
-        pipeline={"stages": 3, "microbatches": 4, "policy": "bf", "timeout_s": 10},
+        pipeline={"stages": 3, "microbatches": 4, "policy": "bf", "timeout_s": 30},
         variability={"scenario": "lognormal", "t_f": 20.0},  # iterations of ~0.4 s: room to kill inside one
         train={
             "iterations": ITERATIONS,
