@@ -1,4 +1,5 @@
-"""jobs/simulate.py, run as a user would: `python jobs/simulate.py ...` from the repo root."""
+"""jobs/simulate.py: once as a user runs it (`python jobs/simulate.py ...` from the repo root),
+the rest through its main(argv) in this process."""
 
 from __future__ import annotations
 
@@ -12,12 +13,25 @@ import pytest
 from rrfp_ray.sim.variability import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "jobs"))
+import simulate
 
 
 def simulate_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "jobs/simulate.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "jobs/simulate.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def simulate_main(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The job's exit code, stdout and stderr, run in this process."""
+    try:
+        simulate.main(list(args))
+        code = 0
+    except SystemExit as exited:
+        code = exited.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def test_json_at_constant_durations(tmp_path: Path) -> None:
@@ -41,21 +55,23 @@ def test_json_at_constant_durations(tmp_path: Path) -> None:
     assert zb["speedup_vs_1f1b"] == pytest.approx(330.0 / 270.0)
 
 
-def test_saved_trace_replays_to_the_same_numbers(tmp_path: Path) -> None:
+def test_saved_trace_replays_to_the_same_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     saved, first, second = tmp_path / "trace.json", tmp_path / "a.json", tmp_path / "b.json"
     args = ("--policies", "1f1b,bf", "--cap", "2x")
-    run = simulate_cli(
+    code, out, err = simulate_main(
         "--stages", "3", "--chunks", "2", "--microbatches", "6", "--scenario", "multimodal+comm", "--sigma", "0.8",
-        "--seed", "5", "--save-trace", str(saved), "--json", str(first), "--policies", "interleaved,bf",
-    )
-    assert run.returncode == 0, run.stderr
-    assert "speedup vs fixed interleaved" in run.stdout
+        "--seed", "5", "--save-trace", str(saved), "--json", str(first), "--policies", "interleaved,bf", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "speedup vs fixed interleaved" in out
     trace = Trace.load(saved)
     assert (trace.stages, trace.chunks, trace.microbatches) == (3, 2, 6)
-    run = simulate_cli("--trace", str(saved), "--json", str(second), "--policies", "interleaved,bf")
-    assert run.returncode == 0, run.stderr
+    code, _, err = simulate_main(
+        "--trace", str(saved), "--json", str(second), "--policies", "interleaved,bf", capsys=capsys
+    )
+    assert code == 0, err
     assert json.loads(first.read_text()) == json.loads(second.read_text())
-    assert simulate_cli("--trace", str(saved), *args).returncode == 2  # 1f1b needs one chunk
+    assert simulate_main("--trace", str(saved), *args, capsys=capsys)[0] == 2  # 1f1b needs one chunk
 
 
 @pytest.mark.parametrize(
@@ -75,8 +91,9 @@ def test_saved_trace_replays_to_the_same_numbers(tmp_path: Path) -> None:
         (["--log-level", "loud"], "--log-level"),
     ],
 )
-def test_bad_flags_are_named(args: list[str], flag: str) -> None:
-    run = simulate_cli(*args)
-    assert run.returncode == 2
-    assert f"argument {flag}" in run.stderr
-    assert run.stdout == ""
+def test_bad_flags_are_named(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = simulate_main(*args, capsys=capsys)
+    assert code == 2
+    assert f"argument {flag}" in err
+    assert "Traceback" not in err
+    assert out == ""
