@@ -1,9 +1,10 @@
-# Two commands on a fresh machine: `make train` (the main job) and `make test` (the suite).
+# Two commands on a fresh machine: `make train` (the main job) and `make test` (the suite;
+# `make test-slow` runs its slow tier).
 # Both first build .venv with the CPU install path (torch pinned to 2.13.0).
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test
+.PHONY: train test test-slow
 
 $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,3 +18,7 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest $(ARGS)
+
+# The slow tier, which `make test` leaves out: tests that start a Ray cluster or head of their own.
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -m slow $(ARGS)

@@ -4,6 +4,7 @@ shows: the job SUCCEEDED with no FAILED task, its Task Timeline holds one span p
 executed op, and, in a real browser, the named actors and the job's state.
 
 One head serves every test here; it is stopped by the pids it started, never `ray stop`.
+Slow tier (`make test-slow`, which CI runs after `make test`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow  # a head of its own: `make test-slow`
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's: the head's `python` is the project's
