@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,10 @@ from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "jobs"))
+import bench_suite
+import results
+
 CLAIMS = (
     "Up to 1.77x over fixed 1F1B on LLMs",
     "Up to 2.77x over fixed 1F1B on multimodal",
@@ -42,7 +47,7 @@ SECTION = {"command": "x", "finished": "t", "wall_s": 1.0, "load_avg_1min": [0.0
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, f"jobs/{script}", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, f"jobs/{script}", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
 
 
@@ -80,8 +85,7 @@ def test_quick_suite_simulates_every_run_on_two_scenarios_at_p4(quick: Path) -> 
 
 def test_results_renders_every_claim_and_the_plots_from_the_json(quick: Path, tmp_path: Path) -> None:
     out, plots = tmp_path / "RESULTS.md", tmp_path / "plots"
-    done = run("results.py", "--json", str(quick), "--out", str(out), "--plots", str(plots))
-    assert done.returncode == 0, done.stderr
+    assert results.main(["--json", str(quick), "--out", str(out), "--plots", str(plots)]) == out
     text = out.read_text()
     head = text[: text.index("## The paper's claims")]
     assert "python jobs/bench_suite.py" in head and "python jobs/results.py" in head
@@ -286,11 +290,25 @@ def test_activation_peak_of_interleaved_counts_a_chunk_as_half() -> None:
     assert activation_peak(events=events, chunks=1, split=False) == 2 * peak
 
 
-def test_bad_arguments_name_the_flag(tmp_path: Path) -> None:
-    done = run("bench_suite.py", "--parts", "sim,bogus", "--json", str(tmp_path / "x.json"))
-    assert done.returncode == 2 and "--parts" in done.stderr
-    done = run("results.py", "--json", str(tmp_path / "missing.json"))
-    assert done.returncode == 2 and "--json" in done.stderr
+def _exit_and_stderr(
+    main: Callable[[list[str]], object], *argv: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return exited.value.code, err
+
+
+def test_bad_arguments_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _exit_and_stderr(
+        bench_suite.main, "--parts", "sim,bogus", "--json", str(tmp_path / "x.json"), capsys=capsys
+    )
+    assert code == 2 and "--parts" in err
+    code, err = _exit_and_stderr(results.main, "--json", str(tmp_path / "missing.json"), capsys=capsys)
+    assert code == 2 and "--json" in err
     (tmp_path / "other.json").write_text("{}")
-    done = run("results.py", "--json", str(tmp_path / "other.json"), "--out", str(tmp_path / "R.md"))
-    assert done.returncode == 2 and "--json" in done.stderr and "meta" in done.stderr
+    code, err = _exit_and_stderr(
+        results.main, "--json", str(tmp_path / "other.json"), "--out", str(tmp_path / "R.md"), capsys=capsys
+    )
+    assert code == 2 and "--json" in err and "meta" in err
