@@ -1,3 +1,4 @@
+import logging
 import sys
 from pathlib import Path
 
@@ -19,3 +20,14 @@ def ray_session():
     yield ray
     if started_here:
         ray.shutdown()
+
+
+@pytest.fixture
+def job_logging():
+    """For a job's main() run in this process: put back the library loggers' levels its --log-level set."""
+    from rrfp_ray.cli import LIBRARY_LOGGERS
+
+    levels = {name: logging.getLogger(name).level for name in LIBRARY_LOGGERS}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)

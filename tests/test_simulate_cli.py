@@ -55,7 +55,9 @@ def test_json_at_constant_durations(tmp_path: Path) -> None:
     assert zb["speedup_vs_1f1b"] == pytest.approx(330.0 / 270.0)
 
 
-def test_saved_trace_replays_to_the_same_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_saved_trace_replays_to_the_same_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], job_logging: None
+) -> None:
     saved, first, second = tmp_path / "trace.json", tmp_path / "a.json", tmp_path / "b.json"
     args = ("--policies", "1f1b,bf", "--cap", "2x")
     code, out, err = simulate_main(

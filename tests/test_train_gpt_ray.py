@@ -1,10 +1,8 @@
-"""The GPT on Ray: one iteration's gradients equal the unsplit model's, and the job trains."""
+"""The GPT on Ray: one iteration's gradients equal the unsplit model's, and the job trains (its main() here)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,9 @@ from rrfp_ray.train.runner import partition
 from rrfp_ray.train.workload import ModelExecutor, ModelWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "jobs"))
+import train_gpt
+
 TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}  # driven without a Trainer: no tie groups
 
 
@@ -84,21 +85,15 @@ def test_gradients_on_ray_equal_the_unsplit_model(ray_session):
         sink.shutdown()
 
 
-def test_train_gpt_job_trains(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own embedded Ray, not the test session's
-    flags = "--iterations 30 --stages 2 --microbatches 4 --micro-batch-size 4 --seq-len 32 --t-f 2 --no-compare"
-    done = subprocess.run(
-        [sys.executable, "jobs/train_gpt.py", *flags.split(), "--out", str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_train_gpt_job_trains(ray_session, tmp_path, monkeypatch, capsys, job_logging):
+    """The job's main() on the session's Ray (the embedded start: tests/test_local_ray.py; the job as a process:
+    tests/test_bad_input.py)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flags = "--iterations 10 --stages 2 --microbatches 4 --micro-batch-size 4 --seq-len 32 --t-f 2 --no-compare"
+    train_gpt.main([*flags.split(), "--out", str(tmp_path)])
+    assert "attached to the running Ray" in capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
     keys = {"policy", "iterations", "loss_first", "loss_last", "val_loss_last", "iteration_ms_median", "tokens_per_s"}
     assert keys <= summary.keys()
-    assert summary["iterations"] == 30
+    assert summary["iterations"] == 10
     assert summary["loss_last"] < summary["loss_first"]
