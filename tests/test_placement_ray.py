@@ -1,5 +1,5 @@
-"""Placement on a multi-node cluster (`ray.cluster_utils.Cluster`, in a process of its own): the
-T ranks of a stage share a node, and a pipeline the cluster cannot hold is refused up front."""
+"""Placement on a multi-node cluster (`ray.cluster_utils.Cluster`, in a process of its own; the slow
+tier): the T ranks of a stage share a node, and a pipeline the cluster cannot hold is refused up front."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ cluster.shutdown()
 """
 
 
+@pytest.mark.slow  # a three-node cluster of its own: `make test-slow`
 def test_the_tp_ranks_of_each_stage_share_a_node_on_a_two_node_cluster():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
     done = subprocess.run(
