@@ -1,9 +1,7 @@
-"""Bad input to jobs/train_gpt.py is a clear error naming the flag, before Ray starts."""
+"""Bad input to jobs/train_gpt.py is a clear error naming the flag, before Ray starts (in-process)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -66,13 +64,6 @@ def test_tp_that_does_not_divide_the_heads_is_named(capsys):
     assert "--tp 3 does not divide --n-head 4" in capsys.readouterr().err
 
 
-def _job(*flags: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # no cluster: the stages would run here
-    return subprocess.run(
-        [sys.executable, str(JOB), *flags], env=env, cwd=JOB.parent.parent, capture_output=True, text=True, timeout=60, check=False
-    )
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize(
     ("flags", "expected"),
@@ -81,12 +72,22 @@ def _job(*flags: str) -> subprocess.CompletedProcess:
         (["--gpus-per-stage", "-1"], "--gpus-per-stage must be >= 0, got -1"),  # it used to hang
     ],
 )
-def test_gpu_flags_without_cuda_fail_before_ray_starts(flags, expected):
-    done = _job(*flags)
-    assert done.returncode == 2
-    assert expected in done.stderr
-    assert "Traceback" not in done.stderr
-    assert "Ray" not in done.stdout  # start_ray prints what it started or attached to
+def test_gpu_flags_without_cuda_fail_before_ray_starts(flags, expected, monkeypatch, capsys, tmp_path):
+    """Through main(), with Ray's start made to fail (tests/test_bad_input.py runs the job as a process)."""
+
+    def no_ray(**_):
+        raise AssertionError("Ray started")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # no cluster: the stages would run here
+    monkeypatch.setattr(train_gpt, "start_ray", no_ray)
+    monkeypatch.chdir(tmp_path)  # the default --out, had the flags passed
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt.main(flags)
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert expected in err
+    assert "Traceback" not in err
+    assert out == ""
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
