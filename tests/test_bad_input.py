@@ -102,6 +102,7 @@ def test_a_bad_invocation_fails_at_once_naming_the_flag(files, job, argv, named,
     [
         ("train_gpt.py", ["--gpus-per-stage", "-1"], "--gpus-per-stage must be >= 0"),
         ("simulate.py", ["--trace", "{d}/truncated-trace.json"], "--trace"),
+        ("bench_peers.py", ["--seed", "1"], "--seed"),  # its other bad flags: tests/test_peers.py, in-process
     ],
 )
 def test_a_bad_invocation_as_a_process_exits_non_zero_within_30_s(files, job, argv, named, tmp_path):

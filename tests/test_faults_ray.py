@@ -76,7 +76,7 @@ def _settled(count: int, *, within_s: float = 20.0) -> int:
     return _live_actors()
 
 
-@pytest.mark.slow  # three rebuilds of a PP=2 x TP=2 pipeline: the suite's longest test; `make test-slow`
+@pytest.mark.slow  # 8 actors started four times (three rebuilds): the suite's longest test; `make test-slow`
 def test_a_chaos_run_recovers_and_ends_with_the_weights_of_an_uninterrupted_run(ray_session, tmp_path):
     before = _live_actors()
     with gpt_trainer(_run(tmp_path / "clean", max_restarts=0, dp=2), backend=LocalBackend()) as clean:
