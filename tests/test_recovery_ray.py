@@ -1,6 +1,7 @@
 """On Ray: a stage killed at a random point of a GPT run is rebuilt from the last
-checkpoint and the run ends with the parameters of an uninterrupted run; a kill during a
-checkpoint write leaves the previous checkpoint loadable; no actor is left behind."""
+checkpoint and the run ends with the parameters of an uninterrupted run (in this process: the
+same computation, no actors to start); a kill during a checkpoint write leaves the previous
+checkpoint loadable; no actor is left behind."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import ray
 import torch
 
 from actors.backend import RayBackend
+from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import latest, load_stage
 from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.gpt_workload import gpt_trainer
@@ -52,7 +54,7 @@ def _live_actors() -> int:
 def test_a_killed_stage_is_rebuilt_and_the_run_matches_an_uninterrupted_one(ray_session, tmp_path, caplog):
     caplog.set_level("INFO", logger="rrfp_ray.train.api")
     before = _live_actors()
-    with gpt_trainer(_run(tmp_path / "clean", max_restarts=0), backend=RayBackend()) as clean:
+    with gpt_trainer(_run(tmp_path / "clean", max_restarts=0), backend=LocalBackend()) as clean:
         clean.fit(ITERATIONS)
         expected = _final_states(clean)
     rng = random.Random(1)
@@ -101,7 +103,7 @@ def test_a_killed_actor_in_replica_1_rebuilds_the_whole_dp_zero_group(ray_sessio
         pipeline = config.pipeline.model_copy(update={"stages": 2, "dp": 2, "zero": 1})
         return config.model_copy(update={"pipeline": pipeline})
 
-    with gpt_trainer(run(tmp_path / "clean", max_restarts=0), backend=RayBackend()) as clean:
+    with gpt_trainer(run(tmp_path / "clean", max_restarts=0), backend=LocalBackend()) as clean:
         clean.fit(ITERATIONS)
         expected = _final_states(clean)
     rng = random.Random(2)
