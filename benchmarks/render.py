@@ -4,20 +4,14 @@ setup, runtime, TP, simulator and buffer sections, the plot links and the run lo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from benchmarks.attribution import attribution_section, seed_text
 from benchmarks.claims import claims, target_rows
-from benchmarks.report import ROOT, SUITE, Suite, missing, pct, x
+from benchmarks.report import ROOT, SUITE, Suite, missing, pct, table, x
 
 PARTS = ("sim", "buffer", "runtime", "peers", "tp")  # the JSON's sections, in the order they run
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
-    return lines
 
 
 def claims_section(suite: Suite) -> list[str]:
@@ -191,9 +185,8 @@ def sim_section(suite: Suite) -> list[str]:
     lines = ["## Simulator (M = 4P)", ""]
     if not suite.sim:
         return lines + [missing("sim") + "."]
-    seeds = suite.meta["sim_seeds"]
     lines += [
-        f"Means over seeds 0..{seeds - 1}; peaks are the maximum over seeds. Speedup over fixed 1f1b on the same "
+        f"Means over {seed_text(suite)}; peaks are the maximum over seeds. Speedup over fixed 1f1b on the same "
         "trace; in parentheses the peak activation memory over fixed 1F1B's. Fixed schedules ignore caps.",
         "",
         "### Speedup over fixed 1F1B (memory)",
@@ -291,7 +284,7 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
 def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> str:
     meta = suite.meta
     total = sum(suite.data[p]["wall_s"] for p in PARTS if p in suite.data)
-    quick = " (a `--quick` run: simulator only, P=4, one seed, two scenarios)" if meta["quick"] else ""
+    quick = " (a `--quick` run: simulator only, P=4, two seeds, three scenarios)" if meta["quick"] else ""
     head = [
         "# rrfp-ray: results",
         "",
@@ -309,6 +302,7 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
     sections = [
         head,
         claims_section(suite),
+        attribution_section(suite),
         target_section(suite),
         setup_section(suite),
         runtime_section(suite),

@@ -51,6 +51,12 @@ class Suite:
         return [r for r in self.peers if r["scenario"] == scenario]
 
 
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
+    return lines
+
+
 def x(value: float) -> str:
     return f"{value:.2f}x"
 

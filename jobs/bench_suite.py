@@ -3,13 +3,16 @@ runtime and against PyTorch's own schedules, into one JSON that `jobs/results.py
 
     python jobs/bench_suite.py                      # all four parts -> docs/results/suite.json
     python jobs/bench_suite.py --parts peers        # re-measure one part, keep the others' sections
-    python jobs/bench_suite.py --quick --json OUT   # simulator only: P=4, one seed, two scenarios
+    python jobs/bench_suite.py --quick --json OUT   # simulator only: P=4, two seeds, three scenarios
 
-1. sim: P in 8, 16, 32, M = 4P, seeds 0..2 (means): fixed gpipe, 1f1b, interleaved (v=2),
-   zb-h1, and the readiness policies (bf, bfw and any further rule `policy_names()` lists) at
-   caps 1x, 2x and inf; makespan, speedup over fixed 1f1b, makespan / lower bound, blocked
-   fraction, peak in-flight and peak activation memory. Then bf's receive-buffer limit
-   swept on multimodal+comm.
+1. sim: P in 8, 16, 32, M = 4P, seeds 1000..1002 (means; cpw was designed on 200-239 and
+   reported on 0-9, so none of these): fixed gpipe, 1f1b, 1f1b-2x, zb-h1, zb-h2 and, at v=2,
+   interleaved, zbv and dualpipev; the readiness rules (bf, bfw and any further rule
+   `policy_names()` lists) at caps 1x, 2x and inf; ready-1f1b, ready-zb-h1 and, at v=2,
+   ready-interleaved, ready-zbv and ready-dualpipev at 1x and 2x; makespan, speedup over
+   fixed 1f1b, makespan / lower bound, blocked fraction, peak in-flight and peak activation
+   memory. It prints what readiness itself buys against the targets (benchmarks/attribution.py).
+   Then bf's receive-buffer limit swept on multimodal+comm.
 2. runtime: the Ray runtime at P=4, M=16 (synthetic sleep workload, seed 0) on every scenario:
    1f1b, zb-h1, interleaved, and the readiness policies at 1x, 2x and inf; a warm-up and
    then --iterations timed iterations per policy, the policies taking turns; the median, and
@@ -39,13 +42,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.attribution import attribution_lines
 from benchmarks.console import show_progress
+from benchmarks.report import Suite
 from benchmarks.suite import (
     BUFFER_SCENARIO,
     DEFAULT_JSON,
     PARTS,
     QUICK_SCENARIOS,
+    QUICK_SEEDS,
     SCENARIOS,
+    SEEDS,
     buffer_part,
     meta,
     readiness_policies,
@@ -58,7 +65,9 @@ from benchmarks.suite_ray import TP, TP_SCENARIOS, peers_part, runtime_part, tp_
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="simulator only, P=4, one seed, none and multimodal+comm")
+    parser.add_argument(
+        "--quick", action="store_true", help="simulator only, P=4, two seeds, none, lognormal-0.6 and multimodal+comm"
+    )
     parser.add_argument("--json", default=str(DEFAULT_JSON), metavar="OUT", help=f"output (default {DEFAULT_JSON})")
     parser.add_argument(
         "--parts", help=f"comma-separated from {', '.join(PARTS)} (default all); other parts' sections in OUT are kept"
@@ -88,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     out = Path(args.json)
     scenarios = [s for s in SCENARIOS if s.label in QUICK_SCENARIOS] if args.quick else list(SCENARIOS)
-    stages, seeds = ((4,), 1) if args.quick else ((8, 16, 32), 3)
+    stages, seeds = ((4,), QUICK_SEEDS) if args.quick else ((8, 16, 32), SEEDS)
     rules = readiness_policies()
     keep = not args.quick and set(args.parts) != set(PARTS) and out.exists()
     data = json.loads(out.read_text()) if keep else {}
@@ -107,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             make=lambda: buffer_part(spec=buffer_spec, stages=buffer_stages, seeds=seeds),
             command=command,
         )
+        for line in attribution_lines(Suite(data)):
+            print(line, flush=True)
     if "runtime" in args.parts:
         runs = runtime_runs(rules=rules)
         data["runtime"] = timed(
