@@ -13,7 +13,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {"json": ROOT / "docs/results/suite.json", "out": ROOT / "docs/RESULTS.md", "plots": ROOT / "docs/results"}
 SUITE = "python jobs/bench_suite.py"
-FIXED_COLORS = {"gpipe": "tab:gray", "1f1b": "black", "interleaved": "tab:purple", "zb-h1": "tab:brown"}
+FIXED_COLORS = {
+    "gpipe": "tab:gray",
+    "1f1b": "black",
+    "1f1b-2x": "dimgray",
+    "zb-h1": "tab:brown",
+    "zb-h2": "sienna",
+    "interleaved": "tab:purple",
+    "zbv": "tab:pink",
+    "dualpipev": "magenta",
+}
 
 
 class Suite:

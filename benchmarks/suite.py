@@ -44,7 +44,13 @@ FIXED = (
     ("zbv", 2),
     ("dualpipev", 2),
 )
-READY_LISTS = (("ready-1f1b", 1), ("ready-zb-h1", 1), ("ready-interleaved", 2), ("ready-zbv", 2), ("ready-dualpipev", 2))
+READY_LISTS = (
+    ("ready-1f1b", 1),
+    ("ready-zb-h1", 1),
+    ("ready-interleaved", 2),
+    ("ready-zbv", 2),
+    ("ready-dualpipev", 2),
+)
 READY_CAPS = tuple(Cap.parse(text) for text in ("1x", "2x"))
 # cpw was designed on seeds 200-239 and reported on 0-9 (docs/policy_past_bf.md); the suite evaluates on others.
 SEEDS = range(1000, 1003)
