@@ -24,21 +24,26 @@ def claims_section(suite: Suite) -> list[str]:
 
 
 def target_section(suite: Suite) -> list[str]:
-    lines = ["## Target: rrfp-ray vs PyTorch's schedules, side by side (P=4, M=16, t_f=20 ms)", ""]
+    lines = ["## Target: rrfp-ray vs PyTorch's schedules, side by side (M = 4P, t_f=20 ms)", ""]
     rows = target_rows(suite)
     if not rows:
         return lines + [missing("runtime and peers") + "."]
+    section = suite.data.get("peers", {})
+    seeds = sorted({r.get("seed", 0) for r in suite.peers})
     lines += [
-        "Median iteration wall time (ms) of the timed iterations. PyTorch: `torch.distributed.pipelining` in 4 "
-        "processes over gloo (`benchmarks/peers/torch_pipelining.py`); rrfp-ray: 4 Ray stage actors over gloo "
-        "links. Both sleep the same trace. rrfp-ray's best is the fastest readiness run with peak activation "
-        "memory <= 2x fixed 1F1B's. *ideal* is the simulated makespan of the order PyTorch ran, in our "
-        "model (no transport cost, message latency overlapped with compute).",
+        f"Iteration wall time (ms): per seed the median of {section.get('iterations', '?')} timed iterations after "
+        f"{section.get('warmup', '?')} warm-up, then the median over seeds {', '.join(map(str, seeds))}; in "
+        "parentheses the least and most per-seed ratio. PyTorch: `torch.distributed.pipelining` in P processes "
+        "over gloo (`benchmarks/peers/torch_pipelining.py`); rrfp-ray: P Ray stage actors over gloo links. Both "
+        "sleep the same traces. rrfp-ray's best is the fastest readiness run with peak activation memory <= 2x "
+        "fixed 1F1B's. *ideal* is the simulated makespan of the order PyTorch ran, in our model (no transport "
+        "cost, message latency overlapped with compute).",
         "",
     ]
     schedules = list(dict.fromkeys(s for r in rows for s in r["peers"]))
     header = [
         "scenario",
+        "P",
         *(f"PyTorch {s}" for s in schedules),
         "rrfp-ray best (memory)",
         "rrfp / PyTorch best",
@@ -55,12 +60,14 @@ def target_section(suite: Suite) -> list[str]:
     for r in rows:
         cells = [f"{r['peers'][s]['measured_ms']:.0f}" if s in r["peers"] else "-" for s in schedules]
         ours = r["ours"]
+        low, high = r["spread"]
         body.append(
             [
                 r["scenario"],
+                r["stages"],
                 *cells,
                 f"{ours['measured_ms']:.0f} {ours['run']} ({x(ours['memory_x'])})",
-                x(r["ratio"]),
+                f"{x(r['ratio'])} ({low:.2f}-{high:.2f})",
                 "yes" if r["holds"] else "**no**",
                 f"{x(r['ideal_ratio'])} ({r['ideal']['schedule']} {r['ideal']['ideal_ms']:.0f})",
                 versus(r["ours_1x"], r["peer"]),
@@ -70,10 +77,11 @@ def target_section(suite: Suite) -> list[str]:
     lines += table(header, body)
     lines += [
         "",
-        "How to read it: PyTorch's sleep module puts each message's latency on the receiving rank before the op "
-        "that consumes it (PyTorch sends inside the schedule), so on the comm scenarios PyTorch pays every latency "
-        "on its compute path while rrfp-ray's sender thread overlaps it; the *ideal* column compares with PyTorch's "
-        "order under rrfp-ray's own model instead. The last two columns: rrfp-ray held to fixed 1F1B's memory, "
+        "How to read it: message latency is a delivery delay in both. rrfp-ray's sender thread holds a message its "
+        "latency after the op that made it, then sends it; PyTorch's sleep module stamps each message with the time "
+        "its op ended, and the consumer sleeps only what is left of the latency (the message travels meanwhile, so "
+        "rrfp-ray pays its transport after the latency and PyTorch within it). The last two columns: rrfp-ray held "
+        "to fixed 1F1B's memory, "
         "and rrfp-ray running the fixed schedules itself (so the two runtimes' own overheads can be told apart "
         "from the policies'). Other processes shared the 2 cores (load in the run log below).",
     ]
@@ -81,13 +89,16 @@ def target_section(suite: Suite) -> list[str]:
 
 
 def runtime_section(suite: Suite) -> list[str]:
-    lines = ["## Ray runtime (P=4, M=16): measured against the simulator", ""]
+    lines = ["## Ray runtime (M = 4P): measured against the simulator", ""]
     if not suite.runtime:
         return lines + [missing("runtime") + "."]
     section = suite.data["runtime"]
+    seeds = sorted({r.get("seed", 0) for r in suite.runtime})
     lines += [
-        f"Synthetic sleep workload, seed 0, {section['warmup']} warm-up + {section['iterations']} timed iterations "
-        "per run, runs taking turns; median. *sim* is the simulator on the very same trace, cap and buffer "
+        f"Synthetic sleep workload, seeds {', '.join(map(str, seeds))}, {section['warmup']} warm-up + "
+        f"{section['iterations']} timed iterations per run and seed, runs taking turns; per seed the median, then "
+        "the median over seeds (the optimizer step inside every iteration's time, as in telemetry and "
+        "train_gpt's line). *sim* is the simulator on the very same traces, cap and buffer "
         "limit (32). Speedup is over rrfp-ray's own fixed 1f1b, measured. Memory: peak activations over fixed "
         "1F1B's, from the measured op timeline. A readiness run can beat its simulation (meas / sim < 1): the "
         "arbiters decide on the measured times, so their order is not the simulated one.",
@@ -96,13 +107,14 @@ def runtime_section(suite: Suite) -> list[str]:
     if section.get("errors"):
         lines += ["Failures: " + "; ".join(section["errors"]), ""]
     body = []
-    for scenario in suite.scenarios:
-        rows = suite.runtime_rows(scenario=scenario)
+    for scenario, p in ((s, p) for p in suite.ray_stages for s in suite.scenarios):
+        rows = suite.runtime_rows(scenario=scenario, stages=p)
         base = next((r["measured_ms"] for r in rows if r["run"] == "1f1b"), None)
         for r in rows:
             body.append(
                 [
                     scenario,
+                    p,
                     r["run"],
                     f"{r['measured_ms']:.0f}",
                     f"{r['sim_ms']:.0f}",
@@ -115,6 +127,7 @@ def runtime_section(suite: Suite) -> list[str]:
             )
     header = (
         "scenario",
+        "P",
         "run",
         "measured ms",
         "sim ms",
@@ -284,7 +297,7 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
 def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> str:
     meta = suite.meta
     total = sum(suite.data[p]["wall_s"] for p in PARTS if p in suite.data)
-    quick = " (a `--quick` run: simulator only, P=4, two seeds, three scenarios)" if meta["quick"] else ""
+    quick = " (a `--quick` run: simulator only, P=4, two seeds, two scenarios)" if meta["quick"] else ""
     head = [
         "# rrfp-ray: results",
         "",

@@ -6,6 +6,7 @@ renders docs/RESULTS.md with them.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ class Suite:
         self.tp = data.get("tp", {}).get("rows", [])
         self.stages = sorted({r["stages"] for r in self.sim})
         self.runs = list(dict.fromkeys(r["run"] for r in self.sim))
+        self.ray_stages = sorted({r.get("stages", 4) for r in self.runtime + self.peers})
 
     def cell(self, *, scenario: str, stages: int, run: str) -> dict | None:
         return next((r for r in self.sim if (r["scenario"], r["stages"], r["run"]) == (scenario, stages, run)), None)
@@ -53,11 +55,47 @@ class Suite:
     def ready(self, row: dict) -> bool:
         return row["policy"] in self.rules
 
-    def runtime_rows(self, *, scenario: str) -> list[dict]:
-        return [r for r in self.runtime if r["scenario"] == scenario]
+    def runtime_rows(self, *, scenario: str, stages: int | None = None) -> list[dict]:
+        """One row per run at P=`stages` (default: the smallest measured), over the seeds (`over_seeds`)."""
+        return over_seeds(self._at(self.runtime, scenario=scenario, stages=stages), name="run")
 
-    def peer_rows(self, *, scenario: str) -> list[dict]:
-        return [r for r in self.peers if r["scenario"] == scenario]
+    def peer_rows(self, *, scenario: str, stages: int | None = None) -> list[dict]:
+        return over_seeds(self._at(self.peers, scenario=scenario, stages=stages), name="schedule")
+
+    def _at(self, rows: list[dict], *, scenario: str, stages: int | None) -> list[dict]:
+        p = stages if stages is not None else (self.ray_stages or [4])[0]
+        return [r for r in rows if r["scenario"] == scenario and r.get("stages", 4) == p]
+
+
+MEDIANS = ("measured_ms", "sim_ms", "ideal_ms", "blocked_fraction")
+MAXIMA = ("memory_x", "peak_inflight")
+
+
+def over_seeds(rows: list[dict], *, name: str) -> list[dict]:
+    """Rows of one (scenario, P) merged per `name` over their seeds: the median over seeds of each
+    seed's median (MEDIANS), the most over seeds (MAXIMA), and `seed_ms` {seed: measured_ms}."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row[name], []).append(row)
+    out = []
+    for group in groups.values():
+        merged = {**group[0], "seeds": len(group)}
+        for key in MEDIANS:
+            if key in merged:
+                merged[key] = statistics.median(r[key] for r in group)
+        for key in MAXIMA:
+            if key in merged:
+                merged[key] = max(r[key] for r in group)
+        merged["seed_ms"] = {r.get("seed", 0): r["measured_ms"] for r in group}
+        out.append(merged)
+    return out
+
+
+def seed_spread(ours: dict, theirs: dict) -> tuple[float, float]:
+    """Least and most per-seed ratio ours / theirs over the seeds both measured."""
+    common = sorted(set(ours["seed_ms"]) & set(theirs["seed_ms"]))
+    ratios = [ours["seed_ms"][seed] / theirs["seed_ms"][seed] for seed in common]
+    return (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
