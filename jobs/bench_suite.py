@@ -70,9 +70,7 @@ from benchmarks.suite_ray import TP, TP_SCENARIOS, peers_part, runtime_part, tp_
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--quick", action="store_true", help="simulator only, P=4, two seeds, none and multimodal+comm"
-    )
+    parser.add_argument("--quick", action="store_true", help="simulator only, P=4, two seeds, none and multimodal+comm")
     parser.add_argument("--json", default=str(DEFAULT_JSON), metavar="OUT", help=f"output (default {DEFAULT_JSON})")
     parser.add_argument(
         "--parts", help=f"comma-separated from {', '.join(PARTS)} (default all); other parts' sections in OUT are kept"
