@@ -1,0 +1,65 @@
+"""rrfp_ray.sim.replay: a measured iteration as a trace, replayed in the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.schedule.actions import Kind
+from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.sim.replay import measured_trace, replay
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate
+
+
+def flat(rows: tuple[tuple[float, ...], ...]) -> list[float]:
+    return [value for row in rows for value in row]
+
+
+@pytest.mark.parametrize(("name", "chunks"), [("bf", 1), ("bfw", 1), ("1f1b", 1), ("ready-zbv", 2)])
+def test_an_iteration_replayed_from_its_own_telemetry_takes_the_same_time(name: str, chunks: int) -> None:
+    """The simulator's report stands in for a measured one: its ops' times and its messages' transits
+    (latency, or an upper bound where the consumer waited on its own forward) give back its makespan."""
+    trace = generate(scenario="multimodal+comm", stages=4, microbatches=8, chunks=chunks, seed=5, comm_ms=3.0)
+    policy = make_policy(name=name, stages=4, chunks=chunks, microbatches=8)
+    report = simulate(policy=policy, trace=trace, cap=Cap.parse("2x"))
+    layout = Layout(stages=4, chunks=chunks, microbatches=8, placement=policy.placement)
+    again = replay(report, policy=policy, layout=layout, cap=Cap.parse("2x"))
+    assert again.simulated_ms == pytest.approx(report.makespan_ms) and again.ratio == pytest.approx(1.0)
+    measured = measured_trace(report, layout=policy.layout_over(layout))
+    assert flat(measured.F) == pytest.approx(flat(trace.F))  # op times come back
+    for vs in range(1, measured.virtual_stages):
+        if layout.is_local(Message(kind=Kind.F, virtual_stage=vs, microbatch=0)):
+            assert measured.commF[vs - 1] == (0.0,) * 8  # the V's turn: a hand-off, no latency
+            continue
+        for m in range(8):
+            assert measured.commF[vs - 1][m] >= trace.commF[vs - 1][m] - 1e-9  # never less than the latency
+
+
+def test_stages_started_at_different_moments_share_one_clock() -> None:
+    trace = generate(scenario="comm", stages=2, microbatches=2, chunks=1, seed=0, comm_ms=4.0)
+    policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
+    report = simulate(policy=policy, trace=trace, cap=Cap())
+    layout = Layout(stages=2, chunks=1, microbatches=2)
+    later = [s for s in report.stages]
+    later[1] = type(later[1])(**{**vars(later[1]), "started_at": 0.5})  # stage 1's clock starts 500 ms later
+    shifted = [
+        e if e.stage == 0 else type(e)(**{**vars(e), "start_ms": e.start_ms - 500, "end_ms": e.end_ms - 500,
+                                          "ready_ms": e.ready_ms - 500})
+        for e in report.events
+    ]  # fmt: skip
+    moved = IterationReport(iteration=0, policy="1f1b", makespan_ms=report.makespan_ms, stages=later, events=shifted)
+    here, there = measured_trace(moved, layout=layout), measured_trace(report, layout=layout)
+    for key in ("F", "B", "W", "commF", "commB"):
+        assert flat(getattr(here, key)) == pytest.approx(flat(getattr(there, key))), key
+
+
+def test_a_report_missing_ops_is_refused_naming_them() -> None:
+    trace = generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0)
+    policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
+    report = simulate(policy=policy, trace=trace, cap=Cap())
+    cut = IterationReport(iteration=3, policy="1f1b", makespan_ms=1.0, stages=report.stages, events=report.events[1:])
+    with pytest.raises(ValueError, match="iteration 3 .*missing"):
+        measured_trace(cut, layout=Layout(stages=2, chunks=1, microbatches=2))
