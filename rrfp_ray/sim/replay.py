@@ -2,10 +2,10 @@
 each message's measured transit (`measured_trace`), and what the replay predicts (`replay`).
 
 Transit is from the end of the op that sent a message to the moment its consumer became ready,
-on one clock (the stages' `started_at` align them). Where the consumer waited on its own forward
-longer than on the message, that moment is when the forward ended: the transit is then an upper
-bound, and any value up to it makes the consumer ready at the same moment, so the replay is not
-changed by it. Without the B/W split a full backward's time is the trace's B (its W is 0).
+on the report's one clock (`merge_stage_reports` puts every stage's events on it). Where the
+consumer waited on its own forward longer than on the message, that moment is when the forward
+ended: the transit is then an upper bound, and any value up to it makes the consumer ready at
+the same moment, so the replay is not changed by it. Without the B/W split a full backward's time is the trace's B (its W is 0).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from rrfp_ray.sim.variability import Trace
 
 def measured_trace(report: IterationReport, *, layout: Layout) -> Trace:
     """The trace of what `report` measured, for a pipeline of `layout` (its split says how a backward was run)."""
-    origin = min((s.started_at for s in report.stages), default=0.0)
-    shift = {s.stage: 1000 * (s.started_at - origin) for s in report.stages}
     events: dict[Action, OpEvent] = {
         parse_action(e.action, stages=layout.stages, placement=layout.placement): e for e in report.events
     }
@@ -47,7 +45,7 @@ def measured_trace(report: IterationReport, *, layout: Layout) -> Trace:
         sender_vs = vs - 1 if action.kind is Kind.F else vs + 1
         kind = Kind.F if action.kind is Kind.F else layout.backward
         sender = events[layout.action(kind=kind, virtual_stage=sender_vs, microbatch=m)]
-        transit = (event.ready_ms + shift[event.stage]) - (sender.end_ms + shift[sender.stage])
+        transit = event.ready_ms - sender.end_ms
         row = vs - 1 if action.kind is Kind.F else vs
         comm["commF" if action.kind is Kind.F else "commB"][row][m] = max(0.0, transit)
     return Trace(stages=layout.stages, microbatches=layout.microbatches, chunks=layout.chunks, **rows, **comm)
