@@ -45,3 +45,26 @@ def test_a_report_missing_ops_is_refused_naming_them() -> None:
     cut = IterationReport(iteration=3, policy="1f1b", makespan_ms=1.0, stages=report.stages, events=report.events[1:])
     with pytest.raises(ValueError, match="iteration 3 .*missing"):
         measured_trace(cut, layout=Layout(stages=2, chunks=1, microbatches=2))
+
+
+def test_the_replay_job_reads_a_telemetry_file_and_finds_its_shape(tmp_path, capsys) -> None:
+    import sys
+    from pathlib import Path
+
+    from rrfp_ray.observe.telemetry import append_jsonl
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+    import replay as job
+
+    trace = generate(scenario="lognormal", stages=3, microbatches=6, chunks=1, seed=2)
+    policy = make_policy(name="bfw", stages=3, chunks=1, microbatches=6)
+    path = tmp_path / "telemetry-bfw.jsonl"
+    for iteration in range(3):
+        append_jsonl(path=path, report=simulate(policy=policy, trace=trace, cap=Cap.parse("1x"), iteration=iteration))
+    rows = job.main([str(path), "--cap", "1x"])
+    assert [r["iteration"] for r in rows] == [1, 2]  # the first left out as warm-up
+    assert all(r["simulated_ms"] == pytest.approx(r["measured_ms"]) for r in rows)
+    assert "bfw: P=3 v=1 M=6, looped placement, cap 1x" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        job.main([str(tmp_path / "none.jsonl")])
+    assert "no file" in capsys.readouterr().err
