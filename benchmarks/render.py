@@ -11,7 +11,7 @@ from benchmarks.attribution import attribution_section, seed_text
 from benchmarks.claims import claims, target_rows
 from benchmarks.report import ROOT, SUITE, Suite, missing, pct, table, x
 
-PARTS = ("sim", "buffer", "runtime", "peers", "tp")  # the JSON's sections, in the order they run
+PARTS = ("sim", "buffer", "runtime", "peers", "tp", "fidelity")  # the JSON's sections, in the order they run
 
 
 def claims_section(suite: Suite) -> list[str]:
@@ -194,6 +194,41 @@ def tp_section(suite: Suite) -> list[str]:
     return lines + table(header, body)
 
 
+def fidelity_section(suite: Suite) -> list[str]:
+    section = suite.data.get("fidelity")
+    if not section:
+        return []
+    lines = [
+        "## Fidelity on real ops: a GPT run replayed in the simulator",
+        "",
+        f"The default GPT on `--varlen` data with no injected sleeps, in one process (the in-process backend: a "
+        f"thread per stage, in-memory links), {section['warmup']} warm-up + {section['iterations']} timed "
+        "iterations per policy, M = 4P, medians. Each timed iteration's ops' measured durations and messages' "
+        "measured transits make a trace (`rrfp_ray/sim/replay.py`; `python jobs/replay.py TELEMETRY` does the "
+        "same for any run's telemetry); the simulator runs the same policy and cap on it. *measured* leaves the "
+        "optimizer step out, as the simulator does; *iteration* has it. The 2 cores are shared with the other "
+        "stages' threads and other processes, so the real compute per op and the bf / 1f1b figure carry that noise.",
+        "",
+    ]
+    body = []
+    for r in section["rows"]:
+        base = next((b for b in section["rows"] if (b["stages"], b["policy"]) == (r["stages"], "1f1b")), None)
+        body.append(
+            [
+                r["stages"],
+                r["policy"],
+                f"{r['measured_ms']:.0f}",
+                f"{r['schedule_ms']:.0f}",
+                f"{r['simulated_ms']:.0f}",
+                f"{r['sim_over_measured']:.3f}",
+                f"{r['op_ms_mean']:.1f}",
+                "-" if base is None else x(base["measured_ms"] / r["measured_ms"]),
+            ]
+        )
+    header = ("P", "policy", "iteration ms", "measured ms", "replayed ms", "sim / meas", "ms per op", "vs 1f1b")
+    return lines + table(header, body)
+
+
 def sim_section(suite: Suite) -> list[str]:
     lines = ["## Simulator (M = 4P)", ""]
     if not suite.sim:
@@ -320,6 +355,7 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         setup_section(suite),
         runtime_section(suite),
         tp_section(suite),
+        fidelity_section(suite),
         sim_section(suite),
         buffer_section(suite),
         plot_links(plots, out=out),

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
 T_F = 20.0
-PARTS = ("sim", "runtime", "peers", "tp")
+PARTS = ("sim", "runtime", "peers", "tp", "fidelity")
 CAPS = tuple(Cap.parse(text) for text in ("1x", "2x", "inf"))
 FIXED = (
     ("gpipe", 1),

@@ -29,6 +29,9 @@ runtime and against PyTorch's own schedules, into one JSON that `jobs/results.py
    one driver each, a warm-up and then --iterations timed iterations per run; the median, and
    what the agreement cost (rank 0 of each stage). On lognormal-0.3 both TP ranks replay the
    seed-0 trace; on the comm scenarios rank t's messages take the latencies drawn with seed t.
+5. fidelity: a real GPT run with no injected sleeps (`--varlen` data, in-process backend)
+   at P=2 and 4, fixed 1f1b and bf, each timed iteration replayed in the simulator on its own
+   measured trace (benchmarks/fidelity.py).
 
 Interleaved (v=2) runs the same model: its trace is the v=1 trace with every op cut into two
 equal halves, one per chunk (so each stage does exactly the same work per microbatch, and
@@ -49,6 +52,7 @@ from typing import Any
 
 from benchmarks.attribution import attribution_lines
 from benchmarks.console import show_progress
+from benchmarks.fidelity import fidelity_part
 from benchmarks.report import Suite
 from benchmarks.suite import (
     BUFFER_SCENARIO,
@@ -184,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tp_scenarios = [s for s in SCENARIOS if s.label in TP_SCENARIOS]
         data["tp"] = timed(part="tp", make=lambda: tp_part(scenarios=tp_scenarios, **tp_shape), command=command)
         data["tp"].update(tp=TP, **tp_shape)
+    if "fidelity" in args.parts:
+        data["fidelity"] = timed(
+            part="fidelity",
+            make=lambda: fidelity_part(stages=(2, 4), warmup=1, iterations=args.iterations),
+            command=command,
+        )
     data["meta"]["wall_s"] = time.perf_counter() - started
     data["meta"]["parts_run"] = args.parts
     out.write_text(json.dumps(data, indent=1))

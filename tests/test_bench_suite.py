@@ -375,3 +375,31 @@ def test_bad_arguments_name_the_flag(tmp_path: Path) -> None:
     (tmp_path / "other.json").write_text("{}")
     done = run("results.py", "--json", str(tmp_path / "other.json"), "--out", str(tmp_path / "R.md"))
     assert done.returncode == 2 and "--json" in done.stderr and "meta" in done.stderr
+
+
+def test_the_fidelity_section_shows_replayed_against_measured(quick: Path) -> None:
+    data = json.loads(quick.read_text())
+    row = {"stages": 2, "microbatches": 8, "cap": "2x", "runs_ms": [110.0], "op_ms_mean": 3.0}
+    rows = [
+        {
+            **row,
+            "policy": "1f1b",
+            "measured_ms": 110.0,
+            "schedule_ms": 100.0,
+            "simulated_ms": 98.0,
+            "sim_over_measured": 0.98,
+        },
+        {
+            **row,
+            "policy": "bf",
+            "measured_ms": 100.0,
+            "schedule_ms": 90.0,
+            "simulated_ms": 90.0,
+            "sim_over_measured": 1.0,
+        },
+    ]
+    data["fidelity"] = {**SECTION, "rows": rows}
+    text = render(Suite(data), source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
+    assert "## Fidelity on real ops" in text
+    assert "| 2 | 1f1b | 110 | 100 | 98 | 0.980 | 3.0 | 1.00x |" in text
+    assert "| 2 | bf | 100 | 90 | 90 | 1.000 | 3.0 | 1.10x |" in text
