@@ -240,21 +240,25 @@ def sim_section(suite: Suite) -> list[str]:
         "### Speedup over fixed 1F1B (memory)",
         "",
     ]
-    header = ["scenario", "P", *suite.runs]
+    chunks = {r["run"]: r["chunks"] for r in suite.sim}
+    groups = [[run for run in suite.runs if chunks[run] == v] for v in sorted(set(chunks.values()))]
 
     def grid(cell: Callable[[dict], str]) -> list[str]:
-        body = []
-        for scenario in suite.scenarios:
-            for p in suite.stages:
-                cells = [suite.cell(scenario=scenario, stages=p, run=run) for run in suite.runs]
-                if any(c is not None for c in cells):
-                    body.append([scenario, p, *(cell(c) if c else "-" for c in cells)])
-        return table(header, body)
+        out = []
+        for runs in groups:  # one table per v, so that each stays readable
+            body = []
+            for scenario in suite.scenarios:
+                for p in suite.stages:
+                    cells = [suite.cell(scenario=scenario, stages=p, run=run) for run in runs]
+                    if any(c is not None for c in cells):
+                        body.append([scenario, p, *(cell(c) if c else "-" for c in cells)])
+            out += [f"v={chunks[runs[0]]}:", "", *table(["scenario", "P", *runs], body), ""]
+        return out
 
     lines += grid(lambda c: f"{c['speedup_vs_1f1b']:.3f} ({c['memory_x']:.2g})")
-    lines += ["", "### Makespan / lower bound", ""]
+    lines += ["### Makespan / lower bound", ""]
     lines += grid(lambda c: f"{c['lb_ratio']:.3f}")
-    lines += ["", "### Blocked fraction / peak in-flight microbatches (any stage)", ""]
+    lines += ["### Blocked fraction / peak in-flight microbatches (any stage)", ""]
     lines += grid(lambda c: f"{pct(c['blocked_fraction'])} / {c['peak_inflight']}")
     return lines
 
@@ -297,9 +301,12 @@ def setup_section(suite: Suite) -> list[str]:
         "",
         f"- Work per op: forward t_f = {meta['t_f_ms']:g} ms per stage, backward B + W = {meta['b_ratio']:g} t_f "
         f"(W is {meta['w_split']:g} of it), before the scenario scales it (`rrfp_ray/sim/variability.py`).",
-        "- Fixed schedules (only the next op of the list may run): gpipe, 1f1b, interleaved (v=2), zb-h1. "
-        f"Readiness policies: {', '.join(suite.rules)}, at in-flight caps {', '.join(meta['caps'])} "
-        "(a multiple of the reference schedule's own per-stage peak, so 1x = fixed 1F1B's activation memory).",
+        f"- Fixed schedules (only the next op of the list may run): {fixed_runs(suite)}. Readiness rules: "
+        f"{', '.join(suite.rules)}, at in-flight caps {', '.join(meta['caps'])}, and the ready-* lists (the first "
+        "ready op of a schedule's list) at 1x and 2x (a cap is a multiple of the reference list's own per-stage "
+        "peak, so 1x = fixed 1F1B's activation memory for v=1).",
+        "- v=2 on the V placement (zbv, dualpipev) runs the same v=2 trace: stage s holds virtual stages s and "
+        "2P-1-s, so its two halves come from two different v=1 stages.",
         "- Interleaved runs the same model: its v=2 trace is the v=1 trace with every op cut into two equal "
         "halves, one per chunk (t_f = 10 ms per chunk, the same work per stage and microbatch, the same random "
         "draws); only the latencies of its 2P-1 links are fresh draws of the same scenario and seed.",
@@ -310,6 +317,11 @@ def setup_section(suite: Suite) -> list[str]:
         "",
         *table(("scenario", "generator", "parameters"), scen),
     ]
+
+
+def fixed_runs(suite: Suite) -> str:
+    rows = {r["run"]: r["chunks"] for r in suite.sim if r["cap"] is None}
+    return ", ".join(f"{run} (v={chunks})" if chunks > 1 else run for run, chunks in rows.items())
 
 
 def run_log(suite: Suite) -> list[str]:
