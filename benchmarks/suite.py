@@ -52,7 +52,7 @@ READY_LISTS = (
     ("ready-dualpipev", 2),
 )
 READY_CAPS = tuple(Cap.parse(text) for text in ("1x", "2x"))
-# cpw was designed on seeds 200-239 and reported on 0-9 (docs/policy_past_bf.md); the suite evaluates on others.
+# cpw was designed on seeds 200-239 and reported on 0-9 (benchmarks/attribution.py CPW_SEEDS): the suite uses others.
 SEEDS = range(1000, 1003)
 QUICK_SEEDS = range(1000, 1002)
 BUFFER_SCENARIO = "multimodal+comm"
