@@ -109,7 +109,10 @@ def itself_claim(suite: Suite) -> Claim:
                 parts.append(f"{family.label} at {cap}: {span([c.speedup for c in mine])}")
         for target in targets(cells, family=family.label):
             met, total = met + target.met, total + 1
-    verdict = "**yes**" if met == total else f"**partly**: {met} of {total} targets met (see the targets table)"
+    if met == total:
+        verdict = "**yes**"
+    else:
+        verdict = f"**{'partly' if met else 'no'}**: {met} of {total} targets met (see the targets table)"
     return Claim(claim, measures, where, "over the variability scenarios: " + "; ".join(parts), verdict)
 
 
