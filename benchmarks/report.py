@@ -34,6 +34,8 @@ class Suite:
             raise ValueError("json: no 'meta' section; is this the output of jobs/bench_suite.py?")
         self.data = data
         self.meta = data["meta"]
+        if isinstance(self.meta.get("sim_seeds"), int):  # JSON written before the seeds were listed: 0..N-1
+            self.meta["sim_seeds"] = list(range(self.meta["sim_seeds"]))
         self.scenarios = [s["label"] for s in self.meta["scenarios"]]
         self.rules = self.meta["readiness_policies"]
         self.sim = data.get("sim", {}).get("rows", [])
