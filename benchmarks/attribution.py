@@ -178,7 +178,8 @@ def attribution_section(suite: Suite) -> list[str]:
         + "; ".join(f"{f.label}: {', '.join(f.readiness)} against {', '.join(f.fixed)}" for f in FAMILIES)
         + ". At cap 1x the readiness runs hold no more than their reference list's own peak (1F1B's for v=1) and "
         "a fixed schedule counts only if its measured peak fits the same budget; at 2x the fixed side gets the "
-        "same 2x (1f1b-2x, zb-h2; gpipe holds M/P = 4x and never fits). The best of each side has the smallest "
+        "same 2x (1f1b-2x, zb-h2; gpipe holds M/P = 4x and never fits; v=2 has no fixed schedule at 2x, so there "
+        "the fixed side holds only its own memory). The best of each side has the smallest "
         "mean makespan; *seeds* is the range of the per-seed ratio of those two. *vs fixed 1F1B* is the "
         "secondary figure (it mixes in the B/W split and v=2). The cap gates only admissions (chunk-0 forwards), "
         "so at v=2 a readiness run can hold more than its list; where no run of a family stayed within the "
