@@ -7,7 +7,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from benchmarks.report import FIXED_COLORS, SUITE, Suite, missing, pct, span, x
+from benchmarks.attribution import FAMILIES, attribute, targets
+from benchmarks.report import FIXED_COLORS, SUITE, Suite, missing, pct, seed_spread, span, x
 
 LLM = ("lognormal-0.3", "lognormal-0.6", "straggler", "comm")
 JITTER = ("lognormal-0.3", "lognormal-0.6", "straggler")
@@ -25,6 +26,10 @@ class Claim:
     verdict: str
 
 
+def ray_shapes(suite: Suite) -> str:
+    return "P=" + "/".join(map(str, suite.ray_stages or [4]))
+
+
 def where_sim(row: dict) -> str:
     return f"{row['run']}, {row['scenario']}, P={row['stages']}"
 
@@ -32,44 +37,94 @@ def where_sim(row: dict) -> str:
 def speedup_claim(suite: Suite, *, paper: float, scenarios: Sequence[str], kind: str) -> Claim:
     claim = f"Up to {paper}x over fixed 1F1B on {kind}"
     measures = (
-        "speedup = fixed 1f1b makespan / readiness-policy makespan on the same trace "
-        "(best of the readiness policies, at <= 2x 1F1B's activation memory and at any memory)"
+        "speedup = fixed 1f1b makespan / policy makespan on the same trace, for bf (our summary's reading) and for "
+        "bfw (the arXiv abstract's), at <= 2x 1F1B's activation memory and at any; beside it the same policy over "
+        "the best fixed schedule with its own backward split and memory (what readiness itself buys)"
     )
-    where = f"{', '.join(scenarios)}; sim P={'/'.join(map(str, suite.stages)) or '-'} and Ray P=4; `{SUITE}`"
+    sim = "/".join(map(str, suite.stages)) or "-"
+    where = f"{', '.join(scenarios)}; sim P={sim} and Ray {ray_shapes(suite)}; `{SUITE}`"
     rows = suite.sim_rows(scenarios=scenarios, where=suite.ready)
     if not rows:
         return Claim(claim, measures, where, missing("sim") + " for these scenarios", "not measured")
-    bounded = max((r for r in rows if r["memory_x"] <= MEMORY_LIMIT), key=lambda r: r["speedup_vs_1f1b"])
-    best = max(rows, key=lambda r: r["speedup_vs_1f1b"])
-    bf_only = max((r for r in rows if r["policy"] == "bf"), key=lambda r: r["speedup_vs_1f1b"], default=None)
-    parts = [
-        f"sim: up to **{x(bounded['speedup_vs_1f1b'])}** at <= 2x memory ({where_sim(bounded)}), "
-        f"{x(best['speedup_vs_1f1b'])} at any ({where_sim(best)}, memory {x(best['memory_x'])})"
-    ]
-    if bf_only is not None:
-        parts.append(f"bf alone (no B/W split) {x(bf_only['speedup_vs_1f1b'])} ({where_sim(bf_only)})")
+    fair = {(c.scenario, c.stages, c.ready["run"]): c for c in attribute(suite)}
+    parts, tops = [], []
+    for policy in ("bf", "bfw"):
+        mine = [r for r in rows if r["policy"] == policy]
+        if not mine:
+            continue
+        bounded = max((r for r in mine if r["memory_x"] <= MEMORY_LIMIT), key=lambda r: r["speedup_vs_1f1b"])
+        best = max(mine, key=lambda r: r["speedup_vs_1f1b"])
+        tops.append(best["speedup_vs_1f1b"])
+        text = (
+            f"{policy}: up to **{x(bounded['speedup_vs_1f1b'])}** at <= 2x memory ({where_sim(bounded)}), "
+            f"{x(best['speedup_vs_1f1b'])} at any ({where_sim(best)}, memory {x(best['memory_x'])})"
+        )
+        itself = fair.get((bounded["scenario"], bounded["stages"], bounded["run"]))
+        if itself is not None:
+            text += f"; there over the best fixed at equal memory and split {x(itself.speedup)} ({itself.fixed['run']})"
+        parts.append(text)
     measured = runtime_speedups(suite, scenarios=scenarios)
     if measured:
         value, run, scenario = max(measured)
-        parts.append(f"Ray P=4 measured: up to {x(value)} ({run}, {scenario})")
-    top = max([best["speedup_vs_1f1b"], *(m[0] for m in measured)])
+        parts.append(f"Ray measured: up to {x(value)} ({run}, {scenario})")
+        tops.append(value)
+    top = max(tops)
     if top >= paper:
         verdict = "**yes**"
     elif top > 1.0:
-        verdict = f"**partly**: real gains, below {paper}x at these P (they grow with P, see the depth plot)"
+        verdict = f"**partly**: up to {x(top)}, below {paper}x; {depth_trend(suite, rows=rows)}"
     else:
         verdict = "**no**"
     return Claim(claim, measures, where, "; ".join(parts), verdict)
 
 
+def depth_trend(suite: Suite, *, rows: list[dict]) -> str:
+    """How the best speedup over fixed 1F1B moves with P, from the rows."""
+    by_p = {p: max(r["speedup_vs_1f1b"] for r in rows if r["stages"] == p) for p in suite.stages}
+    values = ", ".join(f"P={p} {x(v)}" for p, v in by_p.items())
+    if len(by_p) < 2:
+        return f"one depth measured ({values})"
+    steps = list(by_p.values())
+    rising = all(b > a for a, b in zip(steps, steps[1:]))
+    falling = all(b < a for a, b in zip(steps, steps[1:]))
+    trend = "it grows with P" if rising else "it falls with P" if falling else "it does not move one way with P"
+    return f"{trend} ({values})"
+
+
+def itself_claim(suite: Suite) -> Claim:
+    claim = "Readiness itself: the best readiness policy over the best fixed schedule at equal memory and split"
+    measures = (
+        "per (scenario, P) and family (v=1 or v=2, whole or split backward): the best readiness run's mean makespan "
+        "against the best fixed schedule's within the same memory budget (cap 1x; at 2x against 1f1b-2x and zb-h2)"
+    )
+    where = f"every scenario, sim P={'/'.join(map(str, suite.stages)) or '-'}; `{SUITE}`; see the attribution table"
+    cells = attribute(suite)
+    if not cells:
+        return Claim(claim, measures, where, missing("sim"), "not measured")
+    parts, met, total = [], 0, 0
+    for family in FAMILIES:
+        for cap in ("1x", "2x"):
+            mine = [c for c in cells if c.family == family.label and c.cap == cap and c.scenario != "none"]
+            if mine:
+                parts.append(f"{family.label} at {cap}: {span([c.speedup for c in mine])}")
+        for target in targets(cells, family=family.label):
+            met, total = met + target.met, total + 1
+    if met == total:
+        verdict = "**yes**"
+    else:
+        verdict = f"**{'partly' if met else 'no'}**: {met} of {total} targets met (see the targets table)"
+    return Claim(claim, measures, where, "over the variability scenarios: " + "; ".join(parts), verdict)
+
+
 def runtime_speedups(suite: Suite, *, scenarios: Sequence[str]) -> list[tuple[float, str, str]]:
-    """(measured fixed-1f1b time / readiness time, run, scenario) on Ray."""
+    """(measured fixed-1f1b time / readiness time, run, scenario and P) on Ray."""
     out = []
     for scenario in scenarios:
-        rows = suite.runtime_rows(scenario=scenario)
-        base = next((r["measured_ms"] for r in rows if r["run"] == "1f1b"), None)
-        if base is not None:
-            out += [(base / r["measured_ms"], r["run"], scenario) for r in rows if suite.ready(r)]
+        for p in suite.ray_stages:
+            rows = suite.runtime_rows(scenario=scenario, stages=p)
+            base = next((r["measured_ms"] for r in rows if r["run"] == "1f1b"), None)
+            if base is not None:
+                out += [(base / r["measured_ms"], r["run"], f"{scenario}, P={p}") for r in rows if suite.ready(r)]
     return out
 
 
@@ -100,6 +155,7 @@ def tp_claim(suite: Suite) -> Claim:
     parts.append(f"{span([r['tp_ms_per_round'] for r in agreed], lambda v: f'{v:.2f}')} ms per round")
     rates = [f"{disagreements(rows)} of rounds under {protocol}" for protocol, rows in ready.items() if rows]
     parts.append(f"disagreements (a round deciding nothing although a rank offered an op): {', '.join(rates)}")
+    parts.append("makespan at TP=2 over TP=1: " + tp_costs(suite))
     worst_by_policy: dict[str, float] = {}
     for r in ready["common"]:
         worst_by_policy[r["policy"]] = max(worst_by_policy.get(r["policy"], 0.0), r["tp_coord_fraction"])
@@ -114,13 +170,28 @@ def tp_claim(suite: Suite) -> Claim:
         )
     else:
         verdict = f"**no**: up to {share(top)} ({at}), {share(top - 0.01)} above 1%"
-    return Claim(claim, measures, where, "; ".join(parts), verdict)
+    return Claim(claim, measures, where, "; ".join(parts), verdict + f" (end to end: {tp_costs(suite)})")
+
+
+def tp_costs(suite: Suite) -> str:
+    """The whole cost of TP on the makespan, for the readiness runs under each protocol and for fixed runs."""
+    groups = {
+        "readiness, common": lambda r: suite.ready(r) and r["protocol"] == "common",
+        "readiness, first": lambda r: suite.ready(r) and r["protocol"] == "first",
+        "fixed": lambda r: not suite.ready(r) and r["tp"] > 1,
+    }
+    out = []
+    for label, chosen in groups.items():
+        values = [r["vs_tp1"] for r in suite.tp if r["vs_tp1"] is not None and chosen(r)]
+        if values:
+            out.append(f"{label} {span(values)}")
+    return ", ".join(out) or "not measured"
 
 
 def blocked_claim(suite: Suite) -> Claim:
     claim = "Fixed 1F1B is blocked 65-67% of the time"
     measures = "blocked fraction of fixed 1f1b: stage wall time with nothing eligible / total stage wall time"
-    where = f"every scenario; sim P={'/'.join(map(str, suite.stages)) or '-'} and Ray P=4; `{SUITE}`"
+    where = f"every scenario; sim P={'/'.join(map(str, suite.stages)) or '-'} and Ray {ray_shapes(suite)}; `{SUITE}`"
     rows = suite.sim_rows(scenarios=suite.scenarios, where=lambda r: r["run"] == "1f1b")
     if not rows:
         return Claim(claim, measures, where, missing("sim"), "not measured")
@@ -132,14 +203,16 @@ def blocked_claim(suite: Suite) -> Claim:
     result = "sim: " + ", ".join(per)
     measured = [r["blocked_fraction"] for r in suite.runtime if r["run"] == "1f1b"]
     if measured:
-        result += f"; Ray P=4 measured {span(measured, pct)}"
+        result += f"; Ray {ray_shapes(suite)} measured {span(measured, pct)}"
     values = [r["blocked_fraction"] for r in rows] + measured
     hit = any(0.6 <= v <= 0.72 for v in values)
+    bubbles = span([(r["stages"] - 1) / (r["microbatches"] + r["stages"] - 1) for r in rows], pct)
+    none = [r["blocked_fraction"] for r in rows if r["scenario"] == "none"]
     verdict = (
         "**yes**"
         if hit
-        else f"**no**: at most {pct(max(values))} here. At constant durations it is the bubble (P-1)/(M+P-1), "
-        "19-20% at M=4P; 65% needs far fewer microbatches per stage or much heavier variability than these scenarios"
+        else f"**no**: at most {pct(max(values))} here. The textbook bubble (P-1)/(M+P-1) of these shapes is "
+        f"{bubbles}" + (f", and fixed 1f1b with no variability is blocked {span(none, pct)}" if none else "")
     )
     return Claim(claim, measures, where, result, verdict)
 
@@ -182,7 +255,7 @@ def optimality_claim(suite: Suite) -> Claim:
     where = f"every scenario, sim P={'/'.join(map(str, suite.stages)) or '-'}; `{SUITE}`"
     if not suite.sim:
         return Claim(claim, measures, where, missing("sim"), "not measured")
-    parts, bf_worst = [], 0.0
+    parts, worst_of = [], {}
     for cap in ("2x", "inf"):
         for policy in suite.rules:
             rows = [r for r in suite.sim if r["run"] == f"{policy}@{cap}"]
@@ -191,8 +264,8 @@ def optimality_claim(suite: Suite) -> Claim:
                 mean = statistics.mean(r["lb_ratio"] for r in rows)
                 at = f"{worst['scenario']}, P={worst['stages']}"
                 parts.append(f"{policy}@{cap} mean {mean:.3f}, worst {worst['lb_ratio']:.3f} ({at})")
-                if policy == "bf":
-                    bf_worst = max(bf_worst, worst["lb_ratio"])
+                if worst["lb_ratio"] > worst_of.get(policy, (0.0, ""))[0]:
+                    worst_of[policy] = (worst["lb_ratio"], f"{worst['run']}, {at}")
     fixed = []
     for scenario in suite.scenarios:
         for p in suite.stages:
@@ -201,12 +274,12 @@ def optimality_claim(suite: Suite) -> Claim:
             if cells:
                 fixed.append(min(c["lb_ratio"] for c in cells))
     parts.append(f"best fixed schedule mean {statistics.mean(fixed):.3f}, worst {max(fixed):.3f}")
-    verdict = (
-        "**yes**"
-        if bf_worst <= 1.10
-        else f"**partly**: bf is within a few % of the bound under independent jitter, up to {bf_worst:.2f} on "
-        "correlated (multimodal) variance at large P, where bfw does better; the bound itself may be loose there"
-    )
+    bf_worst, bf_at = worst_of.get("bf", (0.0, ""))
+    others = "; ".join(f"{p} worst {v:.3f} ({at})" for p, (v, at) in worst_of.items() if p != "bf")
+    if bf_worst <= 1.10:
+        verdict = f"**yes**: bf within {bf_worst:.3f} of the bound everywhere"
+    else:
+        verdict = f"**partly**: bf up to {bf_worst:.3f} of the bound ({bf_at}); {others}"
     return Claim(claim, measures, where, "; ".join(parts), verdict)
 
 
@@ -298,12 +371,13 @@ def closest_claim(suite: Suite) -> Claim:
 
 
 def target_rows(suite: Suite) -> list[dict]:
-    """Per scenario on Ray P=4: rrfp-ray's best readiness run at <= 2x memory vs PyTorch's best schedule."""
+    """Per scenario and P on Ray: rrfp-ray's best readiness run at <= 2x memory vs PyTorch's best schedule,
+    each the median over seeds; `spread` is the least and most per-seed ratio of those two."""
     out = []
-    for scenario in suite.scenarios:
-        measured = suite.runtime_rows(scenario=scenario)
+    for scenario, p in ((s, p) for p in suite.ray_stages for s in suite.scenarios):
+        measured = suite.runtime_rows(scenario=scenario, stages=p)
         ours = [r for r in measured if suite.ready(r) and r["memory_x"] <= MEMORY_LIMIT]
-        theirs = suite.peer_rows(scenario=scenario)
+        theirs = suite.peer_rows(scenario=scenario, stages=p)
         if not ours or not theirs:
             continue
         best = min(ours, key=lambda r: r["measured_ms"])
@@ -316,6 +390,8 @@ def target_rows(suite: Suite) -> list[dict]:
         out.append(
             {
                 "scenario": scenario,
+                "stages": p,
+                "spread": seed_spread(best, peer),
                 "peers": {r["schedule"]: r for r in theirs},
                 "ours": best,
                 "peer": peer,
@@ -335,15 +411,19 @@ def target_claim(suite: Suite) -> Claim:
         "Target: on every variability scenario rrfp-ray's best policy beats PyTorch's best fixed schedule side by "
         "side at <= 2x 1F1B's activation memory; with no variability within 2% of it"
     )
-    measures = "median iteration time, Ray runtime vs torch.distributed.pipelining, same trace, same sleep workload"
-    where = f"every scenario, P=4, M=16, t_f=20 ms; `{SUITE}` (runtime and peers parts)"
+    measures = (
+        "median over seeds of each seed's median iteration time, Ray runtime vs torch.distributed.pipelining, "
+        "same traces, same sleep workload, message latency a delivery delay in both"
+    )
+    shapes = "/".join(f"P={p}" for p in suite.ray_stages) or "P=4"
+    where = f"every scenario, {shapes}, M=4P, t_f=20 ms; `{SUITE}` (runtime and peers parts)"
     rows = target_rows(suite)
     if not rows:
         return Claim(claim, measures, where, missing("runtime and peers"), "not measured")
     varied = [r for r in rows if r["scenario"] != "none"]
     held = [r["scenario"] for r in varied if r["holds"]]
-    failed = [f"{r['scenario']} ({x(r['ratio'])})" for r in varied if not r["holds"]]
-    result = f"holds on {len(held)}/{len(varied)} variability scenarios"
+    failed = [f"{r['scenario']} P={r['stages']} ({x(r['ratio'])})" for r in varied if not r["holds"]]
+    result = f"holds in {len(held)}/{len(varied)} (variability scenario, P) cells"
     if varied:
         result += f" (rrfp-ray best / PyTorch best {span([r['ratio'] for r in varied])})"
     if failed:
@@ -355,12 +435,13 @@ def target_claim(suite: Suite) -> Claim:
             f"; rrfp-ray running the fixed schedules itself is already {span(runtimes)} of PyTorch's best, "
             f"its readiness policies {span(policies)} of its own best fixed"
         )
-    none = next((r for r in rows if r["scenario"] == "none"), None)
-    if none is not None:
-        result += f"; none: {x(none['ratio'])} of PyTorch's best ({'within' if none['holds'] else 'not within'} 2%)"
+    nones = [r for r in rows if r["scenario"] == "none"]
+    for none in nones:
+        within = "within" if none["holds"] else "not within"
+        result += f"; none P={none['stages']}: {x(none['ratio'])} of PyTorch's best ({within} 2%)"
     if not varied:
         verdict = "**not measured** on a variability scenario"
-    elif len(held) == len(varied) and (none is None or none["holds"]):
+    elif len(held) == len(varied) and all(none["holds"] for none in nones):
         verdict = "**yes**"
     else:
         verdict = "**partly**" if held else "**no**"
@@ -369,6 +450,7 @@ def target_claim(suite: Suite) -> Claim:
 
 def claims(suite: Suite) -> list[Claim]:
     return [
+        itself_claim(suite),
         speedup_claim(suite, paper=1.77, scenarios=LLM, kind="LLMs (lognormal, straggler, comm scenarios)"),
         speedup_claim(suite, paper=2.77, scenarios=MULTIMODAL, kind="multimodal models"),
         tp_claim(suite),

@@ -4,20 +4,14 @@ setup, runtime, TP, simulator and buffer sections, the plot links and the run lo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from benchmarks.attribution import attribution_section, seed_text
 from benchmarks.claims import claims, target_rows
-from benchmarks.report import ROOT, SUITE, Suite, missing, pct, x
+from benchmarks.report import ROOT, SUITE, Suite, missing, pct, table, x
 
-PARTS = ("sim", "buffer", "runtime", "peers", "tp")  # the JSON's sections, in the order they run
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
-    return lines
+PARTS = ("sim", "buffer", "runtime", "peers", "tp", "fidelity")  # the JSON's sections, in the order they run
 
 
 def claims_section(suite: Suite) -> list[str]:
@@ -30,21 +24,26 @@ def claims_section(suite: Suite) -> list[str]:
 
 
 def target_section(suite: Suite) -> list[str]:
-    lines = ["## Target: rrfp-ray vs PyTorch's schedules, side by side (P=4, M=16, t_f=20 ms)", ""]
+    lines = ["## Target: rrfp-ray vs PyTorch's schedules, side by side (M = 4P, t_f=20 ms)", ""]
     rows = target_rows(suite)
     if not rows:
         return lines + [missing("runtime and peers") + "."]
+    section = suite.data.get("peers", {})
+    seeds = sorted({r.get("seed", 0) for r in suite.peers})
     lines += [
-        "Median iteration wall time (ms) of the timed iterations. PyTorch: `torch.distributed.pipelining` in 4 "
-        "processes over gloo (`benchmarks/peers/torch_pipelining.py`); rrfp-ray: 4 Ray stage actors over gloo "
-        "links. Both sleep the same trace. rrfp-ray's best is the fastest readiness run with peak activation "
-        "memory <= 2x fixed 1F1B's. *ideal* is the simulated makespan of the order PyTorch ran, in our "
-        "model (no transport cost, message latency overlapped with compute).",
+        f"Iteration wall time (ms): per seed the median of {section.get('iterations', '?')} timed iterations after "
+        f"{section.get('warmup', '?')} warm-up, then the median over seeds {', '.join(map(str, seeds))}; in "
+        "parentheses the least and most per-seed ratio. PyTorch: `torch.distributed.pipelining` in P processes "
+        "over gloo (`benchmarks/peers/torch_pipelining.py`); rrfp-ray: P Ray stage actors over gloo links. Both "
+        "sleep the same traces. rrfp-ray's best is the fastest readiness run with peak activation memory <= 2x "
+        "fixed 1F1B's. *ideal* is the simulated makespan of the order PyTorch ran, in our model (no transport "
+        "cost, message latency overlapped with compute).",
         "",
     ]
     schedules = list(dict.fromkeys(s for r in rows for s in r["peers"]))
     header = [
         "scenario",
+        "P",
         *(f"PyTorch {s}" for s in schedules),
         "rrfp-ray best (memory)",
         "rrfp / PyTorch best",
@@ -61,12 +60,14 @@ def target_section(suite: Suite) -> list[str]:
     for r in rows:
         cells = [f"{r['peers'][s]['measured_ms']:.0f}" if s in r["peers"] else "-" for s in schedules]
         ours = r["ours"]
+        low, high = r["spread"]
         body.append(
             [
                 r["scenario"],
+                r["stages"],
                 *cells,
                 f"{ours['measured_ms']:.0f} {ours['run']} ({x(ours['memory_x'])})",
-                x(r["ratio"]),
+                f"{x(r['ratio'])} ({low:.2f}-{high:.2f})",
                 "yes" if r["holds"] else "**no**",
                 f"{x(r['ideal_ratio'])} ({r['ideal']['schedule']} {r['ideal']['ideal_ms']:.0f})",
                 versus(r["ours_1x"], r["peer"]),
@@ -76,10 +77,11 @@ def target_section(suite: Suite) -> list[str]:
     lines += table(header, body)
     lines += [
         "",
-        "How to read it: PyTorch's sleep module puts each message's latency on the receiving rank before the op "
-        "that consumes it (PyTorch sends inside the schedule), so on the comm scenarios PyTorch pays every latency "
-        "on its compute path while rrfp-ray's sender thread overlaps it; the *ideal* column compares with PyTorch's "
-        "order under rrfp-ray's own model instead. The last two columns: rrfp-ray held to fixed 1F1B's memory, "
+        "How to read it: message latency is a delivery delay in both. rrfp-ray's sender thread holds a message its "
+        "latency after the op that made it, then sends it; PyTorch's sleep module stamps each message with the time "
+        "its op ended, and the consumer sleeps only what is left of the latency (the message travels meanwhile, so "
+        "rrfp-ray pays its transport after the latency and PyTorch within it). The last two columns: rrfp-ray held "
+        "to fixed 1F1B's memory, "
         "and rrfp-ray running the fixed schedules itself (so the two runtimes' own overheads can be told apart "
         "from the policies'). Other processes shared the 2 cores (load in the run log below).",
     ]
@@ -87,13 +89,16 @@ def target_section(suite: Suite) -> list[str]:
 
 
 def runtime_section(suite: Suite) -> list[str]:
-    lines = ["## Ray runtime (P=4, M=16): measured against the simulator", ""]
+    lines = ["## Ray runtime (M = 4P): measured against the simulator", ""]
     if not suite.runtime:
         return lines + [missing("runtime") + "."]
     section = suite.data["runtime"]
+    seeds = sorted({r.get("seed", 0) for r in suite.runtime})
     lines += [
-        f"Synthetic sleep workload, seed 0, {section['warmup']} warm-up + {section['iterations']} timed iterations "
-        "per run, runs taking turns; median. *sim* is the simulator on the very same trace, cap and buffer "
+        f"Synthetic sleep workload, seeds {', '.join(map(str, seeds))}, {section['warmup']} warm-up + "
+        f"{section['iterations']} timed iterations per run and seed, runs taking turns; per seed the median, then "
+        "the median over seeds (the optimizer step inside every iteration's time, as in telemetry and "
+        "train_gpt's line). *sim* is the simulator on the very same traces, cap and buffer "
         "limit (32). Speedup is over rrfp-ray's own fixed 1f1b, measured. Memory: peak activations over fixed "
         "1F1B's, from the measured op timeline. A readiness run can beat its simulation (meas / sim < 1): the "
         "arbiters decide on the measured times, so their order is not the simulated one.",
@@ -102,13 +107,14 @@ def runtime_section(suite: Suite) -> list[str]:
     if section.get("errors"):
         lines += ["Failures: " + "; ".join(section["errors"]), ""]
     body = []
-    for scenario in suite.scenarios:
-        rows = suite.runtime_rows(scenario=scenario)
+    for scenario, p in ((s, p) for p in suite.ray_stages for s in suite.scenarios):
+        rows = suite.runtime_rows(scenario=scenario, stages=p)
         base = next((r["measured_ms"] for r in rows if r["run"] == "1f1b"), None)
         for r in rows:
             body.append(
                 [
                     scenario,
+                    p,
                     r["run"],
                     f"{r['measured_ms']:.0f}",
                     f"{r['sim_ms']:.0f}",
@@ -121,6 +127,7 @@ def runtime_section(suite: Suite) -> list[str]:
             )
     header = (
         "scenario",
+        "P",
         "run",
         "measured ms",
         "sim ms",
@@ -187,33 +194,71 @@ def tp_section(suite: Suite) -> list[str]:
     return lines + table(header, body)
 
 
+def fidelity_section(suite: Suite) -> list[str]:
+    section = suite.data.get("fidelity")
+    if not section:
+        return []
+    lines = [
+        "## Fidelity on real ops: a GPT run replayed in the simulator",
+        "",
+        f"The default GPT on `--varlen` data with no injected sleeps, in one process (the in-process backend: a "
+        f"thread per stage, in-memory links), {section['warmup']} warm-up + {section['iterations']} timed "
+        "iterations per policy, M = 4P, medians. Each timed iteration's ops' measured durations and messages' "
+        "measured transits make a trace (`rrfp_ray/sim/replay.py`; `python jobs/replay.py TELEMETRY` does the "
+        "same for any run's telemetry); the simulator runs the same policy and cap on it. *measured* leaves the "
+        "optimizer step out, as the simulator does; *iteration* has it. The 2 cores are shared with the other "
+        "stages' threads and other processes, so the real compute per op and the bf / 1f1b figure carry that noise.",
+        "",
+    ]
+    body = []
+    for r in section["rows"]:
+        base = next((b for b in section["rows"] if (b["stages"], b["policy"]) == (r["stages"], "1f1b")), None)
+        body.append(
+            [
+                r["stages"],
+                r["policy"],
+                f"{r['measured_ms']:.0f}",
+                f"{r['schedule_ms']:.0f}",
+                f"{r['simulated_ms']:.0f}",
+                f"{r['sim_over_measured']:.3f}",
+                f"{r['op_ms_mean']:.1f}",
+                "-" if base is None else x(base["measured_ms"] / r["measured_ms"]),
+            ]
+        )
+    header = ("P", "policy", "iteration ms", "measured ms", "replayed ms", "sim / meas", "ms per op", "vs 1f1b")
+    return lines + table(header, body)
+
+
 def sim_section(suite: Suite) -> list[str]:
     lines = ["## Simulator (M = 4P)", ""]
     if not suite.sim:
         return lines + [missing("sim") + "."]
-    seeds = suite.meta["sim_seeds"]
     lines += [
-        f"Means over seeds 0..{seeds - 1}; peaks are the maximum over seeds. Speedup over fixed 1f1b on the same "
+        f"Means over {seed_text(suite)}; peaks are the maximum over seeds. Speedup over fixed 1f1b on the same "
         "trace; in parentheses the peak activation memory over fixed 1F1B's. Fixed schedules ignore caps.",
         "",
         "### Speedup over fixed 1F1B (memory)",
         "",
     ]
-    header = ["scenario", "P", *suite.runs]
+    chunks = {r["run"]: r["chunks"] for r in suite.sim}
+    groups = [[run for run in suite.runs if chunks[run] == v] for v in sorted(set(chunks.values()))]
 
     def grid(cell: Callable[[dict], str]) -> list[str]:
-        body = []
-        for scenario in suite.scenarios:
-            for p in suite.stages:
-                cells = [suite.cell(scenario=scenario, stages=p, run=run) for run in suite.runs]
-                if any(c is not None for c in cells):
-                    body.append([scenario, p, *(cell(c) if c else "-" for c in cells)])
-        return table(header, body)
+        out = []
+        for runs in groups:  # one table per v, so that each stays readable
+            body = []
+            for scenario in suite.scenarios:
+                for p in suite.stages:
+                    cells = [suite.cell(scenario=scenario, stages=p, run=run) for run in runs]
+                    if any(c is not None for c in cells):
+                        body.append([scenario, p, *(cell(c) if c else "-" for c in cells)])
+            out += [f"v={chunks[runs[0]]}:", "", *table(["scenario", "P", *runs], body), ""]
+        return out
 
     lines += grid(lambda c: f"{c['speedup_vs_1f1b']:.3f} ({c['memory_x']:.2g})")
-    lines += ["", "### Makespan / lower bound", ""]
+    lines += ["### Makespan / lower bound", ""]
     lines += grid(lambda c: f"{c['lb_ratio']:.3f}")
-    lines += ["", "### Blocked fraction / peak in-flight microbatches (any stage)", ""]
+    lines += ["### Blocked fraction / peak in-flight microbatches (any stage)", ""]
     lines += grid(lambda c: f"{pct(c['blocked_fraction'])} / {c['peak_inflight']}")
     return lines
 
@@ -256,9 +301,12 @@ def setup_section(suite: Suite) -> list[str]:
         "",
         f"- Work per op: forward t_f = {meta['t_f_ms']:g} ms per stage, backward B + W = {meta['b_ratio']:g} t_f "
         f"(W is {meta['w_split']:g} of it), before the scenario scales it (`rrfp_ray/sim/variability.py`).",
-        "- Fixed schedules (only the next op of the list may run): gpipe, 1f1b, interleaved (v=2), zb-h1. "
-        f"Readiness policies: {', '.join(suite.rules)}, at in-flight caps {', '.join(meta['caps'])} "
-        "(a multiple of the reference schedule's own per-stage peak, so 1x = fixed 1F1B's activation memory).",
+        f"- Fixed schedules (only the next op of the list may run): {fixed_runs(suite)}. Readiness rules: "
+        f"{', '.join(suite.rules)}, at in-flight caps {', '.join(meta['caps'])}, and the ready-* lists (the first "
+        "ready op of a schedule's list) at 1x and 2x (a cap is a multiple of the reference list's own per-stage "
+        "peak, so 1x = fixed 1F1B's activation memory for v=1).",
+        "- v=2 on the V placement (zbv, dualpipev) runs the same v=2 trace: stage s holds virtual stages s and "
+        "2P-1-s, so its two halves come from two different v=1 stages.",
         "- Interleaved runs the same model: its v=2 trace is the v=1 trace with every op cut into two equal "
         "halves, one per chunk (t_f = 10 ms per chunk, the same work per stage and microbatch, the same random "
         "draws); only the latencies of its 2P-1 links are fresh draws of the same scenario and seed.",
@@ -269,6 +317,11 @@ def setup_section(suite: Suite) -> list[str]:
         "",
         *table(("scenario", "generator", "parameters"), scen),
     ]
+
+
+def fixed_runs(suite: Suite) -> str:
+    rows = {r["run"]: r["chunks"] for r in suite.sim if r["cap"] is None}
+    return ", ".join(f"{run} (v={chunks})" if chunks > 1 else run for run, chunks in rows.items())
 
 
 def run_log(suite: Suite) -> list[str]:
@@ -291,7 +344,7 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
 def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> str:
     meta = suite.meta
     total = sum(suite.data[p]["wall_s"] for p in PARTS if p in suite.data)
-    quick = " (a `--quick` run: simulator only, P=4, one seed, two scenarios)" if meta["quick"] else ""
+    quick = " (a `--quick` run: simulator only, P=4, two seeds, two scenarios)" if meta["quick"] else ""
     head = [
         "# rrfp-ray: results",
         "",
@@ -309,10 +362,12 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
     sections = [
         head,
         claims_section(suite),
+        attribution_section(suite),
         target_section(suite),
         setup_section(suite),
         runtime_section(suite),
         tp_section(suite),
+        fidelity_section(suite),
         sim_section(suite),
         buffer_section(suite),
         plot_links(plots, out=out),

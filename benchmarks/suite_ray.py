@@ -18,7 +18,9 @@ from rrfp_ray.sim.simulator import simulate
 
 log = logging.getLogger(__name__)
 
-PEER_GROUPS = ((("1f1b", "zb-h1"), 1), (("interleaved",), 2))
+Case = tuple[Scenario, int]  # a scenario and the seed of its trace
+
+PEER_GROUPS = ((("1f1b", "zb-h1"), 1), (("interleaved", "zbv", "dualpipev"), 2))
 TP = 2
 TP_SCENARIOS = ("lognormal-0.3", "comm", "multimodal+comm")
 TP_RANK_COMM = ("comm", "multimodal+comm")  # each TP rank's messages take their own latencies
@@ -38,10 +40,10 @@ class RayPart:
     next_iteration: int = 0  # numbers the iterations of all its drivers
 
     def drive(
-        self, *, name: str, pipeline: Any, group: Sequence[Run], workloads: Sequence[tuple[Scenario, Any]]
-    ) -> Iterator[tuple[Scenario, dict[str, list]]]:
-        """One driver for `pipeline` over the scenarios, each with its workload, the runs taking
-        turns; yields each scenario's timed reports by run. A failure ends it, in `errors`."""
+        self, *, name: str, pipeline: Any, group: Sequence[Run], workloads: Sequence[tuple[Case, Any]]
+    ) -> Iterator[tuple[Case, dict[str, list]]]:
+        """One driver for `pipeline` over the cases (scenario, seed), each with its workload, the runs
+        taking turns; yields each case's timed reports by run. A failure ends it, in `errors`."""
         import ray
 
         from actors.driver import PipelineDriver
@@ -49,14 +51,14 @@ class RayPart:
         driver = PipelineDriver.remote(pipeline=pipeline, workload=workloads[0][1])
         try:
             self.startup_s[name] = ray.get(driver.startup_seconds.remote())
-            for spec, workload in workloads:
+            for case, workload in workloads:
                 ray.get(driver.set_workload.remote(workload=workload))
                 rounds = self.warmup + self.iterations
                 runs = {run.label: (pipeline.resolved_policy(run.policy), run.arbiter_cap) for run in group}
                 turns = driver.take_turns.remote(runs=runs, rounds=rounds, first_iteration=self.next_iteration)
                 reports = ray.get(turns)  # the group in the driver runs them, taking turns against drift
                 self.next_iteration += rounds * len(runs)
-                yield spec, {label: runs[self.warmup :] for label, runs in reports.items()}
+                yield case, {label: runs[self.warmup :] for label, runs in reports.items()}
             ray.get(driver.shutdown.remote())
         except Exception as error:  # keep what was measured; the report says what failed
             self.errors.append(f"{name}: {type(error).__name__}: {error}")
@@ -69,9 +71,16 @@ class RayPart:
 
 
 def runtime_part(
-    *, scenarios: Sequence[Scenario], runs: Sequence[Run], stages: int, microbatches: int, warmup: int, iterations: int
+    *,
+    scenarios: Sequence[Scenario],
+    runs: Sequence[Run],
+    stages: int,
+    microbatches: int,
+    seeds: Sequence[int],
+    warmup: int,
+    iterations: int,
 ) -> dict[str, Any]:
-    """Per scenario and run: measured iteration times on Ray, and the simulator's for the same trace."""
+    """Per scenario, seed and run: measured iteration times on Ray, and the simulator's for the same trace."""
     import ray
 
     from actors.local_ray import start_ray
@@ -79,7 +88,10 @@ def runtime_part(
     from rrfp_ray.train.config import PipelineConfig
 
     log.info(start_ray(num_cpus=max(2, stages)))
-    traces = {spec.label: spec.traces(stages=stages, microbatches=microbatches, seed=0) for spec in scenarios}
+    cases = [(spec, seed) for spec in scenarios for seed in seeds]
+    traces = {
+        (spec.label, seed): spec.traces(stages=stages, microbatches=microbatches, seed=seed) for spec, seed in cases
+    }
     part = RayPart(warmup=warmup, iterations=iterations)
     try:
         for chunks in sorted({run.chunks for run in runs}):
@@ -87,9 +99,10 @@ def runtime_part(
             pipeline = PipelineConfig(
                 stages=stages, chunks=chunks, microbatches=microbatches, policy=group[0].policy, timeout_s=120.0
             )
-            workloads = [(spec, SyntheticWorkload(trace=traces[spec.label][chunks])) for spec in scenarios]
-            for spec, reports in part.drive(name=f"v={chunks}", pipeline=pipeline, group=group, workloads=workloads):
-                trace = traces[spec.label][chunks]
+            workloads = [(case, SyntheticWorkload(trace=traces[case[0].label, case[1]][chunks])) for case in cases]
+            drives = part.drive(name=f"P={stages} v={chunks}", pipeline=pipeline, group=group, workloads=workloads)
+            for (spec, seed), reports in drives:
+                trace = traces[spec.label, seed][chunks]
                 for run in group:
                     policy = pipeline.resolved_policy(run.policy)
                     predicted = simulate(
@@ -98,7 +111,9 @@ def runtime_part(
                     cells = [figures(report=r, policy=policy, trace=trace) for r in reports[run.label]]
                     row = {
                         **where(spec, run, stages=stages, microbatches=microbatches),
+                        "seed": seed,
                         "runs_ms": [c["makespan_ms"] for c in cells],
+                        "step_ms": statistics.median(r.step_ms for r in reports[run.label]),
                         "measured_ms": statistics.median(c["makespan_ms"] for c in cells),
                         "sim_ms": predicted.makespan_ms,
                         "blocked_fraction": statistics.median(c["blocked_fraction"] for c in cells),
@@ -107,7 +122,7 @@ def runtime_part(
                     }
                     part.rows.append(row)
                     log.info(
-                        f"runtime {spec.label:>16} {run.label:<12} {row['measured_ms']:8.1f} ms "
+                        f"runtime P={stages} {spec.label:>16} seed {seed} {run.label:<12} {row['measured_ms']:8.1f} ms "
                         f"(sim {row['sim_ms']:8.1f}, memory {row['memory_x']:.2f}x)"
                     )
     finally:
@@ -157,8 +172,8 @@ def tp_part(
                 stages=stages, microbatches=microbatches, policy=TP_RUNS[0].policy, timeout_s=120.0, tp=tp, **agreement
             )
             shape = {"tp": tp, "stages": stages, "microbatches": microbatches}
-            workloads = [(spec, tp_workload(spec=spec, **shape)) for spec in scenarios]
-            for spec, reports in part.drive(name=protocol, pipeline=pipeline, group=TP_RUNS, workloads=workloads):
+            workloads = [((spec, 0), tp_workload(spec=spec, **shape)) for spec in scenarios]
+            for (spec, _), reports in part.drive(name=protocol, pipeline=pipeline, group=TP_RUNS, workloads=workloads):
                 for run in TP_RUNS:
                     row = {
                         **where(spec, run, stages=stages, microbatches=microbatches),
@@ -182,26 +197,32 @@ def tp_part(
 
 
 def peers_part(
-    *, scenarios: Sequence[Scenario], stages: int, microbatches: int, warmup: int, iterations: int
+    *, scenarios: Sequence[Scenario], stages: int, microbatches: int, seeds: Sequence[int], warmup: int, iterations: int
 ) -> dict[str, Any]:
-    """Per scenario, PyTorch's schedules in their groups (v=1, v=2) on the seed-0 trace; what failed is in
-    `errors`."""
+    """Per scenario and seed, PyTorch's schedules in their groups (v=1, v=2, V) on that trace; what failed
+    is in `errors`."""
     from benchmarks.peers.torch_pipelining import measure_all
 
     rows, errors = [], []
     keep = ("pytorch_class", "runs_ms", "measured_ms", "ideal_ms", "ratio", "order_matches")
-    for spec in scenarios:
-        traces = spec.traces(stages=stages, microbatches=microbatches, seed=0)
+    for spec, seed in ((spec, seed) for spec in scenarios for seed in seeds):
+        traces = spec.traces(stages=stages, microbatches=microbatches, seed=seed)
         for schedules, chunks in PEER_GROUPS:
             try:
                 results = measure_all(
                     schedules=list(schedules), trace=traces[chunks], iterations=iterations, warmup=warmup
                 )
             except Exception as error:  # keep what was measured; the report says what failed
-                errors.append(f"{spec.label} {','.join(schedules)}: {type(error).__name__}: {error}")
+                errors.append(
+                    f"P={stages} {spec.label} seed {seed} {','.join(schedules)}: {type(error).__name__}: {error}"
+                )
                 log.warning("peers %s %s failed: %s", spec.label, schedules, error)
                 continue
             for name, r in results.items():
-                rows.append({"scenario": spec.label, "schedule": name, "chunks": chunks, **{k: r[k] for k in keep}})
-                log.info(f"peers {spec.label:>16} {name:<12} {r['measured_ms']:8.1f} ms (ideal {r['ideal_ms']:8.1f})")
+                shape = {"stages": stages, "microbatches": microbatches, "seed": seed, "chunks": chunks}
+                rows.append({"scenario": spec.label, "schedule": name, **shape, **{k: r[k] for k in keep}})
+                log.info(
+                    f"peers P={stages} {spec.label:>16} seed {seed} {name:<12} {r['measured_ms']:8.1f} ms "
+                    f"(ideal {r['ideal_ms']:8.1f})"
+                )
     return {"rows": rows, "errors": errors}

@@ -40,8 +40,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument(
         "--policy",
         default="bf",
-        help="a schedule (gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zb-interleaved, zbv, dualpipev), "
-        "ready-<schedule>, bf, bfw or cpw",
+        help="a schedule (gpipe, 1f1b, interleaved, looped-bfs, zb-h1, 1f1b-2x, zb-h2, zb-interleaved, zbv, "
+        "dualpipev), ready-<schedule>, bf, bfw or cpw",
     )
     pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]} or torch's CSV schedule: the order for policies hint / ready-hint")
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.attribution import attribute, targets
 from benchmarks.claims import target_claim, target_rows, tp_claim
 from benchmarks.render import render
 from benchmarks.report import Suite, missing
@@ -30,6 +31,7 @@ import bench_suite
 import results
 
 CLAIMS = (
+    "Readiness itself: the best readiness policy over the best fixed schedule",
     "Up to 1.77x over fixed 1F1B on LLMs",
     "Up to 2.77x over fixed 1F1B on multimodal",
     "TP coordination under 1%",
@@ -61,26 +63,105 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_quick_suite_simulates_every_run_on_two_scenarios_at_p4(quick: Path) -> None:
     data = json.loads(quick.read_text())
-    assert data["meta"]["quick"] is True
+    assert data["meta"]["quick"] is True and data["meta"]["sim_seeds"] == [1000, 1001]
     assert set(data) == {"meta", "sim", "buffer"}
     rows = data["sim"]["rows"]
     assert {r["scenario"] for r in rows} == {"none", "multimodal+comm"}
-    assert {(r["stages"], r["microbatches"], r["seeds"]) for r in rows} == {(4, 16, 1)}
+    assert {(r["stages"], r["microbatches"], r["seeds"]) for r in rows} == {(4, 16, 2)}
     labels = {r["run"] for r in rows}
-    assert {"gpipe", "1f1b", "interleaved", "zb-h1"} <= labels
-    assert {f"{rule}@{cap}" for rule in ("bf", "bfw") for cap in ("1x", "2x", "inf")} <= labels
+    assert {"gpipe", "1f1b", "1f1b-2x", "zb-h1", "zb-h2", "interleaved", "zbv", "dualpipev"} <= labels
+    assert {f"{rule}@{cap}" for rule in ("bf", "bfw", "cpw") for cap in ("1x", "2x", "inf")} <= labels
+    lists = ("ready-1f1b", "ready-zb-h1", "ready-interleaved", "ready-zbv", "ready-dualpipev")
+    assert {f"{name}@{cap}" for name in lists for cap in ("1x", "2x")} <= labels
     for r in rows:
         assert r["lb_ratio"] >= 1 - 1e-9, r["run"]
+        assert len(r["makespans"]) == 2 and r["makespan_ms"] == pytest.approx(sum(r["makespans"]) / 2)
         if r["run"] == "1f1b":
             assert (r["speedup_vs_1f1b"], r["memory_x"], r["peak_inflight"]) == (1.0, 1.0, 4)
-        if r["cap"] in ("1x", "2x"):
+        if r["cap"] in ("1x", "2x") and r["chunks"] == 1:
             assert r["memory_x"] <= float(r["cap"][:-1]), r["run"]
+        if r["run"] in ("1f1b-2x", "zb-h2"):
+            assert r["memory_x"] == {"1f1b-2x": 2.0, "zb-h2": 7 / 4}[r["run"]]  # 2P and 2P-1 microbatches
     gpipe = next(r for r in rows if (r["scenario"], r["run"]) == ("none", "gpipe"))
     assert (gpipe["memory_x"], gpipe["peak_inflight"]) == (4.0, 16)  # all M=16 forwards before any backward
     buffer = data["buffer"]["rows"]
     assert {(r["scenario"], r["stages"]) for r in buffer} == {("multimodal+comm", 4)}
     assert [r["buffer_limit"] for r in buffer if r["cap"] == "inf"] == [2, 4, 8, 16, 32, None]
     assert all(r["makespan_rel"] == 1.0 for r in buffer if r["buffer_limit"] is None)
+
+
+def sim_rows(cells: dict[str, tuple[float, float, list[float]]], *, scenario: str = "lognormal-0.6") -> list[dict]:
+    """Simulator rows of one (scenario, P=4): run -> (memory_x, speedup over 1f1b, per-seed makespans)."""
+    rows = []
+    for run, (memory, speedup, makespans) in cells.items():
+        policy, _, cap = run.partition("@")
+        rows.append(
+            {
+                "scenario": scenario,
+                "stages": 4,
+                "microbatches": 16,
+                "run": run,
+                "policy": policy,
+                "cap": cap or None,
+                "chunks": 1,
+                "memory_x": memory,
+                "speedup_vs_1f1b": speedup,
+                "makespan_ms": sum(makespans) / len(makespans),
+                "makespans": makespans,
+                "lb_ratio": 1.0,
+                "blocked_fraction": 0.1,
+                "peak_inflight": 4,
+            }
+        )
+    return rows
+
+
+def fake_sim(rows: list[dict]) -> Suite:
+    meta = {"scenarios": [{"label": "lognormal-0.6", "scenario": "lognormal", "params": {}}], "sim_seeds": [7, 8]}
+    return Suite(
+        {"meta": {**meta, "readiness_policies": ["bf", "bfw", "cpw"], "caps": ["1x", "2x"]}, "sim": {"rows": rows}}
+    )
+
+
+def test_attribution_compares_within_the_memory_budget_and_the_same_split() -> None:
+    suite = fake_sim(
+        sim_rows(
+            {
+                "1f1b": (1.0, 1.0, [100.0, 100.0]),
+                "1f1b-2x": (2.0, 1.1, [90.0, 92.0]),
+                "gpipe": (4.0, 1.5, [60.0, 60.0]),  # fastest, but 4x the memory: never a baseline at 1x or 2x
+                "bf@1x": (1.0, 1.02, [98.0, 98.0]),
+                "ready-1f1b@1x": (1.0, 0.99, [101.0, 101.0]),
+                "bf@2x": (2.0, 1.25, [80.0, 84.0]),
+                "zb-h1": (1.0, 1.2, [80.0, 80.0]),  # the split's own family: not bf's baseline
+                "bfw@1x": (1.0, 1.3, [75.0, 77.0]),
+            }
+        )
+    )
+    cells = {(c.family, c.cap): c for c in attribute(suite)}
+    whole = cells["v=1, whole backward", "1x"]
+    assert (whole.ready["run"], whole.fixed["run"], whole.over_budget) == ("bf@1x", "1f1b", ("1f1b-2x", "gpipe"))
+    assert whole.speedup == pytest.approx(100 / 98) and whole.vs_1f1b == pytest.approx(100 / 98)
+    twice = cells["v=1, whole backward", "2x"]
+    assert (twice.ready["run"], twice.fixed["run"], twice.budget) == ("bf@2x", "1f1b-2x", 2.0)
+    assert (twice.low, twice.high) == (pytest.approx(92 / 84), pytest.approx(90 / 80))
+    split = cells["v=1, B/W split", "1x"]
+    assert (split.ready["run"], split.fixed["run"]) == ("bfw@1x", "zb-h1")
+    assert split.speedup == pytest.approx(80 / 76) and split.vs_1f1b == pytest.approx(100 / 76)
+    [never_slower, heavy] = targets(attribute(suite), family="v=1, B/W split")
+    assert never_slower.met and not heavy.met and heavy.misses == ("lognormal-0.6 P=4 1.053x (bfw@1x vs zb-h1)",)
+
+
+def test_attribution_flags_a_readiness_run_over_the_budget_and_misses_the_targets_with_it() -> None:
+    rows = sim_rows({"1f1b": (1.0, 1.0, [100.0]), "bf@1x": (1.3, 1.2, [83.0]), "ready-1f1b@1x": (1.4, 1.1, [90.0])})
+    cell = next(c for c in attribute(fake_sim(rows)) if c.cap == "1x")
+    assert cell.ready_over_budget and cell.ready["run"] == "bf@1x"  # none within: the best, flagged
+    rows = sim_rows({"1f1b": (1.0, 1.0, [100.0]), "bf@1x": (1.3, 1.2, [83.0]), "ready-1f1b@1x": (1.0, 1.1, [90.0])})
+    cell = next(c for c in attribute(fake_sim(rows)) if c.cap == "1x")
+    assert not cell.ready_over_budget and cell.ready["run"] == "ready-1f1b@1x"  # within the budget first
+    rows = sim_rows({"1f1b": (1.0, 1.0, [100.0]), "bf@1x": (1.3, 1.2, [83.0])})
+    [never_slower, heavy] = targets(attribute(fake_sim(rows)), family="v=1, whole backward")
+    assert not never_slower.met and "1.30x memory over the 1.00x budget" in never_slower.misses[0]
 
 
 def test_results_renders_every_claim_and_the_plots_from_the_json(quick: Path, tmp_path: Path) -> None:
@@ -150,7 +231,7 @@ def test_target_compares_our_best_within_2x_memory_with_pytorch_best(quick: Path
         assert rows[scenario]["ratio"] == pytest.approx(ms / 1000.0)
     assert target_claim(suite).verdict == verdict
     text = render(suite, source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
-    assert "| multimodal+comm | 1200 | 1000 |" in text  # the side-by-side table, PyTorch 1f1b then zb-h1
+    assert "| multimodal+comm | 4 | 1200 | 1000 |" in text  # the side-by-side table, PyTorch 1f1b then zb-h1
 
 
 def fake_tp(data: dict, *, common: float, worst: float, first: float) -> dict:
@@ -312,3 +393,31 @@ def test_bad_arguments_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixtu
         results.main, "--json", str(tmp_path / "other.json"), "--out", str(tmp_path / "R.md"), capsys=capsys
     )
     assert code == 2 and "--json" in err and "meta" in err
+
+
+def test_the_fidelity_section_shows_replayed_against_measured(quick: Path) -> None:
+    data = json.loads(quick.read_text())
+    row = {"stages": 2, "microbatches": 8, "cap": "2x", "runs_ms": [110.0], "op_ms_mean": 3.0}
+    rows = [
+        {
+            **row,
+            "policy": "1f1b",
+            "measured_ms": 110.0,
+            "schedule_ms": 100.0,
+            "simulated_ms": 98.0,
+            "sim_over_measured": 0.98,
+        },
+        {
+            **row,
+            "policy": "bf",
+            "measured_ms": 100.0,
+            "schedule_ms": 90.0,
+            "simulated_ms": 90.0,
+            "sim_over_measured": 1.0,
+        },
+    ]
+    data["fidelity"] = {**SECTION, "rows": rows}
+    text = render(Suite(data), source=ROOT / "suite.json", out=ROOT / "RESULTS.md", plots={})
+    assert "## Fidelity on real ops" in text
+    assert "| 2 | 1f1b | 110 | 100 | 98 | 0.980 | 3.0 | 1.00x |" in text
+    assert "| 2 | bf | 100 | 90 | 90 | 1.000 | 3.0 | 1.10x |" in text

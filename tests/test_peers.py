@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.peers.sleep_module import stage_costs
+import torch
+
+from benchmarks.peers.sleep_module import delivery_wait_s, stage_costs
 from benchmarks.peers.torch_pipelining import KEYS, measure, measure_all
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
@@ -50,30 +52,81 @@ def test_pytorch_runs_the_v_schedules_in_our_order() -> None:
         assert r["measured_ms"] >= r["ideal_ms"] > 0, name
 
 
-def test_v_stage_costs_sleep_no_latency_at_the_turn() -> None:
+def test_v_stage_costs_have_no_latency_at_the_turn() -> None:
     """Under V virtual stages P-1 and P share a rank: the turn between them is a local hand-off."""
     trace = generate(scenario="lognormal+comm", stages=2, microbatches=3, chunks=2, seed=1, t_f=10.0)
     turn_in = stage_costs(trace=trace, virtual_stage=2, placement=Placement.V)
     turn_out = stage_costs(trace=trace, virtual_stage=1, placement=Placement.V)
+    looped = stage_costs(trace=trace, virtual_stage=2)
     for m in range(3):
-        assert turn_in.forward_s[m] == pytest.approx(trace.F[2][m] / 1000)
-        assert turn_out.input_grad_s[m] == pytest.approx(trace.B[1][m] / 1000)
-        assert stage_costs(trace=trace, virtual_stage=2).forward_s[m] > turn_in.forward_s[m]
+        assert turn_in.activation_latency_s[m] == turn_out.gradient_latency_s[m] == 0.0
+        assert looped.activation_latency_s[m] == pytest.approx(trace.commF[1][m] / 1000)
+        assert looped.activation_latency_s[m] > 0
 
 
-def test_stage_costs_add_the_incoming_message_latency() -> None:
+def test_stage_costs_keep_the_op_times_and_the_incoming_latencies_apart() -> None:
     trace = generate(scenario="lognormal+comm", stages=2, microbatches=3, chunks=2, seed=1, t_f=10.0)
     last = trace.virtual_stages - 1
     for vs in range(trace.virtual_stages):
-        costs = stage_costs(trace=trace, virtual_stage=vs)
+        split, whole = (
+            stage_costs(trace=trace, virtual_stage=vs),
+            stage_costs(trace=trace, virtual_stage=vs, split=False),
+        )
         for m in range(3):
-            comm_f = trace.commF[vs - 1][m] if vs > 0 else 0.0
-            comm_b = trace.commB[vs][m] if vs < last else 0.0
-            assert costs.forward_s[m] == pytest.approx((trace.F[vs][m] + comm_f) / 1000)
-            assert costs.input_grad_s[m] == pytest.approx((trace.B[vs][m] + comm_b) / 1000)
-            assert costs.weight_grad_s[m] == pytest.approx(trace.W[vs][m] / 1000)
+            assert split.forward_s[m] == whole.forward_s[m] == pytest.approx(trace.F[vs][m] / 1000)
+            assert split.input_grad_s[m] == pytest.approx(trace.B[vs][m] / 1000)
+            assert split.weight_grad_s[m] == pytest.approx(trace.W[vs][m] / 1000)
+            assert whole.input_grad_s[m] == pytest.approx((trace.B[vs][m] + trace.W[vs][m]) / 1000)
+            assert whole.weight_grad_s[m] == 0.0  # the gradient leaves when the whole backward is done
+            assert split.activation_latency_s[m] == pytest.approx(trace.commF[vs - 1][m] / 1000 if vs > 0 else 0.0)
+            assert split.gradient_latency_s[m] == pytest.approx(trace.commB[vs][m] / 1000 if vs < last else 0.0)
     with pytest.raises(ValueError, match="virtual_stage"):
         stage_costs(trace=trace, virtual_stage=4)
+
+
+def test_a_message_is_usable_its_latency_after_its_sender_ended_and_not_before() -> None:
+    assert delivery_wait_s(sent_at=10.0, latency_s=0.5, now=10.2) == pytest.approx(0.3)  # still on its way
+    assert delivery_wait_s(sent_at=10.0, latency_s=0.5, now=11.0) == 0.0  # overlapped with other work
+    assert delivery_wait_s(sent_at=0.0, latency_s=0.5, now=11.0) == 0.0  # no sender: the data or the loss
+
+
+class _Clock:
+    """Stands in for the sleep module's `time`: a clock that only moves when slept on."""
+
+    CLOCK_MONOTONIC = 1
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def clock_gettime(self, clock: int) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_a_stage_waits_only_for_what_is_left_of_a_latency_and_stamps_what_it_sends(monkeypatch) -> None:
+    import benchmarks.peers.sleep_module as sleep_module
+
+    trace = generate(scenario="comm", stages=2, microbatches=2, chunks=1, seed=0, t_f=20.0, comm_ms=40.0)
+    costs = stage_costs(trace=trace, virtual_stage=1, split=False)
+    clock = _Clock(now=100.0)
+    monkeypatch.setattr(sleep_module, "time", clock)
+    stage = sleep_module.SleepStage(costs=costs, virtual_stage=1, log=[])
+    x = sleep_module.microbatch_inputs(microbatches=2, payload_elems=4)[1:].requires_grad_(True)
+    x.data[:, sleep_module.SENT_AT] = 99.99  # sent 10 ms ago
+    y = stage(x)
+    left = max(0.0, costs.activation_latency_s[1] - 0.01)
+    assert clock.slept == [pytest.approx(left + costs.forward_s[1])]  # what is left of the latency, then F
+    assert y[0, sleep_module.SENT_AT].item() == pytest.approx(clock.now)  # stamped when F ended
+    clock.now += 1.0  # the gradient comes back long after its latency: no wait
+    grad = torch.zeros_like(y)
+    grad[:, sleep_module.SENT_AT] = clock.now - 0.5
+    y.backward(grad)
+    assert sorted(clock.slept[1:]) == [0.0, pytest.approx(costs.input_grad_s[1])]  # B + W in the input path
+    assert x.grad[0, sleep_module.SENT_AT].item() == pytest.approx(clock.now)
 
 
 @pytest.mark.parametrize(

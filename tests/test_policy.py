@@ -48,7 +48,8 @@ def test_policy_names_resolve() -> None:
         policy = make_policy(name=name, stages=2, chunks=chunks, microbatches=4)
         assert policy.name == name
         assert policy.fixed == (not name.startswith("ready-") and name not in rules)
-        assert policy.split == (base in ("zb-h1", "zb-interleaved", "zbv", "dualpipev") or name in ("bfw", "cpw"))
+        split = ("zb-h1", "zb-h2", "zb-interleaved", "zbv", "dualpipev")
+        assert policy.split == (base in split or name in ("bfw", "cpw"))
         assert policy.rule == (Rule(name) if name in rules else None)
         assert policy.placement is (Placement.V if base in ("zbv", "dualpipev") else Placement.LOOPED)
 

@@ -178,6 +178,45 @@ def test_peak_inflight(stages: int, microbatches: int) -> None:
         peak_inflight(gpipe, stage=9)
 
 
+TWICE = [(stages, m) for stages in range(2, 7) for m in sorted({1, stages - 1, stages, 2 * stages, 4 * stages + 1})]
+
+
+@pytest.mark.parametrize("name", ["1f1b-2x", "zb-h2"])
+@pytest.mark.parametrize("stages,microbatches", TWICE)
+def test_twice_the_memory_schedules_hold_every_action_once_and_validate(name: str, stages: int, microbatches: int):
+    order = build(name=name, stages=stages, chunks=1, microbatches=microbatches)
+    layout = _layout(name, stages, 1, microbatches)
+    for s in range(stages):
+        assert sorted(map(str, order[s])) == sorted(map(str, layout.actions(stage=s)))
+    validate(order, layout=layout)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 8), (4, 16), (5, 10), (8, 32)])
+def test_twice_the_memory_schedules_hold_twice_1f1b_and_no_more(stages: int, microbatches: int) -> None:
+    doubled = build(name="1f1b-2x", stages=stages, chunks=1, microbatches=microbatches)
+    h2 = build(name="zb-h2", stages=stages, chunks=1, microbatches=microbatches)
+    for s in range(stages):
+        forwards_first = next(i for i, a in enumerate(doubled[s]) if a.kind is Kind.B)
+        assert forwards_first == min(2 * (stages - s), microbatches)
+        assert peak_inflight(doubled, stage=s) == 2 * (stages - s)
+        assert peak_inflight_fb(h2, stage=s) == 2 * (stages - s) - 1  # F before the first I: the paper's warmup
+        assert peak_inflight(h2, stage=s) == 2 * stages - 1 - s  # each W s input gradients late, as zb-h1
+    assert max(peak_inflight(h2, stage=s) for s in range(stages)) == 2 * stages - 1  # (2p-1) M_B <= 2x 1F1B's p
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 8), (5, 10), (3, 9)])
+def test_at_unit_times_zb_h2_has_zb_h1s_bubble_and_1f1b_2x_has_1f1bs(stages: int, microbatches: int) -> None:
+    def bubble(name: str) -> int:
+        layout = _layout(name, stages, 1, microbatches)
+        order = build(name=name, stages=stages, chunks=1, microbatches=microbatches)
+        makespan = 1 + max(step for row in unit_steps(order, layout=layout).values() for step in row)
+        return makespan - len(layout.actions(stage=0))
+
+    # P-1 is the least with one step for every stage: the last stage cannot start before step P-1.
+    assert bubble("zb-h2") == bubble("zb-h1") == stages - 1
+    assert bubble("1f1b-2x") == bubble("1f1b") == 2 * (stages - 1)
+
+
 def test_peak_inflight_counts_chunk_zero_only() -> None:
     order = _order({0: "0F0 1F0 0F1 1F1 1B0 0B0 1B1 0B1"}, stages=1)  # one stage, two chunks
     assert peak_inflight(order, stage=0) == 2
@@ -185,8 +224,10 @@ def test_peak_inflight_counts_chunk_zero_only() -> None:
 
 
 def test_names_and_splits() -> None:
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved", "looped-bfs", "zb-h1", "zb-interleaved", "zbv", "dualpipev"]
-    assert [splits(name) for name in SCHEDULES] == [False, False, False, False, True, True, True, True]
+    assert list(SCHEDULES) == [
+        "gpipe", "1f1b", "interleaved", "looped-bfs", "zb-h1", "1f1b-2x", "zb-h2", "zb-interleaved", "zbv", "dualpipev"
+    ]  # fmt: skip
+    assert [splits(name) for name in SCHEDULES] == [False, False, False, False, True, False, True, True, True, True]
     assert any(a.kind is Kind.W for a in build(name="zb-h1", stages=2, chunks=1, microbatches=2)[0])
     with pytest.raises(ValueError, match=r"unknown schedule name 'x'; known: gpipe"):
         splits("x")
@@ -210,7 +251,8 @@ def test_build_errors_name_the_argument(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field) as error:
         build(**kwargs)
     if field == "name":
-        assert "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zb-interleaved, zbv, dualpipev" in str(error.value)
+        known = "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, 1f1b-2x, zb-h2, zb-interleaved, zbv, dualpipev"
+        assert known in str(error.value)
 
 
 def _error(order: dict[int, list[Action]], layout: Layout) -> str:

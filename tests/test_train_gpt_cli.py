@@ -159,3 +159,20 @@ def test_resume_with_a_stage_file_missing_names_it(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_gpt.parse(["--resume", "--checkpoint-dir", str(tmp_path)])
     assert f"its file {tmp_path}/iter-00000004/stage-0.pt is missing" in capsys.readouterr().err
+
+
+def test_op_times_say_how_much_of_an_op_was_an_injected_sleep(capsys):
+    from rrfp_ray.observe.telemetry import IterationReport, OpEvent
+    from rrfp_ray.train.gpt_run import op_times, source_lines
+
+    _, run = train_gpt.parse(["--stages", "2", "--microbatches", "2", "--scenario", "none"])
+    event = OpEvent(stage=0, action="0F1", start_ms=0.0, end_ms=3.0, ready_ms=0.0, hint_pos=0, overtook=False)
+    reports = [IterationReport(iteration=0, policy="bf", makespan_ms=3.0, stages=[], events=[event])]
+    assert op_times(run=run, reports=reports) == {"op_ms_mean": 3.0, "injected_ms_mean": 0.0}
+    assert source_lines(op_times(run=run, reports=reports)) == []  # nothing injected: nothing to explain
+    _, run = train_gpt.parse(["--stages", "2", "--microbatches", "2", "--scenario", "lognormal", "--t-f", "2"])
+    trace = run.variability.trace(pipeline=run.pipeline)
+    times = op_times(run=run, reports=reports)
+    assert times["injected_ms_mean"] == trace.F[0][1] > 0  # the trace's forward of microbatch 1 on stage 0
+    [line] = source_lines(times)
+    assert f"{times['injected_ms_mean']:.1f} ms of it an injected sleep" in line

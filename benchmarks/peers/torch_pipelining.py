@@ -145,7 +145,7 @@ def measure_all(
     if len(set(schedules)) != len(schedules):
         raise ValueError(f"schedules has repeats: {list(schedules)}")
     ours = {name: our_order(schedule=name, trace=trace) for name in schedules}
-    for name, value, low in (("iterations", iterations, 1), ("warmup", warmup, 0), ("payload_elems", payload_elems, 1)):
+    for name, value, low in (("iterations", iterations, 1), ("warmup", warmup, 0), ("payload_elems", payload_elems, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if not timeout_s > 0:
@@ -251,7 +251,14 @@ def _run(schedule: str, *, rank: int, job: _Job) -> dict[str, Any]:
     log: list[tuple[str, int, int]] = []
     held = [peer.placement.virtual_stage(stage=rank, chunk=c, stages=trace.stages) for c in range(trace.chunks)]
     stages = [
-        _stage(trace=trace, virtual_stage=vs, placement=peer.placement, payload_elems=job.payload_elems, log=log)
+        _stage(
+            trace=trace,
+            virtual_stage=vs,
+            placement=peer.placement,
+            split=peer.split,
+            payload_elems=job.payload_elems,
+            log=log,
+        )
         for vs in held
     ]
     make: Callable[..., Any] = getattr(pipelining, peer.pytorch_class)
@@ -297,10 +304,16 @@ def _ran(log: list[tuple[str, int, int]], *, split: bool) -> list[str]:
 
 
 def _stage(
-    *, trace: Trace, virtual_stage: int, placement: Placement, payload_elems: int, log: list[tuple[str, int, int]]
+    *,
+    trace: Trace,
+    virtual_stage: int,
+    placement: Placement,
+    split: bool,
+    payload_elems: int,
+    log: list[tuple[str, int, int]],
 ) -> pipelining.PipelineStage:
-    example = torch.zeros(1, payload_elems)
-    costs = stage_costs(trace=trace, virtual_stage=virtual_stage, placement=placement)
+    example = torch.zeros(1, payload_elems, dtype=torch.float64)
+    costs = stage_costs(trace=trace, virtual_stage=virtual_stage, placement=placement, split=split)
     module = SleepStage(costs=costs, virtual_stage=virtual_stage, log=log)
     return pipelining.PipelineStage(
         module,

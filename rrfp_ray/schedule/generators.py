@@ -13,6 +13,18 @@ same stages P, chunks v and microbatches M, and so are the microbatch counts the
 - ``zb-h1``: 1F1B with the backward split into I (input gradient) and W (weight gradient);
   stage ``s`` runs each W ``s`` input gradients after its I, filling the drain bubble
   (``ScheduleInterleavedZeroBubble`` with one stage per rank; needs ``M % R == 0``).
+
+Two more are fixed baselines given twice 1F1B's activation memory (PyTorch has neither):
+
+- ``1f1b-2x``: 1F1B whose stage ``s`` runs ``min(2(P-s), M)`` forwards before its first
+  backward, so it holds up to ``2(P-s)`` microbatches, twice 1F1B's ``P-s``.
+- ``zb-h2``: ZB-H2 of the zero-bubble paper (Qi et al. 2023, section 3.2): stage ``s`` runs
+  ``min(2(P-s)-1, M)`` forwards before its first input gradient, the most that fit before that
+  gradient can arrive at unit times, then one I and one F at a time, each W ``s`` input gradients
+  after its I as in zb-h1, so that W's fill the steady state and the drain. Its peak is ``2P-1`` microbatches
+  on stage 0, the paper's ``(2p-1) M_B``, under twice 1F1B's ``P``. With equal F, I and W times it
+  has no bubble but the pipeline's start and end (``P-1`` steps, as zb-h1); the extra forwards buy
+  slack when durations vary.
 """
 
 from __future__ import annotations
@@ -70,6 +82,27 @@ def zb_h1(*, stages: int, microbatches: int) -> Order:
     }
 
 
+def one_f_one_b_2x(*, stages: int, microbatches: int) -> Order:
+    _require_positive(stages=stages, microbatches=microbatches)
+    return {
+        s: _one_f_one_b_stage(stage=s, stages=stages, microbatches=microbatches, ahead=2 * (stages - s))
+        for s in range(stages)
+    }
+
+
+def zb_h2(*, stages: int, microbatches: int) -> Order:
+    _require_positive(stages=stages, microbatches=microbatches)
+    return {
+        s: _defer_weights(
+            _one_f_one_b_stage(
+                stage=s, stages=stages, microbatches=microbatches, backward=Kind.I, ahead=2 * (stages - s) - 1
+            ),
+            lag=s,
+        )
+        for s in range(stages)
+    }
+
+
 class Chunks(enum.Enum):
     """The chunk counts a schedule takes."""
 
@@ -100,6 +133,8 @@ SCHEDULES: dict[str, Schedule] = {
     "interleaved": Schedule(generate=interleaved, chunks=Chunks.MANY, splits=False),
     "looped-bfs": Schedule(generate=_imported("looped-bfs"), chunks=Chunks.ANY, splits=False),
     "zb-h1": Schedule(generate=lambda *, chunks, **size: zb_h1(**size), chunks=Chunks.ONE, splits=True),
+    "1f1b-2x": Schedule(generate=lambda *, chunks, **size: one_f_one_b_2x(**size), chunks=Chunks.ONE, splits=False),
+    "zb-h2": Schedule(generate=lambda *, chunks, **size: zb_h2(**size), chunks=Chunks.ONE, splits=True),
     "zb-interleaved": Schedule(generate=_imported("zb-interleaved"), chunks=Chunks.ANY, splits=True),
     "zbv": Schedule(generate=_imported("zbv"), chunks=Chunks.TWO, splits=True, placement=Placement.V),
     "dualpipev": Schedule(generate=_imported("dualpipev"), chunks=Chunks.TWO, splits=True, placement=Placement.V),
@@ -174,10 +209,14 @@ def _chunk_turns(
     return ops
 
 
-def _one_f_one_b_stage(*, stage: int, stages: int, microbatches: int, backward: Kind = Kind.B) -> list[Action]:
+def _one_f_one_b_stage(
+    *, stage: int, stages: int, microbatches: int, backward: Kind = Kind.B, ahead: int | None = None
+) -> list[Action]:
+    """``ahead`` forwards (default ``P-s``, 1F1B's) before the first backward, then one of each at a time."""
     forwards = [_action(kind=Kind.F, stage=stage, stages=stages, microbatch=m) for m in range(microbatches)]
     backwards = [_action(kind=backward, stage=stage, stages=stages, microbatch=m) for m in range(microbatches)]
-    return _alternate(forwards=forwards, backwards=backwards, warmup=min(stages - 1 - stage, microbatches))
+    ahead = stages - stage if ahead is None else ahead
+    return _alternate(forwards=forwards, backwards=backwards, warmup=min(ahead - 1, microbatches))
 
 
 def _alternate(*, forwards: Sequence[Action], backwards: Sequence[Action], warmup: int) -> list[Action]:
