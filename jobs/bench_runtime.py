@@ -117,6 +117,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     )
     bench.add_argument("--payload-elems", type=int, default=4096, help="float32 elements per message")
     bench.add_argument("--iterations", type=int, default=5, help="per policy; the first is a warm-up when > 1")
+    bench.add_argument(
+        "--breakdown", action="store_true", help="print per policy the runtime's per-op overhead (median, p90 in us)"
+    )
     bench.add_argument("--json", default=None, metavar="OUT", help="write the per-policy figures here")
     bench.add_argument("--out", default=None, metavar="DIR", help="write a Perfetto trace and a diagram per policy here")
     add_scenario_flags(parser, default="lognormal")
@@ -261,6 +264,18 @@ def predict_exposed(
     return predicted
 
 
+def print_breakdown(*, reports: dict[str, list]) -> None:
+    """Per policy and phase (`rrfp_ray.runtime.breakdown`): median and p90 in us over every stage and measured iteration."""
+    from rrfp_ray.runtime.breakdown import Phase, summarize
+
+    print("\nper-op runtime overhead, us: median / p90 (n samples) over every stage and measured iteration")
+    print(f"{'policy':<12}" + "".join(f" {phase.value:>22}" for phase in Phase))
+    for name, runs in reports.items():
+        figures = summarize(s.overhead_us for r in runs for s in r.stages)
+        cells = "".join(f" {f'{m:.0f} / {p:.0f} ({n})':>22}" for m, p, n in figures.values())
+        print(f"{name:<12}{cells}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args, pipeline, traces, names = parse(argv)
     trace = traces[0]
@@ -339,6 +354,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"sim exp: the simulator's exposed share at {next(iter(results.values()))['sim_reduce_mb_per_s']:.1f} MB/s "
             f"and {args.reduce_latency_ms:g} ms a bucket"
         )
+    if args.breakdown:
+        print_breakdown(reports=reports)
     summary = {"policies": results}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))

@@ -36,6 +36,7 @@ class StageStats:
     step_ms: float = 0.0  # the optimizer step after the stage's last op (included in wall_ms)
     send_busy_ms: float = 0.0
     recv_busy_ms: float = 0.0
+    overhead_us: dict[str, list[int]] = field(default_factory=dict)  # runtime only: `rrfp_ray.runtime.breakdown`
     overtakes: int = 0
     peak_inflight: int = 0
     peak_buffered: int = 0

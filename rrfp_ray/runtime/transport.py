@@ -132,6 +132,12 @@ def send_message(*, channel: Channel, header: Header, payload: Tree | None) -> N
 
 
 def recv_message(*, channel: Channel) -> tuple[Header, Tree | None]:
+    header = recv_header(channel=channel)
+    return header, recv_payload(channel=channel, header=header)
+
+
+def recv_header(*, channel: Channel) -> Header:
+    """The next message's header (and description, if it has one); its payload follows (`recv_payload`)."""
     raw = torch.empty(HEADER_LEN, dtype=torch.int64, device=channel.device)
     channel.recv(raw)
     raw = raw.cpu()
@@ -140,15 +146,19 @@ def recv_message(*, channel: Channel) -> tuple[Header, Tree | None]:
         data = torch.empty(Header.description_bytes(raw), dtype=torch.uint8, device=channel.device)
         channel.recv(data)
         described = bytes(data.cpu().tolist())
-    header = Header.decode(raw, description=described)
+    return Header.decode(raw, description=described)
+
+
+def recv_payload(*, channel: Channel, header: Header) -> Tree | None:
+    """The payload `header` announced (None for STOP)."""
     if header.is_stop:
-        return header, None
+        return None
     leaves = []
     for leaf in header.leaves:
         tensor = torch.empty(leaf.shape, dtype=_WIRE.get(leaf.dtype, leaf.dtype), device=channel.device)
         channel.recv(tensor)
         leaves.append(tensor.to(leaf.dtype).requires_grad_(leaf.requires_grad))
-    return header, unflatten(header.structure, leaves)
+    return unflatten(header.structure, leaves)
 
 
 class LocalChannel:

@@ -22,9 +22,10 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats, stage_stats
 from rrfp_ray.policy.agreement import Agreement, TPContext
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.breakdown import Breakdown, Phase
 from rrfp_ray.runtime.errors import PipelineError
-from rrfp_ray.runtime.reduce import ChunkGradients, DPContext, ReduceStats
-from rrfp_ray.runtime.transport import Channel, Header, recv_message, send_message
+from rrfp_ray.runtime.reduce import DPContext, ReduceStats
+from rrfp_ray.runtime.transport import Channel, Header, recv_header, recv_payload, send_message
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Link, Message
 from rrfp_ray.schedule.grad_ready import completes_weights, reduce_order
@@ -101,6 +102,8 @@ class StageWorker:
         self._error: BaseException | None = None
         self._send_busy = 0.0
         self._recv_busy = 0.0
+        self._breakdown = Breakdown()
+        self._notified_at = 0.0  # perf_counter of the last arrival that woke the compute thread
         self._outbox: list[tuple[float, int, _Outgoing | None]] = []
         self._seq = itertools.count()
         self._stopping = False
@@ -148,6 +151,7 @@ class StageWorker:
             started_at = time.time()
             self._send_busy = self._recv_busy = 0.0
             self._ready_at = {}
+            self._breakdown = Breakdown()
             self._cond.notify_all()
         events: list[OpEvent] = []
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
@@ -214,6 +218,8 @@ class StageWorker:
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         stats.started_at = started_at
         stats.send_busy_ms, stats.recv_busy_ms = self._send_busy * 1e3, self._recv_busy * 1e3
+        with self._cond:
+            stats.overhead_us = self._breakdown.to_us()
         return events, stats
 
     def _reduce(
@@ -249,10 +255,16 @@ class StageWorker:
 
     def _wait_for_action(self, arbiter: Arbiter) -> tuple[Action, bool]:
         deadline = time.monotonic() + self.timeout_s
+        arbitrating, woke = 0.0, None
         while True:
             self._raise_if_failed()
+            began = time.perf_counter()
             chosen = arbiter.next_action()
+            arbitrating += time.perf_counter() - began
             if chosen is not None:
+                self._breakdown.add(Phase.ARBITRATION, arbitrating)
+                if woke is not None:
+                    self._breakdown.add(Phase.WAKEUP, woke)
                 self._cond.notify_all()  # a consumed message frees receive-buffer room
                 return chosen
             left = deadline - time.monotonic()
@@ -260,7 +272,9 @@ class StageWorker:
                 raise PipelineError(
                     f"iteration {self._iteration}: nothing eligible for {self.timeout_s:g} s; {arbiter.waiting_for()}"
                 )
+            waited = time.perf_counter()
             self._cond.wait(timeout=left)
+            woke = time.perf_counter() - self._notified_at if self._notified_at > waited else None
 
     def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
         """Rounds with the other TP ranks until they agree on an action; starts it.
@@ -314,7 +328,7 @@ class StageWorker:
             consumer = layout.consumer(message)
             self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
             return
-        release = time.monotonic() + (latency(message) / 1e3 if latency else 0.0)
+        release = time.perf_counter() + (latency(message) / 1e3 if latency else 0.0)
         header = Header.for_payload(message=message, iteration=iteration, payload=output)
         item = _Outgoing(link=layout.link(message), header=header, payload=output)
         heapq.heappush(self._outbox, (release, next(self._seq), item))
@@ -334,13 +348,15 @@ class StageWorker:
     def _send_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._outbox or self._outbox[0][0] > time.monotonic():
-                    wait = None if not self._outbox else self._outbox[0][0] - time.monotonic()
+                while not self._outbox or self._outbox[0][0] > time.perf_counter():
+                    wait = None if not self._outbox else self._outbox[0][0] - time.perf_counter()
                     self._cond.wait(timeout=wait)
-                item = heapq.heappop(self._outbox)[2]
+                release, _, item = heapq.heappop(self._outbox)
                 if item is None:
                     return
                 self._sending = True
+                if item.header.message is not None:
+                    self._breakdown.add(Phase.HANDOFF, time.perf_counter() - release)
             try:
                 began = time.perf_counter()
                 send_message(channel=self._outbound[item.link], header=item.header, payload=item.payload)
@@ -351,6 +367,8 @@ class StageWorker:
             with self._cond:
                 self._sending = False
                 self._send_busy += busy
+                if item.header.message is not None:
+                    self._breakdown.add(Phase.SEND, busy)
                 self._cond.notify_all()
 
     def _receive_loop(self, link: Link, channel: Channel) -> None:
@@ -362,7 +380,9 @@ class StageWorker:
                 if not self._stopping:
                     self._expected[link] -= 1
             try:
-                header, payload = recv_message(channel=channel)
+                header = recv_header(channel=channel)
+                arrived = time.perf_counter()
+                payload = recv_payload(channel=channel, header=header)
             except TimeoutError as error:
                 if not self._stopping:
                     self._fail(error)  # a link silent past its own timeout is closed (gloo) and cannot recover
@@ -389,7 +409,9 @@ class StageWorker:
                 self._arbiter.on_arrival(header.message)
                 consumer = self._layout.consumer(header.message)
                 self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
-                self._recv_busy += time.perf_counter() - began
+                self._notified_at = time.perf_counter()
+                self._recv_busy += self._notified_at - began
+                self._breakdown.add(Phase.ARRIVAL, self._notified_at - arrived)
                 self._cond.notify_all()
 
     def _fail(self, error: BaseException) -> None:
