@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
-from rrfp_ray.runtime.transport import Header, LocalChannel, recv_message, send_message
+from rrfp_ray.runtime.transport import Header, LocalChannel, MessageReader, MessageWriter
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.actions import Kind, parse_action
 from rrfp_ray.schedule.deps import Layout
@@ -79,8 +80,8 @@ def test_messages_carry_kind_microbatch_chunk_and_shape():
     layout = Layout(stages=2, chunks=2, microbatches=3)
     message = layout.sends(parse_action("1F2", stages=2))
     payload = torch.randn(2, 3, 5)
-    send_message(channel=channel, header=Header.for_payload(message=message, iteration=7, payload=payload), payload=payload)
-    header, got = recv_message(channel=channel)
+    MessageWriter(channel=channel).send(header=Header.for_payload(message=message, iteration=7, payload=payload), payload=payload)
+    header, got = MessageReader(channel=channel).recv()
     assert (header.message, header.iteration, header.leaves[0].shape) == (message, 7, (2, 3, 5))
     assert layout.consumer(header.message) == parse_action("2F2", stages=2)
     torch.testing.assert_close(got, payload)
@@ -95,8 +96,8 @@ def test_a_message_carries_any_tree_of_tensors_with_its_dtypes_and_gradient_flag
         "mask": torch.tensor([[True, False, True]]),
         "extra": (torch.arange(4), [torch.zeros(1, 1, 1, 1, 1, 1, 1, 1, 1, 2)]),
     }
-    send_message(channel=channel, header=Header.for_payload(message=message, iteration=3, payload=payload), payload=payload)
-    header, got = recv_message(channel=channel)
+    MessageWriter(channel=channel).send(header=Header.for_payload(message=message, iteration=3, payload=payload), payload=payload)
+    header, got = MessageReader(channel=channel).recv()
     assert header.iteration == 3 and set(got) == {"hidden", "mask", "extra"}
     assert got["hidden"].dtype == torch.bfloat16 and got["hidden"].requires_grad
     assert got["mask"].dtype == torch.bool and not got["mask"].requires_grad
@@ -104,6 +105,35 @@ def test_a_message_carries_any_tree_of_tensors_with_its_dtypes_and_gradient_flag
     assert torch.equal(got["mask"], payload["mask"]) and torch.equal(got["extra"][0], torch.arange(4))
     assert got["extra"][1][0].shape == (1,) * 9 + (2,)
     torch.testing.assert_close(got["hidden"].detach(), hidden.detach())
+
+
+class _Counting(LocalChannel):
+    def __init__(self) -> None:
+        super().__init__(name="test", timeout_s=1)
+        self.sizes: list[int] = []
+
+    def send(self, tensor: torch.Tensor) -> None:
+        self.sizes.append(tensor.numel())
+        super().send(tensor)
+
+
+def test_a_link_whose_payloads_keep_their_shape_sends_one_frame_per_message_and_any_shape_change_arrives():
+    channel = _Counting()
+    writer, reader = MessageWriter(channel=channel), MessageReader(channel=channel)
+    layout = Layout(stages=2, chunks=1, microbatches=8)
+    shapes = [(4, 3), (4, 3), (4, 3), (2, 5), (2, 5), (), (0, 3), (4, 3)]
+    for m, shape in enumerate(shapes):
+        message = layout.sends(parse_action(f"0F{m}", stages=2))
+        payload = torch.randn(shape)
+        writer.send(header=Header.for_payload(message=message, iteration=1, payload=payload), payload=payload)
+        header, got = reader.recv()
+        assert header.message == message and got.shape == shape
+        torch.testing.assert_close(got, payload)
+    # a new size: a header frame of the old size, then the body (none for an empty tensor)
+    per_message = [2, 1, 1, 2, 1, 2, 1, 2]
+    assert len(channel.sizes) == sum(per_message)
+    writer.send(header=Header(message=None), payload=None)
+    assert reader.recv() == (Header(message=None), None)
 
 
 class _Losing:
@@ -226,3 +256,21 @@ def test_the_iteration_time_covers_the_optimizer_step():
     assert report.schedule_ms >= max(e.end_ms for e in report.events)  # the ops alone, without the step
     assert report.schedule_ms == pytest.approx(report.makespan_ms - report.step_ms)
     assert slow.blocked_ms < slow.wall_ms - slow.step_ms + 1e-9  # the step is not counted as blocked
+
+
+def _slow_middle_stage(*, microbatches: int) -> tuple:
+    """P=3: stage 1's ops take 10x the others', so activations and gradients reach it together."""
+    trace = generate(scenario="none", stages=3, microbatches=microbatches, chunks=1, seed=0, t_f=1.0)
+    slow = {key: tuple(tuple(x * (10 if s == 1 else 1) for x in row) for s, row in enumerate(getattr(trace, key))) for key in "FBW"}
+    return replace(trace, **slow), Layout(stages=3, chunks=1, microbatches=microbatches)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_the_receive_buffer_never_holds_more_than_its_limit_with_several_inbound_links(limit):
+    trace, layout = _slow_middle_stage(microbatches=6)
+    policy = make_policy(name="bf", stages=3, chunks=1, microbatches=6)
+    executors = [SyntheticWorkload(trace=trace, payload_elems=16).executor(stage=s, layout=layout) for s in range(3)]
+    with LocalPipeline(layout=layout, timeout_s=20) as pipeline:
+        report = pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors, buffer_limit=limit)
+    assert sorted(e.action for e in report.events) == sorted(str(a) for s in range(3) for a in layout.actions(stage=s))
+    assert report.stages[1].peak_buffered == limit  # reached, never passed, although two links feed it

@@ -29,6 +29,10 @@ class Breakdown:
     def add(self, phase: Phase, seconds: float) -> None:
         self._samples[phase].append(seconds)
 
+    def extend(self, other: Breakdown) -> None:
+        for phase, samples in other._samples.items():
+            self._samples[phase] += samples
+
     def to_us(self) -> dict[str, list[int]]:
         """Whole microseconds per phase, keyed by the phase's value (plain data for telemetry)."""
         return {phase.value: [round(s * 1e6) for s in samples] for phase, samples in self._samples.items()}

@@ -1,12 +1,16 @@
 """Message framing and the channel interface; an in-memory channel for one-process runs.
 
-A message is a fixed-size int64 header, then (unless it is STOP) its payload: a tree of
-tensors (`rrfp_ray.runtime.tree`). A lone tensor's dtype and shape fit in the header.
-Any other tree sends, after the header, a uint8 description (JSON: the tree's structure,
-and each leaf's dtype, shape and whether it carries a gradient back), then its leaves,
-one tensor each. The same framing runs over every channel (in memory, gloo, NCCL).
-A `Channel` is one direction of one link; the collective implementation lives in
-`actors/collective.py`, the in-memory one here.
+A message is one frame, a uint8 tensor: a fixed-size int64 header, then (unless it is STOP)
+its body: a description (JSON: the tree's structure, and each leaf's dtype, shape and whether
+it carries a gradient back; empty for a lone tensor, whose dtype and shape fit in the header)
+and the bytes of every leaf of its payload, a tree of tensors (`rrfp_ray.runtime.tree`), each
+section 8-byte aligned. Collectives need the receiver to post a buffer of the sender's size, so
+both ends of a channel track the size of its last message (`MessageWriter`, `MessageReader`):
+a message of that size travels as one frame (the steady state: a link's payloads keep their
+shape), any other as a header frame of the old size followed by its body, whose size is the
+new one. The same framing runs over every channel (in memory, gloo, NCCL). A `Channel` is one
+direction of one link; the collective implementation lives in `actors/collective.py`, the
+in-memory one here.
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
-HEADER_LEN = 16
-_FIXED = 8  # code, virtual stage, microbatch, iteration, description bytes, dtype, ndim, requires grad
+HEADER_LEN = 17
+_FIXED = 9  # code, virtual stage, microbatch, iteration, description bytes, body bytes, dtype, ndim, requires grad
 MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
+HEADER_BYTES = HEADER_LEN * 8
+_ALIGN = 8
 _KIND_CODE = {Kind.F: 1, Kind.B: 2}
 _STOP = 0
 DTYPES = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool,
     torch.int8, torch.int16,
 )
-_WIRE = {torch.bool: torch.uint8}  # dtypes a collective may not carry travel as another of the same size
 
 
 class LinkBackend(enum.Enum):
@@ -82,11 +87,11 @@ class Header:
         leaves = [[DTYPES.index(leaf.dtype), int(leaf.requires_grad), list(leaf.shape)] for leaf in self.leaves]
         return json.dumps({"tree": self.structure, "leaves": leaves}, separators=(",", ":")).encode()
 
-    def encode(self) -> torch.Tensor:
+    def encode(self, *, described: bytes, body_bytes: int) -> torch.Tensor:
         fields = [_STOP] + [0] * (HEADER_LEN - 1)
         if self.message is not None:
-            m, described = self.message, self.description()
-            fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described)]
+            m = self.message
+            fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described), body_bytes]
             leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
             fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
             fields += list(leaf.shape) + [0] * (MAX_DIMS - len(leaf.shape))
@@ -94,7 +99,7 @@ class Header:
 
     @classmethod
     def decode(cls, data: torch.Tensor, *, description: bytes = b"") -> Header:
-        code, vs, mb, iteration, _, dtype, ndim, grad, *shape = (int(x) for x in data.tolist())
+        code, vs, mb, iteration, _, _, dtype, ndim, grad, *shape = (int(x) for x in data.tolist())
         if code == _STOP:
             return cls(message=None)
         kind = Kind.F if code == _KIND_CODE[Kind.F] else Kind.B
@@ -106,10 +111,6 @@ class Header:
         leaves = tuple(Leaf(dtype=DTYPES[d], shape=tuple(s), requires_grad=bool(g)) for d, g, s in spec["leaves"])
         return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves)
 
-    @staticmethod
-    def description_bytes(data: torch.Tensor) -> int:
-        return int(data[4])
-
     @classmethod
     def for_payload(cls, *, message: Message, iteration: int, payload: Tree) -> Header:
         tensors, structure = flatten(payload)
@@ -120,45 +121,78 @@ class Header:
         return self.message is None
 
 
-def send_message(*, channel: Channel, header: Header, payload: Tree | None) -> None:
-    channel.send(header.encode().to(channel.device))
-    described = b"" if header.is_stop else header.description()
-    if described:
-        channel.send(torch.frombuffer(bytearray(described), dtype=torch.uint8).to(channel.device))
-    if payload is not None:
-        for tensor in flatten(payload)[0]:
-            wire = tensor.detach().to(channel.device).contiguous()
-            channel.send(wire.to(_WIRE.get(wire.dtype, wire.dtype)))
+class MessageWriter:
+    """The sending end of a channel's framing; one thread uses it."""
+
+    def __init__(self, *, channel: Channel) -> None:
+        self.channel = channel
+        self._frame_bytes = HEADER_BYTES  # what the receiver posts for the next message
+
+    def send(self, *, header: Header, payload: Tree | None) -> None:
+        device = self.channel.device
+        described = b"" if header.is_stop else header.description()
+        tensors = [] if payload is None else flatten(payload)[0]
+        sections = [_aligned(len(described))] + [_aligned(t.numel() * t.element_size()) for t in tensors]
+        body_bytes = sum(sections)
+        frame = torch.empty(self._frame_bytes, dtype=torch.uint8, device=device)
+        frame[:HEADER_BYTES] = header.encode(described=described, body_bytes=body_bytes).view(torch.uint8).to(device)
+        inline = HEADER_BYTES + body_bytes == self._frame_bytes
+        body = frame[HEADER_BYTES:] if inline else torch.empty(body_bytes, dtype=torch.uint8, device=device)
+        if described:
+            body[: len(described)] = torch.frombuffer(bytearray(described), dtype=torch.uint8).to(device)
+        offset = sections[0]
+        for tensor, size in zip(tensors, sections[1:]):
+            flat = tensor.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
+            body[offset : offset + flat.numel()] = flat
+            offset += size
+        self.channel.send(frame)
+        if inline or header.is_stop:
+            return
+        if body_bytes:
+            self.channel.send(body)
+        self._frame_bytes = HEADER_BYTES + body_bytes
 
 
-def recv_message(*, channel: Channel) -> tuple[Header, Tree | None]:
-    header = recv_header(channel=channel)
-    return header, recv_payload(channel=channel, header=header)
+class MessageReader:
+    """The receiving end of a channel's framing; one thread uses it."""
+
+    def __init__(self, *, channel: Channel) -> None:
+        self.channel = channel
+        self._frame_bytes = HEADER_BYTES
+
+    def recv(self) -> tuple[Header, Tree | None]:
+        frame = torch.empty(self._frame_bytes, dtype=torch.uint8, device=self.channel.device)
+        self.channel.recv(frame)
+        raw = frame[:HEADER_BYTES].cpu().view(torch.int64)
+        if int(raw[0]) == _STOP:
+            return Header(message=None), None
+        described_bytes, body_bytes = int(raw[4]), int(raw[5])
+        if HEADER_BYTES + body_bytes == self._frame_bytes:
+            body = frame[HEADER_BYTES:]
+        else:
+            body = torch.empty(body_bytes, dtype=torch.uint8, device=self.channel.device)
+            if body_bytes:
+                self.channel.recv(body)
+            self._frame_bytes = HEADER_BYTES + body_bytes
+        described = bytes(body[:described_bytes].cpu().numpy()) if described_bytes else b""
+        header = Header.decode(raw, description=described)
+        leaves, offset = [], _aligned(described_bytes)
+        for leaf in header.leaves:
+            size = leaf.dtype.itemsize * _count(leaf.shape)
+            leaves.append(body[offset : offset + size].view(leaf.dtype).view(leaf.shape).requires_grad_(leaf.requires_grad))
+            offset += _aligned(size)
+        return header, unflatten(header.structure, leaves)
 
 
-def recv_header(*, channel: Channel) -> Header:
-    """The next message's header (and description, if it has one); its payload follows (`recv_payload`)."""
-    raw = torch.empty(HEADER_LEN, dtype=torch.int64, device=channel.device)
-    channel.recv(raw)
-    raw = raw.cpu()
-    described = b""
-    if int(raw[0]) != _STOP and Header.description_bytes(raw):
-        data = torch.empty(Header.description_bytes(raw), dtype=torch.uint8, device=channel.device)
-        channel.recv(data)
-        described = bytes(data.cpu().tolist())
-    return Header.decode(raw, description=described)
+def _aligned(size: int) -> int:
+    return -(-size // _ALIGN) * _ALIGN
 
 
-def recv_payload(*, channel: Channel, header: Header) -> Tree | None:
-    """The payload `header` announced (None for STOP)."""
-    if header.is_stop:
-        return None
-    leaves = []
-    for leaf in header.leaves:
-        tensor = torch.empty(leaf.shape, dtype=_WIRE.get(leaf.dtype, leaf.dtype), device=channel.device)
-        channel.recv(tensor)
-        leaves.append(tensor.to(leaf.dtype).requires_grad_(leaf.requires_grad))
-    return unflatten(header.structure, leaves)
+def _count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
 
 
 class LocalChannel:

@@ -1,15 +1,16 @@
 """The runtime side of one stage: a compute thread, one receive thread per inbound link,
-one send thread.
+one send thread per outbound link (`rrfp_ray.runtime.links`).
 
 The compute thread (the caller of `run_iteration`) arbitrates, executes, and hands each
-output to the send thread. Receive threads route each message into the arbiter's ready
-set and wake it. Every wait is bounded by `timeout_s` and fails naming what it awaited.
+output to its link's send thread. Receive threads route each message into the arbiter's
+ready set and wake it. A receive thread takes a message only while the receive buffer has
+room, and delivers it only while it still has: a message received as another link's
+filled the last place waits on its own link, so the buffer never holds more than its limit.
+Every wait is bounded by `timeout_s` and fails naming what it awaited.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -24,8 +25,9 @@ from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.breakdown import Breakdown, Phase
 from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.links import LinkSender
 from rrfp_ray.runtime.reduce import DPContext, ReduceStats
-from rrfp_ray.runtime.transport import Channel, Header, recv_header, recv_payload, send_message
+from rrfp_ray.runtime.transport import Channel, Header, MessageReader
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Link, Message
 from rrfp_ray.schedule.grad_ready import completes_weights, reduce_order
@@ -76,13 +78,6 @@ class Workload(Protocol):
         """As data-parallel replica `rank` (its share of each iteration's data); `zero_sum`: the DP sum, for ZeRO-1."""
 
 
-@dataclass
-class _Outgoing:
-    link: Link
-    header: Header
-    payload: torch.Tensor | None
-
-
 class StageWorker:
     def __init__(
         self, *, stage: int, inbound: dict[Link, Channel], outbound: dict[Link, Channel], timeout_s: float
@@ -90,7 +85,9 @@ class StageWorker:
         self.stage = stage
         self.timeout_s = timeout_s
         self._inbound = inbound
-        self._outbound = outbound
+        self._senders = {
+            link: LinkSender(link=link, channel=channel, on_error=self._fail) for link, channel in outbound.items()
+        }
         self._cond = threading.Condition()
         self._arbiter: Arbiter | None = None
         self._layout: Layout | None = None
@@ -100,19 +97,14 @@ class StageWorker:
         self._expected: dict[Link, int] = {}  # messages the running iteration has yet to receive, per link
         self._ready_at: dict[Action, float] = {}
         self._error: BaseException | None = None
-        self._send_busy = 0.0
         self._recv_busy = 0.0
         self._breakdown = Breakdown()
         self._notified_at = 0.0  # perf_counter of the last arrival that woke the compute thread
-        self._outbox: list[tuple[float, int, _Outgoing | None]] = []
-        self._seq = itertools.count()
         self._stopping = False
-        self._sending = False
         self._threads = [
             threading.Thread(target=self._receive_loop, args=(link, channel), name=f"recv {link}", daemon=True)
             for link, channel in inbound.items()
         ]
-        self._threads.append(threading.Thread(target=self._send_loop, name=f"send {stage}", daemon=True))
         for thread in self._threads:
             thread.start()
 
@@ -149,7 +141,9 @@ class StageWorker:
             self._expected = layout.arrivals(stage=self.stage)
             self._start = time.perf_counter()
             started_at = time.time()
-            self._send_busy = self._recv_busy = 0.0
+            self._recv_busy = 0.0
+            for sender in self._senders.values():
+                sender.take_stats()
             self._ready_at = {}
             self._breakdown = Breakdown()
             self._cond.notify_all()
@@ -217,7 +211,12 @@ class StageWorker:
             stats.skipped_step = step.skipped
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         stats.started_at = started_at
-        stats.send_busy_ms, stats.recv_busy_ms = self._send_busy * 1e3, self._recv_busy * 1e3
+        send_busy = 0.0
+        for sender in self._senders.values():
+            busy, samples = sender.take_stats()
+            send_busy += busy
+            self._breakdown.extend(samples)
+        stats.send_busy_ms, stats.recv_busy_ms = send_busy * 1e3, self._recv_busy * 1e3
         with self._cond:
             stats.overhead_us = self._breakdown.to_us()
         return events, stats
@@ -237,10 +236,9 @@ class StageWorker:
 
     def close(self) -> None:
         """Send STOP on every outbound link and end the threads."""
+        for sender in self._senders.values():
+            sender.close(timeout_s=self.timeout_s)
         with self._cond:
-            for link in self._outbound:
-                heapq.heappush(self._outbox, (0.0, next(self._seq), _Outgoing(link=link, header=Header(message=None), payload=None)))
-            heapq.heappush(self._outbox, (0.0, next(self._seq), None))
             self._stopping = True
             self._cond.notify_all()
         for thread in self._threads:
@@ -330,48 +328,20 @@ class StageWorker:
             return
         release = time.perf_counter() + (latency(message) / 1e3 if latency else 0.0)
         header = Header.for_payload(message=message, iteration=iteration, payload=output)
-        item = _Outgoing(link=layout.link(message), header=header, payload=output)
-        heapq.heappush(self._outbox, (release, next(self._seq), item))
-        self._cond.notify_all()
+        self._senders[layout.link(message)].post(header=header, payload=output, release=release)
 
     def _wait_outbox_empty(self) -> None:
         deadline = time.monotonic() + self.timeout_s
+        for sender in self._senders.values():
+            if not sender.wait_idle(timeout_s=max(0.0, deadline - time.monotonic())):
+                with self._cond:
+                    self._raise_if_failed()
+                raise PipelineError(f"stage {self.stage}: outgoing messages on {sender.link} not sent within {self.timeout_s:g} s")
         with self._cond:
-            while self._outbox or self._sending:
-                self._raise_if_failed()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PipelineError(f"stage {self.stage}: outgoing messages not sent within {self.timeout_s:g} s")
-                self._cond.wait(timeout=left)
             self._raise_if_failed()
 
-    def _send_loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._outbox or self._outbox[0][0] > time.perf_counter():
-                    wait = None if not self._outbox else self._outbox[0][0] - time.perf_counter()
-                    self._cond.wait(timeout=wait)
-                release, _, item = heapq.heappop(self._outbox)
-                if item is None:
-                    return
-                self._sending = True
-                if item.header.message is not None:
-                    self._breakdown.add(Phase.HANDOFF, time.perf_counter() - release)
-            try:
-                began = time.perf_counter()
-                send_message(channel=self._outbound[item.link], header=item.header, payload=item.payload)
-                busy = time.perf_counter() - began
-            except BaseException as error:  # reported to the compute thread
-                busy = 0.0
-                self._fail(error)
-            with self._cond:
-                self._sending = False
-                self._send_busy += busy
-                if item.header.message is not None:
-                    self._breakdown.add(Phase.SEND, busy)
-                self._cond.notify_all()
-
     def _receive_loop(self, link: Link, channel: Channel) -> None:
+        reader = MessageReader(channel=channel)
         while True:
             with self._cond:
                 # only what the running iteration expects (or STOP): an idle link never times out
@@ -380,9 +350,7 @@ class StageWorker:
                 if not self._stopping:
                     self._expected[link] -= 1
             try:
-                header = recv_header(channel=channel)
-                arrived = time.perf_counter()
-                payload = recv_payload(channel=channel, header=header)
+                header, payload = reader.recv()
             except TimeoutError as error:
                 if not self._stopping:
                     self._fail(error)  # a link silent past its own timeout is closed (gloo) and cannot recover
@@ -392,19 +360,11 @@ class StageWorker:
                 return
             if header.is_stop:
                 return
-            began = time.perf_counter()
+            arrived = time.perf_counter()
             with self._cond:
-                deadline = time.monotonic() + self.timeout_s
-                while self._arbiter is None or header.iteration != self._iteration:
-                    left = deadline - time.monotonic()
-                    if self._stopping or left <= 0:
-                        self._error = PipelineError(
-                            f"{link}: message {header.message} of iteration {header.iteration} came while this "
-                            f"stage ran iteration {self._iteration}, which did not change for {self.timeout_s:g} s"
-                        )
-                        self._cond.notify_all()
-                        return
-                    self._cond.wait(timeout=left)
+                if not self._wait_to_deliver(link=link, header=header):
+                    return
+                began = time.perf_counter()
                 self._inbox[header.message] = payload
                 self._arbiter.on_arrival(header.message)
                 consumer = self._layout.consumer(header.message)
@@ -413,6 +373,25 @@ class StageWorker:
                 self._recv_busy += self._notified_at - began
                 self._breakdown.add(Phase.ARRIVAL, self._notified_at - arrived)
                 self._cond.notify_all()
+
+    def _wait_to_deliver(self, *, link: Link, header: Header) -> bool:
+        """Under the lock: wait until the message's iteration runs and its receive buffer has room;
+        False (the error recorded) if that takes past the timeout or the worker stops."""
+        deadline = time.monotonic() + self.timeout_s
+        while self._arbiter is None or header.iteration != self._iteration or not self._arbiter.has_room():
+            left = deadline - time.monotonic()
+            if self._stopping or left <= 0:
+                if self._arbiter is not None and header.iteration == self._iteration:
+                    why = f"the receive buffer stayed full ({self._arbiter.buffer_limit} messages)"
+                else:
+                    why = f"this stage ran iteration {self._iteration}, which did not change"
+                self._error = PipelineError(
+                    f"{link}: message {header.message} of iteration {header.iteration} came while {why} for {self.timeout_s:g} s"
+                )
+                self._cond.notify_all()
+                return False
+            self._cond.wait(timeout=left)
+        return True
 
     def _fail(self, error: BaseException) -> None:
         with self._cond:

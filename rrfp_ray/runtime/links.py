@@ -1,0 +1,91 @@
+"""A stage's outbound links: one send thread per link.
+
+A link's messages leave one at a time, in the order they become due (an injected latency
+delays its message's release); a collective send returns once the receiver has taken the
+frame, so a slow receiver holds back its own link only, never another. Each link has its
+own lock, so posting wakes that link's thread alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+
+from rrfp_ray.runtime.breakdown import Breakdown, Phase
+from rrfp_ray.runtime.transport import Channel, Header, MessageWriter
+from rrfp_ray.runtime.tree import Tree
+from rrfp_ray.schedule.deps import Link
+
+_STOP = Header(message=None)
+
+
+class LinkSender:
+    def __init__(self, *, link: Link, channel: Channel, on_error: Callable[[BaseException], None]) -> None:
+        self.link = link
+        self._writer = MessageWriter(channel=channel)
+        self._on_error = on_error
+        self._cond = threading.Condition()
+        self._queue: list[tuple[float, int, Header, Tree | None]] = []  # (release, seq, header, payload)
+        self._seq = itertools.count()
+        self._sending = False
+        self._busy_s = 0.0
+        self._breakdown = Breakdown()
+        self._thread = threading.Thread(target=self._loop, name=f"send {link}", daemon=True)
+        self._thread.start()
+
+    def post(self, *, header: Header, payload: Tree, release: float) -> None:
+        """Queue a message; it leaves at `release` (perf_counter seconds) or later."""
+        with self._cond:
+            heapq.heappush(self._queue, (release, next(self._seq), header, payload))
+            self._cond.notify()
+
+    def wait_idle(self, *, timeout_s: float) -> bool:
+        """Whether every posted message left within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._sending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(timeout=left)
+        return True
+
+    def take_stats(self) -> tuple[float, Breakdown]:
+        """Seconds spent sending and the hand-off and send samples since the last call; starts afresh."""
+        with self._cond:
+            taken = self._busy_s, self._breakdown
+            self._busy_s, self._breakdown = 0.0, Breakdown()
+        return taken
+
+    def close(self, *, timeout_s: float) -> None:
+        """Send STOP after whatever is queued, and end the thread."""
+        with self._cond:
+            last = max((release for release, *_ in self._queue), default=0.0)
+        self.post(header=_STOP, payload=None, release=last)
+        self._thread.join(timeout=timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue or self._queue[0][0] > time.perf_counter():
+                    self._cond.wait(timeout=None if not self._queue else self._queue[0][0] - time.perf_counter())
+                release, _, header, payload = heapq.heappop(self._queue)
+                self._sending = True
+                taken = time.perf_counter()
+            try:
+                self._writer.send(header=header, payload=payload)
+            except BaseException as error:  # reported to the compute thread
+                self._on_error(error)
+            sent = time.perf_counter()
+            with self._cond:
+                self._sending = False
+                if not header.is_stop:
+                    self._busy_s += sent - taken
+                    self._breakdown.add(Phase.HANDOFF, taken - release)
+                    self._breakdown.add(Phase.SEND, sent - taken)
+                self._cond.notify_all()
+            if header.is_stop:
+                return
