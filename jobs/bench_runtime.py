@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +54,6 @@ from rrfp_ray.cli import (
     writable_dir,
     write_pictures,
 )
-from rrfp_ray.observe.telemetry import dp_summary, tp_summary
 
 if TYPE_CHECKING:
     from rrfp_ray.sim.variability import Trace
@@ -120,6 +118,12 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     bench.add_argument(
         "--breakdown", action="store_true", help="print per policy the runtime's per-op overhead (median, p90 in us)"
     )
+    bench.add_argument(
+        "--message-ms",
+        type=float,
+        default=None,
+        help="the simulator's transport model: ms a message costs (default: measured in this run)",
+    )
     bench.add_argument("--json", default=None, metavar="OUT", help="write the per-policy figures here")
     bench.add_argument("--out", default=None, metavar="DIR", help="write a Perfetto trace and a diagram per policy here")
     add_scenario_flags(parser, default="lognormal")
@@ -127,6 +131,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     args = parser.parse_args(argv)
     if args.iterations < 1:
         parser.error(f"--iterations must be >= 1, got {args.iterations}")
+    if args.message_ms is not None and not args.message_ms >= 0:
+        parser.error(f"--message-ms must be >= 0, got {args.message_ms:g}")
     if args.payload_elems < 1:
         parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
     if args.grad_mb <= 0:
@@ -202,96 +208,17 @@ def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         setattr(args, name, found)
 
 
-def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str, list]:
-    """Iteration reports per policy (the first dropped as warm-up when there are more);
-    policies take turns so drift hits all of them alike (`StageGroup.take_turns`, in the driver)."""
-    import ray
-
-    turns = {name: (pipeline.resolved_policy(name), None) for name in names}
-    reports = ray.get(driver.take_turns.remote(runs=turns, rounds=iterations))
-    return {name: runs[1:] if len(runs) > 1 else runs for name, runs in reports.items()}
-
-
-def summarize(*, reports: dict[str, list], simulated: dict[str, float], baseline: str) -> dict[str, dict[str, float]]:
-    """`measured_ms`: the full iteration, optimizer step included. The simulator has no step, so
-    `ratio` compares it with the measured op schedule alone (`schedule_ms`: the makespan less
-    the step that followed the last op)."""
-    measured = {name: statistics.median(r.makespan_ms for r in runs) for name, runs in reports.items()}
-    schedule = {name: statistics.median(r.schedule_ms for r in runs) for name, runs in reports.items()}
-    return {
-        name: {
-            "measured_ms": measured[name],
-            "step_ms": statistics.median(r.step_ms for r in runs),
-            "schedule_ms": schedule[name],
-            "sim_ms": simulated[name],
-            "ratio": schedule[name] / simulated[name],
-            "speedup_measured": measured[baseline] / measured[name],
-            "speedup_predicted": simulated[baseline] / simulated[name],
-            **tp_summary(runs),
-            **dp_summary(runs),
-        }
-        for name, runs in reports.items()
-    }
-
-
-def predict_exposed(
-    *, pipeline: PipelineConfig, trace: Trace, names: list[str], reports: dict[str, list], args: argparse.Namespace
-) -> dict[str, dict[str, float]]:
-    """The simulator's exposed reduce share per policy (`rrfp_ray.sim.reduction`), its bandwidth
-    `--reduce-mb-per-s` or else calibrated on this run's measured bytes per reduce ms."""
-    from rrfp_ray.sim.reduction import ReduceModel, with_reduction
-    from rrfp_ray.sim.simulator import layout_for, simulate
-
-    measured = [s for runs in reports.values() for r in runs for s in r.stages if s.reduce_ms > 0]
-    calibrated = sum(s.reduce_bytes for s in measured) / sum(s.reduce_ms for s in measured)
-    model = ReduceModel(
-        chunk_bytes=int(args.grad_mb * 2**20) // 4 * 4,
-        bucket_bytes=max(1, int(pipeline.dp_bucket_mb * 2**20)),
-        bytes_per_ms=calibrated if args.reduce_mb_per_s is None else args.reduce_mb_per_s * 2**20 / 1e3,
-        latency_ms=args.reduce_latency_ms,
-        overlap=pipeline.dp_overlap,
-    )
-    predicted = {}
-    for name in names:
-        policy = pipeline.resolved_policy(name)
-        report = simulate(policy=policy, trace=trace, cap=pipeline.cap, buffer_limit=pipeline.buffer_limit)
-        summary = dp_summary([with_reduction(report, layout=layout_for(policy=policy, trace=trace), model=model)])
-        predicted[name] = {
-            "sim_dp_exposed_fraction": summary["dp_exposed_fraction"],
-            "sim_dp_exposed_ms": summary["dp_exposed_ms"],
-            "sim_reduce_mb_per_s": model.bytes_per_ms * 1e3 / 2**20,
-        }
-    return predicted
-
-
-def print_breakdown(*, reports: dict[str, list]) -> None:
-    """Per policy and phase (`rrfp_ray.runtime.breakdown`): median and p90 in us over every stage and measured iteration."""
-    from rrfp_ray.runtime.breakdown import Phase, summarize
-
-    print("\nper-op runtime overhead, us: median / p90 (n samples) over every stage and measured iteration")
-    print(f"{'policy':<12}" + "".join(f" {phase.value:>22}" for phase in Phase))
-    for name, runs in reports.items():
-        figures = summarize(s.overhead_us for r in runs for s in r.stages)
-        cells = "".join(f" {f'{m:.0f} / {p:.0f} ({n})':>22}" for m, p, n in figures.values())
-        print(f"{name:<12}{cells}")
-
-
 def main(argv: list[str] | None = None) -> dict:
     args, pipeline, traces, names = parse(argv)
     trace = traces[0]
     import ray
 
     from actors.driver import PipelineDriver
+    from benchmarks import runtime
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
-    from rrfp_ray.sim.simulator import simulate
+    from rrfp_ray.sim.simulator import TransportModel
 
-    cap = pipeline.cap
-    simulated = {
-        name: simulate(
-            policy=pipeline.resolved_policy(name), trace=trace, cap=cap, buffer_limit=pipeline.buffer_limit
-        ).makespan_ms
-        for name in names
-    }
+    simulated = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names)
     log_level = configure_logging(args)
     print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
     driver = PipelineDriver.remote(
@@ -306,13 +233,18 @@ def main(argv: list[str] | None = None) -> dict:
     )
     try:
         print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
-        reports = measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
+        reports = runtime.measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
         ray.get(driver.shutdown.remote())
     finally:
         ray.kill(driver)
-    results = summarize(reports=reports, simulated=simulated, baseline=names[0])
+    message_ms = args.message_ms
+    if message_ms is None:
+        message_ms = runtime.message_cost_ms(reports=reports, pipeline=pipeline, trace=trace)
+    transport = TransportModel(message_ms=message_ms)
+    with_transport = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names, transport=transport)
+    results = runtime.summarize(reports=reports, simulated=simulated, with_transport=with_transport, baseline=names[0])
     if pipeline.dp > 1:
-        for name, figures in predict_exposed(pipeline=pipeline, trace=trace, names=names, reports=reports, args=args).items():
+        for name, figures in runtime.predict_exposed(pipeline=pipeline, trace=trace, names=names, reports=reports, args=args).items():
             results[name].update(figures)
     if args.out:
         write_pictures(out=Path(args.out), runs=reports)
@@ -322,30 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(
         "measured ms: the full iteration, optimizer step included (step ms: its share after the last op); "
-        "the simulator has no step, so meas/sim = (measured - step) / sim"
+        "the simulator has no step, so meas/sim = (measured - step) / sim; sim+t: the simulator with the "
+        f"transport model at {message_ms * 1e3:.0f} us a message ({'--message-ms' if args.message_ms is not None else 'measured in this run'})"
     )
-    print(
-        f"{'policy':<12} {'measured ms':>11} {'step ms':>7} {'sim ms':>9} {'meas/sim':>8} {'speedup':>8} "
-        f"{'predicted':>9} {'meas/pred':>9}"
-        + (f" {'TP coord':>8} {'disagree':>8} {'rounds':>6} {'ms/round':>8}" if pipeline.tp > 1 else "")
-        + (f" {'reduce ms':>9} {'exposed':>7} {'own':>6} {'sim exp':>7}" if pipeline.dp > 1 else "")
-    )
-    for name, r in results.items():
-        print(
-            f"{name:<12} {r['measured_ms']:11.1f} {r['step_ms']:7.2f} {r['sim_ms']:9.1f} {r['ratio']:8.3f} "
-            f"{r['speedup_measured']:8.3f} {r['speedup_predicted']:9.3f} {r['speedup_measured'] / r['speedup_predicted']:9.3f}"
-            + (
-                f" {r['tp_coord_fraction']:8.2%} {r['tp_disagreements']:8.1f} {r['tp_rounds']:6.1f} {r['tp_ms_per_round']:8.3f}"
-                if pipeline.tp > 1
-                else ""
-            )
-            + (
-                f" {r['dp_reduce_ms']:9.1f} {r['dp_exposed_fraction']:7.1%} {r['dp_exposed_own_fraction']:6.1%}"
-                f" {r['sim_dp_exposed_fraction']:7.1%}"
-                if pipeline.dp > 1
-                else ""
-            )
-        )
+    for line in runtime.table(results=results, tp=pipeline.tp > 1, dp=pipeline.dp > 1):
+        print(line)
     if pipeline.dp > 1:
         print(
             f"DP: {args.grad_mb:g} MB of gradient per chunk in {pipeline.dp_bucket_mb:g} MB buckets, "
@@ -355,8 +268,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"and {args.reduce_latency_ms:g} ms a bucket"
         )
     if args.breakdown:
-        print_breakdown(reports=reports)
-    summary = {"policies": results}
+        print("\n" + "\n".join(runtime.breakdown_table(reports=reports)))
+    summary = {"policies": results, "message_ms": message_ms}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"wrote {args.json}")

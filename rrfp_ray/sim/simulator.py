@@ -4,6 +4,10 @@ Virtual clock; each stage runs one action at a time; sends never block; a messag
 delivered `trace.latency` after its sender finishes; all events of one instant are
 applied before any stage decides. A delivery into a stage whose receive buffer is full
 waits, in order, on its link until the stage consumes a message.
+
+With a `TransportModel` (off by default) a message also costs what the runtime's transport
+takes, and a link carries one message at a time: the next one leaves once the receiver
+has taken the last into its buffer, as a collective send returns only then.
 """
 
 from __future__ import annotations
@@ -36,6 +40,18 @@ class DeadlockError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class TransportModel:
+    """`message_ms`: from the end of a message's sending op (plus its trace latency) to its
+    consuming action being ready, on a free link (measured by `jobs/bench_runtime.py`)."""
+
+    message_ms: float
+
+    def __post_init__(self) -> None:
+        if not self.message_ms >= 0:
+            raise ValueError(f"message_ms must be >= 0, got {self.message_ms}")
+
+
 def layout_for(*, policy: Policy, trace: Trace) -> Layout:
     return Layout(
         stages=trace.stages,
@@ -47,7 +63,13 @@ def layout_for(*, policy: Policy, trace: Trace) -> Layout:
 
 
 def simulate(
-    *, policy: Policy, trace: Trace, cap: Cap, buffer_limit: int | None = None, iteration: int = 0
+    *,
+    policy: Policy,
+    trace: Trace,
+    cap: Cap,
+    buffer_limit: int | None = None,
+    iteration: int = 0,
+    transport: TransportModel | None = None,
 ) -> IterationReport:
     layout = layout_for(policy=policy, trace=trace)
     arbiters = [
@@ -59,6 +81,8 @@ def simulate(
     ready_at: dict[Action, float] = {}
     waiting: list[dict[Link, deque[Message]]] = [{} for _ in arbiters]  # per receiving stage
     clock: list[tuple[float, int, Action | Message]] = []
+    outgoing: dict[Link, list[tuple[float, int, Message]]] = {}  # with transport: per link, by release time
+    carrying: set[Link] = set()  # with transport: links whose last message the receiver has not taken
     seq = 0
 
     def push(at: float, item: Action | Message) -> None:
@@ -78,6 +102,27 @@ def simulate(
     def arrive(message: Message, *, arbiter: Arbiter, now: float) -> None:
         arbiter.on_arrival(message)
         ready_at[layout.consumer(message)] = now
+        if transport is not None and not layout.is_local(message):
+            link = layout.link(message)
+            carrying.discard(link)
+            if outgoing.get(link):
+                carry(link, now)
+
+    def send(message: Message, now: float) -> None:
+        if transport is None or layout.is_local(message):
+            push(now + (0.0 if layout.is_local(message) else trace.latency(message)), message)
+            return
+        nonlocal seq
+        link = layout.link(message)
+        heapq.heappush(outgoing.setdefault(link, []), (now + trace.latency(message), seq, message))
+        seq += 1
+        if link not in carrying:
+            carry(link, now)
+
+    def carry(link: Link, now: float) -> None:
+        release, _, message = heapq.heappop(outgoing[link])
+        carrying.add(link)
+        push(max(now, release) + transport.message_ms, message)
 
     now = 0.0
     touched = set(range(layout.stages))
@@ -124,7 +169,7 @@ def simulate(
             for follower in layout.local_followers(item):
                 ready_at[follower] = max(ready_at.get(follower, 0.0), now)
             if message is not None:
-                push(now + (0.0 if layout.is_local(message) else trace.latency(message)), message)
+                send(message, now)
     stuck = [a.waiting_for() for a in arbiters if not a.finished]
     if stuck:
         raise DeadlockError(f"simulation of {policy.name} stopped at {now:.1f} ms:\n" + "\n".join(stuck))
