@@ -10,6 +10,13 @@ interleaved when --chunks > 1, zbv for the V-placed policies), measured and pred
     python jobs/bench_runtime.py --scenario lognormal --sigma 0.3 --microbatches 16
     python jobs/bench_runtime.py --chunks 2 --policies zbv,ready-zbv,dualpipev,ready-dualpipev
 
+It also simulates the trace under the transport model (`rrfp_ray.sim.simulator.TransportModel`:
+each message costs what this run measured, or --message-ms, and a link carries one message at a
+time) and prints meas/sim both ways. --breakdown prints the runtime's per-op overhead
+(`rrfp_ray.runtime.breakdown`), median and p90 in microseconds:
+
+    python jobs/bench_runtime.py --stages 8 --microbatches 32 --iterations 3 --t-f 2 --breakdown
+
 The policies of one run share one pipeline, so they must share a placement: looped
 (gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zb-interleaved, bf, bfw, cpw and their ready-*)
 or V (zbv, dualpipev, ready-zbv, ready-dualpipev); a mix is refused before Ray starts.

@@ -53,12 +53,13 @@ class LinkSender:
                 self._cond.wait(timeout=left)
         return True
 
-    def take_stats(self) -> tuple[float, Breakdown]:
-        """Seconds spent sending and the hand-off and send samples since the last call; starts afresh."""
+    def take_stats(self, *, into: Breakdown) -> float:
+        """Seconds spent sending since the last call; its hand-off and send samples go `into`. Starts afresh."""
         with self._cond:
-            taken = self._busy_s, self._breakdown
-            self._busy_s, self._breakdown = 0.0, Breakdown()
-        return taken
+            busy, self._busy_s = self._busy_s, 0.0
+            into.extend(self._breakdown)
+            self._breakdown = Breakdown()
+        return busy
 
     def close(self, *, timeout_s: float) -> None:
         """Send STOP after whatever is queued, and end the thread."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import json
 import queue
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,8 +28,8 @@ from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
-HEADER_LEN = 17
-_FIXED = 9  # code, virtual stage, microbatch, iteration, description bytes, body bytes, dtype, ndim, requires grad
+HEADER_LEN = 18
+_FIXED = 10  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, dtype, ndim, requires grad
 MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
 HEADER_BYTES = HEADER_LEN * 8
 _ALIGN = 8
@@ -79,6 +80,7 @@ class Header:
     iteration: int = 0
     structure: Structure = LEAF
     leaves: tuple[Leaf, ...] = (Leaf(dtype=torch.float32, shape=()),)
+    sent_at: float = 0.0  # when its frame left, in wall-clock seconds (set on receipt; 0: not sent)
 
     def description(self) -> bytes:
         """Empty for a lone tensor that fits in the header; else the JSON that follows it."""
@@ -91,7 +93,8 @@ class Header:
         fields = [_STOP] + [0] * (HEADER_LEN - 1)
         if self.message is not None:
             m = self.message
-            fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described), body_bytes]
+            sent_us = round(time.time() * 1e6)
+            fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described), body_bytes, sent_us]
             leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
             fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
             fields += list(leaf.shape) + [0] * (MAX_DIMS - len(leaf.shape))
@@ -99,17 +102,18 @@ class Header:
 
     @classmethod
     def decode(cls, data: torch.Tensor, *, description: bytes = b"") -> Header:
-        code, vs, mb, iteration, _, _, dtype, ndim, grad, *shape = (int(x) for x in data.tolist())
+        code, vs, mb, iteration, _, _, sent_us, dtype, ndim, grad, *shape = (int(x) for x in data.tolist())
         if code == _STOP:
             return cls(message=None)
         kind = Kind.F if code == _KIND_CODE[Kind.F] else Kind.B
         message = Message(kind=kind, virtual_stage=vs, microbatch=mb)
+        sent_at = sent_us / 1e6
         if not description:
             leaf = Leaf(dtype=DTYPES[dtype], shape=tuple(shape[:ndim]), requires_grad=bool(grad))
-            return cls(message=message, iteration=iteration, leaves=(leaf,))
+            return cls(message=message, iteration=iteration, leaves=(leaf,), sent_at=sent_at)
         spec = json.loads(description)
         leaves = tuple(Leaf(dtype=DTYPES[d], shape=tuple(s), requires_grad=bool(g)) for d, g, s in spec["leaves"])
-        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves)
+        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves, sent_at=sent_at)
 
     @classmethod
     def for_payload(cls, *, message: Message, iteration: int, payload: Tree) -> Header:

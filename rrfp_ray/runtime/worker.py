@@ -142,10 +142,9 @@ class StageWorker:
             self._start = time.perf_counter()
             started_at = time.time()
             self._recv_busy = 0.0
+            self._ready_at, self._breakdown = {}, Breakdown()
             for sender in self._senders.values():
-                sender.take_stats()
-            self._ready_at = {}
-            self._breakdown = Breakdown()
+                sender.take_stats(into=Breakdown())  # what came before this iteration: dropped
             self._cond.notify_all()
         events: list[OpEvent] = []
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
@@ -211,14 +210,10 @@ class StageWorker:
             stats.skipped_step = step.skipped
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         stats.started_at = started_at
-        send_busy = 0.0
-        for sender in self._senders.values():
-            busy, samples = sender.take_stats()
-            send_busy += busy
-            self._breakdown.extend(samples)
-        stats.send_busy_ms, stats.recv_busy_ms = send_busy * 1e3, self._recv_busy * 1e3
         with self._cond:
+            send_busy = sum(sender.take_stats(into=self._breakdown) for sender in self._senders.values())
             stats.overhead_us = self._breakdown.to_us()
+        stats.send_busy_ms, stats.recv_busy_ms = send_busy * 1e3, self._recv_busy * 1e3
         return events, stats
 
     def _reduce(
@@ -361,6 +356,7 @@ class StageWorker:
             if header.is_stop:
                 return
             arrived = time.perf_counter()
+            transit = time.time() - header.sent_at
             with self._cond:
                 if not self._wait_to_deliver(link=link, header=header):
                     return
@@ -372,6 +368,7 @@ class StageWorker:
                 self._notified_at = time.perf_counter()
                 self._recv_busy += self._notified_at - began
                 self._breakdown.add(Phase.ARRIVAL, self._notified_at - arrived)
+                self._breakdown.add(Phase.TRANSIT, transit)
                 self._cond.notify_all()
 
     def _wait_to_deliver(self, *, link: Link, header: Header) -> bool:
