@@ -10,6 +10,7 @@ over the baseline, measured and predicted; and the runtime's per-op overhead
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from typing import TYPE_CHECKING
@@ -20,12 +21,32 @@ from rrfp_ray.runtime.breakdown import summarize as summarize_phases
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
+from rrfp_ray.sim.variability import Trace
 
 if TYPE_CHECKING:
-    import argparse
-
-    from rrfp_ray.sim.variability import Trace
     from rrfp_ray.train.config import PipelineConfig
+
+
+SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
+
+
+def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill --stages, --microbatches and --chunks from --trace (a flag given as well must agree), else the defaults."""
+    trace = None
+    if args.trace is not None:
+        try:
+            trace = Trace.load(args.trace)
+        except (OSError, ValueError) as error:
+            parser.error(f"--trace {args.trace}: {error}")
+    for name, key, default in SHAPE:
+        given = getattr(args, name)
+        if trace is None:
+            setattr(args, name, default if given is None else given)
+            continue
+        found = getattr(trace, name)
+        if given is not None and given != found:
+            parser.error(f"--{name} {given} disagrees with --trace {args.trace}, whose {key} is {found}")
+        setattr(args, name, found)
 
 
 def simulated_ms(
@@ -175,3 +196,13 @@ def breakdown_table(*, reports: dict[str, list[IterationReport]]) -> list[str]:
         figures = summarize_phases(s.overhead_us for r in runs for s in r.stages)
         lines.append(f"{name:<12}" + "".join(f" {f'{m:.0f} / {p:.0f} ({n})':>22}" for m, p, n in figures.values()))
     return lines
+
+
+def dp_note(*, results: dict[str, dict[str, float]], grad_mb: float, pipeline: PipelineConfig, latency_ms: float) -> str:
+    return (
+        f"DP: {grad_mb:g} MB of gradient per chunk in {pipeline.dp_bucket_mb:g} MB buckets, "
+        f"{'overlapped' if pipeline.dp_overlap else 'no overlap'}; exposed: the reduce time past every stage's last op "
+        "(what it adds to the iteration), own: past the stage's own last op (median over stages and iterations); "
+        f"sim exp: the simulator's exposed share at {next(iter(results.values()))['sim_reduce_mb_per_s']:.1f} MB/s "
+        f"and {latency_ms:g} ms a bucket"
+    )

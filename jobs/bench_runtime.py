@@ -80,16 +80,16 @@ FLAGS = {
     "t_f": "--t-f",
     "params": "scenario parameters",
 }
-SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
     """The flags, the pipeline, the trace of each TP rank (one unless --rank-comm) and the policies."""
+    from benchmarks import runtime
     from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
-    for name, key, default in SHAPE:
+    for name, key, default in runtime.SHAPE:
         help = f"default {default}; with --trace, the trace's {key}"
         pipe.add_argument(f"--{name}", type=int, default=None, help=help)
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
@@ -154,7 +154,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         writable_dir(parser, flag="--out", path=args.out)
     if args.json:
         file_dir(parser, flag="--json", path=args.json)
-    shape_from_trace(parser, args)
+    runtime.shape_from_trace(parser, args)
     baseline = baseline_policy(chunks=args.chunks)
     names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
 
@@ -192,27 +192,6 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         config_error(parser, error, flags=FLAGS)
     names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
     return args, pipeline, traces, names
-
-
-def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Fill --stages, --microbatches and --chunks from --trace (a flag given as well must agree), else the defaults."""
-    from rrfp_ray.sim.variability import Trace
-
-    trace = None
-    if args.trace is not None:
-        try:
-            trace = Trace.load(args.trace)
-        except (OSError, ValueError) as error:
-            parser.error(f"--trace {args.trace}: {error}")
-    for name, key, default in SHAPE:
-        given = getattr(args, name)
-        if trace is None:
-            setattr(args, name, default if given is None else given)
-            continue
-        found = getattr(trace, name)
-        if given is not None and given != found:
-            parser.error(f"--{name} {given} disagrees with --trace {args.trace}, whose {key} is {found}")
-        setattr(args, name, found)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -267,13 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
     for line in runtime.table(results=results, tp=pipeline.tp > 1, dp=pipeline.dp > 1):
         print(line)
     if pipeline.dp > 1:
-        print(
-            f"DP: {args.grad_mb:g} MB of gradient per chunk in {pipeline.dp_bucket_mb:g} MB buckets, "
-            f"{'no overlap' if args.no_overlap else 'overlapped'}; exposed: the reduce time past every stage's last op "
-            "(what it adds to the iteration), own: past the stage's own last op (median over stages and iterations); "
-            f"sim exp: the simulator's exposed share at {next(iter(results.values()))['sim_reduce_mb_per_s']:.1f} MB/s "
-            f"and {args.reduce_latency_ms:g} ms a bucket"
-        )
+        print(runtime.dp_note(results=results, grad_mb=args.grad_mb, pipeline=pipeline, latency_ms=args.reduce_latency_ms))
     if args.breakdown:
         print("\n" + "\n".join(runtime.breakdown_table(reports=reports)))
     summary = {"policies": results, "message_ms": message_ms}
