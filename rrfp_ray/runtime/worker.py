@@ -26,7 +26,7 @@ from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.breakdown import Breakdown, Phase
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.links import LinkSender
-from rrfp_ray.runtime.reduce import DPContext, ReduceStats
+from rrfp_ray.runtime.reduce import ChunkGradients, DPContext, ReduceStats
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Link, Message
