@@ -162,14 +162,30 @@ def nccl_missing() -> str | None:
 
 
 def resolve_backend(*, backend: LinkBackend) -> LinkBackend:
-    """The backend ``join_group`` takes: ``auto`` is NCCL when this process sees CUDA and
-    cupy imports, else gloo; resolve it once, where the stage actors will run, and hand
-    every rank the same answer."""
+    """The backend ``join_group`` takes, as this process sees it: ``auto`` is NCCL when it sees
+    CUDA and cupy imports, else gloo; ``nccl`` without them is an error. Every stage actor
+    resolves it where it runs (the driver sits on a CPU head); `agree_on_backend` checks the answers."""
     if not isinstance(backend, LinkBackend):
         raise TypeError(f"backend must be a LinkBackend, got {backend!r}")
+    missing = nccl_missing()
+    if backend is LinkBackend.NCCL and missing is not None:
+        raise RuntimeError(f"backend nccl: {missing}")
     if backend is not LinkBackend.AUTO:
         return backend
-    return LinkBackend.NCCL if nccl_missing() is None else LinkBackend.GLOO
+    return LinkBackend.NCCL if missing is None else LinkBackend.GLOO
+
+
+def agree_on_backend(*, choices: dict[str, LinkBackend]) -> LinkBackend:
+    """The one backend every stage resolved (`choices`: stage label -> its answer); a mix is an
+    error naming the stages on each side (e.g. some stages landed on nodes without a GPU)."""
+    found = set(choices.values())
+    if len(found) == 1:
+        return found.pop()
+    sides = "; ".join(
+        f"{backend.value} on {', '.join(label for label, b in choices.items() if b is backend)}"
+        for backend in sorted(found, key=lambda b: b.value)
+    )
+    raise RuntimeError(f"the stages resolved different link backends ({sides}): give every stage a GPU, or pass backend gloo")
 
 
 def host_group(*, name: str) -> str:

@@ -70,6 +70,13 @@ class StageActor:
         self._metrics = StageMetrics(stage=stage)
         logger.info("replica %d stage %d TP rank %d of %d: actor started", replica, stage, tp_rank, tp_size)
 
+    def resolve_backend(self, *, backend: LinkBackend) -> LinkBackend:
+        """The link backend as this actor sees it, where its GPU (if any) is visible."""
+        try:
+            return collective.resolve_backend(backend=backend)
+        except RuntimeError as error:
+            raise RuntimeError(f"stage {self.stage} TP rank {self.tp_rank}: {error}") from None
+
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from actors.local_ray import attaching, start_ray
+from actors.local_ray import start_ray
 from rrfp_ray.cli import (
     add_log_level_flag,
     add_scenario_flags,
@@ -281,7 +281,6 @@ def main(argv: list[str] | None = None) -> dict:
     print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
     driver = PipelineDriver.remote(
         pipeline=pipeline,
-        autoscaler=attaching(),  # a local Ray is never short: it declares a CPU per actor
         workload=SyntheticWorkload(
             trace=trace,
             payload_elems=args.payload_elems,

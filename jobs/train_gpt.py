@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,8 +29,11 @@ from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_loggi
 from rrfp_ray.gpt_cli import baseline_of, gpus_per_stage, run_config
 
 if TYPE_CHECKING:
+    from actors.placement import StagePlacement
     from rrfp_ray.train.api import Trainer
     from rrfp_ray.train.config import RunConfig
+
+DEFAULT_PLACEMENT_S = 600.0  # actors.placement.DEFAULT_TIMEOUT_S, without importing ray for --help
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
@@ -64,6 +69,19 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument(
         "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
     )
+    pipe.add_argument(
+        "--stage-resources",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help='Ray resources added to every stage\'s bundle, aiming stages at a node type: \'{"accelerator_type:A10G": 0.001}\'',
+    )
+    pipe.add_argument(
+        "--placement-timeout",
+        type=float,
+        default=DEFAULT_PLACEMENT_S,
+        help="seconds to wait for the cluster (its autoscaler) to hold every stage",
+    )
     pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
     pipe.add_argument("--precision", default="fp32", help="fp32, or bf16 (autocast, fp32 master weights, bf16 links)")
     pipe.add_argument(
@@ -93,7 +111,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         help="run the fixed baseline first (1f1b; interleaved when --chunks > 1; zbv for a V-placed policy), "
         "same seed and data (default: on, unless the run checkpoints)",
     )
-    train.add_argument("--out", default="runs/train_gpt", help="output directory")
+    train.add_argument(
+        "--out", default=None, help="output directory (default: runs/train_gpt; under a Ray job ~/rrfp-runs/JOB_ID)"
+    )
     train.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)")
     train.add_argument("--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)")
     train.add_argument("--checkpoint-every", type=int, default=0, help="iterations between checkpoints (0: none)")
@@ -103,7 +123,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     add_log_level_flag(parser)
     parser.set_defaults(t_f=10.0)
     args = parser.parse_args(argv)
+    args.out = str(default_out()) if args.out is None else args.out
     run = run_config(parser, args)
+    args.placement = stage_placement(parser, args=args)
     check_local_devices(parser, args=args, run=run)
     writable_dir(parser, flag="--out", path=args.out)
     return args, run
@@ -131,6 +153,30 @@ def check_local_devices(parser: argparse.ArgumentParser, *, args: argparse.Names
             parser.error(f"{flag}: no CUDA device is visible (torch.cuda.is_available() is False); {where}")
 
 
+def stage_placement(parser: argparse.ArgumentParser, *, args: argparse.Namespace) -> StagePlacement:
+    from pydantic import ValidationError
+
+    from actors.placement import StagePlacement
+    from rrfp_ray.cli import config_error
+
+    if not isinstance(args.stage_resources, dict):
+        parser.error(f"--stage-resources: a JSON object of resource amounts, got {args.stage_resources!r}")
+    try:
+        return StagePlacement(
+            gpus_per_stage=gpus_per_stage(args), resources=args.stage_resources, timeout_s=args.placement_timeout
+        )
+    except ValidationError as error:
+        flags = {"gpus_per_stage": "--gpus-per-stage", "resources": "--stage-resources", "timeout_s": "--placement-timeout"}
+        config_error(parser, error, flags=flags)
+
+
+def default_out() -> Path:
+    """runs/train_gpt for a local run; under a Ray job, whose working dir is a temporary unpacked
+    copy (unpacked again on every node), a persistent directory under the home, named after the job."""
+    job = os.environ.get("RAY_JOB_SUBMISSION_ID") or (os.environ.get("RAY_ADDRESS") and time.strftime("%Y%m%d-%H%M%S"))
+    return Path.home() / "rrfp-runs" / job if job else Path("runs/train_gpt")
+
+
 def train(
     *, trainer: Trainer, run: RunConfig, policy: str, out: Path, tensorboard: str | None = None
 ) -> tuple[dict, list]:
@@ -155,15 +201,27 @@ def train(
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
     from actors.backend import RayBackend
+    from actors.capacity import CapacityError
     from rrfp_ray.train.gpt_run import dp_check, dp_check_line, outcome_lines, speedup_vs_baseline
     from rrfp_ray.train.gpt_workload import gpt_trainer
 
-    out = Path(args.out)
+    out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     log_level = configure_logging(args)
     print(start_ray(num_cpus=max(2, run.pipeline.actors), log_level=log_level))
+    print(f"outputs: {out}")
     started = time.perf_counter()
-    with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
+    backend = RayBackend(
+        gpus_per_stage=args.placement.gpus_per_stage,
+        stage_resources=args.placement.resources,
+        placement_timeout_s=args.placement.timeout_s,
+    )
+    try:
+        trainer = gpt_trainer(run, backend=backend)
+    except CapacityError as error:  # before any actor started
+        print(f"train_gpt.py: error: --dp/--stages/--tp/--gpus-per-stage/--stage-resources: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    with trainer:
         print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
         summary, runs = {}, {}
         baseline = baseline_of(run, compare=args.compare is not False)

@@ -144,9 +144,24 @@ def pair(ray_session):
         ray.kill(actor)
 
 
-def test_resolve_backend_keeps_an_explicit_choice():
+def test_resolve_backend_keeps_an_explicit_choice(monkeypatch):
     assert collective.resolve_backend(backend=LinkBackend.GLOO) is LinkBackend.GLOO
+    monkeypatch.setattr(collective, "nccl_missing", lambda: None)
     assert collective.resolve_backend(backend=LinkBackend.NCCL) is LinkBackend.NCCL
+
+
+def test_explicit_nccl_without_cuda_says_what_is_missing(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="backend nccl: no CUDA device is visible"):
+        collective.resolve_backend(backend=LinkBackend.NCCL)
+
+
+def test_stages_must_agree_on_the_backend():
+    same = {"stage 0": LinkBackend.GLOO, "stage 1": LinkBackend.GLOO}
+    assert collective.agree_on_backend(choices=same) is LinkBackend.GLOO
+    mixed = {"stage 0": LinkBackend.NCCL, "stage 1": LinkBackend.GLOO, "stage 2": LinkBackend.NCCL}
+    with pytest.raises(RuntimeError, match=r"gloo on stage 1; nccl on stage 0, stage 2"):
+        collective.agree_on_backend(choices=mixed)
 
 
 def test_resolve_auto_falls_back_to_gloo(monkeypatch):
