@@ -23,9 +23,10 @@ from actors.teardown import end_actors
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.tcp_gather import Secret
-from rrfp_ray.runtime.worker import PipelineError, Workload
 from rrfp_ray.train.backend import run_iteration
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig

@@ -18,10 +18,11 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
 from rrfp_ray.runtime.tcp_gather import Secret, TcpGather
 from rrfp_ray.runtime.transport import LinkBackend
-from rrfp_ray.runtime.worker import Executor, StageWorker, Workload
+from rrfp_ray.runtime.worker import StageWorker
 from rrfp_ray.schedule.deps import Layout, Link
 from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.train.checkpoint import StageFile

@@ -112,7 +112,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         "same seed and data (default: on, unless the run checkpoints)",
     )
     train.add_argument(
-        "--out", default=None, help="output directory (default: runs/train_gpt; under a Ray job ~/rrfp-runs/JOB_ID)"
+        "--out", default=None, help="output directory (default: runs/train_gpt; on a cluster ~/rrfp-runs/START_TIME)"
     )
     train.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)")
     train.add_argument("--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)")
@@ -171,10 +171,12 @@ def stage_placement(parser: argparse.ArgumentParser, *, args: argparse.Namespace
 
 
 def default_out() -> Path:
-    """runs/train_gpt for a local run; under a Ray job, whose working dir is a temporary unpacked
-    copy (unpacked again on every node), a persistent directory under the home, named after the job."""
-    job = os.environ.get("RAY_JOB_SUBMISSION_ID") or (os.environ.get("RAY_ADDRESS") and time.strftime("%Y%m%d-%H%M%S"))
-    return Path.home() / "rrfp-runs" / job if job else Path("runs/train_gpt")
+    """runs/train_gpt for a local run; attached to a cluster (as under `ray job submit`, whose
+    working dir is a temporary unpacked copy, unpacked again on every node), a persistent
+    directory under the home, named by the start time."""
+    if not os.environ.get("RAY_ADDRESS"):
+        return Path("runs/train_gpt")
+    return Path.home() / "rrfp-runs" / time.strftime("%Y%m%d-%H%M%S")
 
 
 def train(
