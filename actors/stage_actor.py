@@ -12,7 +12,7 @@ from typing import Any
 import ray
 import torch
 
-from actors import collective
+from actors import collective, nccl_channel
 from actors.dashboard import ProfiledExecutor, StageMetrics
 from rrfp_ray.observe.telemetry import OpEvent, StageStats
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
@@ -69,6 +69,9 @@ class StageActor:
         self._everyone = ""
         self._tie_groups: dict[tuple[int, ...], str] = {}
         self._metrics = StageMetrics(stage=stage)
+        # The TP group's and the all-stages group's collectives: on the compute thread only (a DP
+        # group's on the reduction thread, its only user).
+        self._compute_thread = nccl_channel.OneThread(what=f"stage {stage} TP rank {tp_rank}: the TP and all-stages groups")
         logger.info("replica %d stage %d TP rank %d of %d: actor started", replica, stage, tp_rank, tp_size)
 
     def resolve_backend(self, *, backend: LinkBackend) -> LinkBackend:
@@ -183,6 +186,7 @@ class StageActor:
         return events, stats
 
     def _all_reduce(self, value: float) -> float:
+        self._compute_thread.check()
         tensor = torch.tensor([value], dtype=torch.float64)
         collective.all_reduce_sum(group=self._everyone, tensor=tensor)
         return float(tensor)
@@ -202,6 +206,7 @@ class StageActor:
         return total
 
     def _tp_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._compute_thread.check()
         return self._group_sum(group=self._tp_group, tensor=tensor)
 
     @staticmethod
