@@ -345,6 +345,17 @@ def reduce_sum(*, group: str, tensor: torch.Tensor, dst: int) -> bool:
     return handle.rank == dst
 
 
+def all_gather_ints(*, group: str, values: list[int], device: str) -> list[list[int]]:
+    """Every rank's `values` (the same length on every rank), in rank order, over `group`;
+    `device`: where the ids travel ("cuda" for NCCL)."""
+    handle = col.get_group_handle(group)
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(handle.world_size)]
+    handle.allgather([rows], [mine], types.AllGatherOptions())
+    _settle_collective(handle=handle, tensor=mine)
+    return [row.tolist() for row in rows]
+
+
 def _gloo_transfer(
     *,
     group: dist.ProcessGroupGloo,

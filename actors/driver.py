@@ -21,6 +21,7 @@ from actors.placement import StagePlacement, place
 from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.agreement import TPGather
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.errors import PipelineError
@@ -232,7 +233,8 @@ class RayStages:
                 labels.append(f"{self._label(actor)} (group {name})")
         self.wait(joins, what="collective groups to form", labels=labels)
         agreement = []
-        if tp > 1:
+        tcp = tp > 1 and self.pipeline.tp_gather is TPGather.TCP  # else the agreement gathers over the TP group
+        if tcp:
             secret = Secret.generate()  # fresh for every wiring; it travels only in Ray's authenticated calls
             listens = [a.listen_agreement.remote(secret=secret) for a in self.stages]
             agreement = self.wait(listens, what="agreement listeners")
@@ -245,7 +247,7 @@ class RayStages:
                     dp_group=dp_groups.get((i // tp % stages, i % tp)),
                     chunks=self.layout.chunks,
                     tie_groups={owners: name for (owners, t, d), name in ties.items() if (t, d) == (i % tp, i // tp // stages)},
-                    agreement=agreement[i - i % tp : i - i % tp + tp] if tp > 1 else None,
+                    agreement=agreement[i - i % tp : i - i % tp + tp] if tcp else None,
                 )
                 for i, a in enumerate(self.stages)
             ],

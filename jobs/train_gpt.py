@@ -53,6 +53,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
+    pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")
     pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (--microbatches each)")
     pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
     pipe.add_argument("--no-overlap", action="store_true", help="with --dp: reduce gradients after every stage's last op")

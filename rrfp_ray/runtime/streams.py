@@ -2,8 +2,8 @@
 
 One thread per communicator: every link's channel is used by one thread only (the send thread
 for all outbound links, one receive thread per inbound link; each link is its own 2-rank group),
-the TP group and the all-stages group (the executor's all-reduces, the gradient norm) by the
-compute thread, a DP group by the stage's reduction thread. Two threads issuing ops on one
+the TP group, the tie groups and the all-stages group (the executor's all-reduces, tied
+gradients, the gradient norm) by the compute thread, a DP group by the stage's reduction thread. Two threads issuing ops on one
 NCCL communicator can order them differently on the two ranks, which hangs both;
 `actors/nccl_channel.py` enforces the rule where the ops are issued.
 
