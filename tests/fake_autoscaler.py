@@ -63,8 +63,19 @@ class FakeCluster:
     home: Path  # HOME of the head and of its jobs (a job's default --out lies under it)
 
     @classmethod
-    def start(cls, *, idle_timeout_minutes: float = 0.1, max_workers: int = 2) -> FakeCluster:
-        """Start the head (the venv's `python` first on PATH, so jobs run the project's Python)."""
+    def start(cls, *, idle_timeout_minutes: float = 0.1, max_workers: int = 2, attempts: int = 2) -> FakeCluster:
+        """Start the head (the venv's `python` first on PATH, so jobs run the project's Python).
+        A head whose raylet does not register within Ray's fixed 30 s (a loaded machine) is ended
+        and started afresh, up to `attempts` times."""
+        for _ in range(attempts - 1):
+            try:
+                return cls._start_head(idle_timeout_minutes=idle_timeout_minutes, max_workers=max_workers)
+            except RuntimeError as error:
+                print(f"fake cluster: starting the head again after: {str(error)[-300:]}", file=sys.stderr)
+        return cls._start_head(idle_timeout_minutes=idle_timeout_minutes, max_workers=max_workers)
+
+    @classmethod
+    def _start_head(cls, *, idle_timeout_minutes: float, max_workers: int) -> FakeCluster:
         temp_dir = Path(tempfile.mkdtemp(prefix="rrfp-fake-", dir="/tmp"))
         ip = "127.0.0.1"
         gcs_port, dashboard_port = free_port(), free_port()
@@ -125,7 +136,7 @@ class FakeCluster:
             env=env, check=False, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         if started.returncode != 0:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+            _end_processes(temp_dir=temp_dir)
             raise RuntimeError(f"ray start --head failed:\n{started.stdout[-2000:]}\n{started.stderr[-2000:]}")
         env.pop("RAY_OVERRIDE_NODE_ID_FOR_TESTING")
         env.pop("RAY_FAKE_CLUSTER")
@@ -135,31 +146,10 @@ class FakeCluster:
         )
 
     def pids(self) -> list[int]:
-        """The processes of this cluster: those whose command line names its temp dir (the
-        session's sockets and logs live there)."""
-        marker = str(self.temp_dir).encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if marker in (entry / "cmdline").read_bytes():
-                        found.append(int(entry.name))
-                except OSError:  # gone meanwhile
-                    continue
-        return found
+        return _pids(temp_dir=self.temp_dir)
 
     def stop(self) -> None:
-        """End this cluster's processes by pid (SIGTERM, then SIGKILL), never `ray stop`."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 10
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        _end_processes(temp_dir=self.temp_dir)
 
     def ray(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """The `ray` CLI against this cluster."""
@@ -180,6 +170,35 @@ class FakeCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fake cluster: waited {timeout_s:g} s for {what}")
             time.sleep(2)
+
+
+def _pids(*, temp_dir: Path) -> list[int]:
+    """The processes of a cluster: those whose command line names its temp dir (the session's
+    sockets and logs live there)."""
+    marker = str(temp_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+    return found
+
+
+def _end_processes(*, temp_dir: Path) -> None:
+    """End a cluster's processes by pid (SIGTERM, then SIGKILL), never `ray stop`, and remove its temp dir."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _pids(temp_dir=temp_dir):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while _pids(temp_dir=temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 _COUNT_NODES = f"""
