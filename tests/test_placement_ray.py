@@ -5,7 +5,9 @@ resolves `auto` where it runs. The tests on that cluster are the slow tier (`mak
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -20,6 +22,8 @@ from actors.stage_actor import StageActor
 from examples.mlp import Regression, mlp
 from rrfp_ray import PipelineConfig, Trainer
 from rrfp_ray.runtime.transport import LinkBackend
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +92,20 @@ def test_a_pipeline_bigger_than_the_local_ray_is_refused_before_any_actor_starts
     with pytest.raises(CapacityError, match=r"9 x 2 x 1 = 18 stage actors .* need 18 CPU; the cluster has 16 CPU"):
         Trainer(model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=18), pipeline=pipeline, backend=backend)
     assert backend.driver is None
+
+
+@pytest.mark.slow  # a cluster of its own: `make test-slow`
+def test_train_gpt_names_the_flags_when_no_node_can_ever_hold_a_stage(cluster, monkeypatch, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "jobs"))
+    import train_gpt
+
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # attached: its GPUs are the cluster's to have
+    tiny = ["--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--seq-len", "16"]
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt.main(["--stages", "2", "--gpus-per-stage", "4", "--data", str(ROOT / "README.md"), "--out", str(tmp_path), *tiny])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--gpus-per-stage/--stage-resources: no node can ever hold a stage's bundle {CPU: 1, GPU: 4}" in err
 
 
 @pytest.mark.slow  # a cluster of its own: `make test-slow`
