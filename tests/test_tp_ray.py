@@ -23,11 +23,17 @@ def _run(tp: int, protocol: str = "common", gather: str = "tcp") -> tuple[list[f
         return [r.loss for r in reports], trainer.evaluate(), reports
 
 
+@pytest.fixture(scope="module")
+def unsplit(ray_session) -> tuple[list[float], float]:
+    losses, val, _ = _run(tp=1)
+    return losses, val
+
+
 @pytest.mark.parametrize(("protocol", "gather"), [("first", "tcp"), ("common", "tcp"), ("common", "collective")])
-def test_tensor_parallel_stages_on_ray_train_like_unsplit_ones(ray_session, protocol, gather):
+def test_tensor_parallel_stages_on_ray_train_like_unsplit_ones(unsplit, protocol, gather):
     """Over either carrier of the agreement's all-gather (TCP connections, the TP group's all-gather)."""
     losses, val, reports = _run(tp=2, protocol=protocol, gather=gather)
-    reference_losses, reference_val, _ = _run(tp=1)
+    reference_losses, reference_val = unsplit
     assert losses == pytest.approx(reference_losses, rel=1e-5)
     assert val == pytest.approx(reference_val, rel=1e-5)
     assert all(len(r.stages) == 2 for r in reports)  # one report per stage, from its TP rank 0
