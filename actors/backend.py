@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from pydantic import ValidationError
 
-from actors.capacity import check_capacity
 from actors.driver import PipelineDriver
-from actors.local_ray import attaching, init_ray
+from actors.local_ray import init_ray
 from actors.names import driver_name, run_tag
+from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement
+from actors.placement import check as check_placement
 from actors.teardown import await_exit
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.pickers import Policy
@@ -40,13 +42,22 @@ logger = logging.getLogger(__name__)
 
 
 class RayBackend:
-    def __init__(self, *, gpus_per_stage: float = 0.0, autoscaler: bool | None = None) -> None:
-        """`autoscaler`: the cluster grows on demand, so a pipeline bigger than it is not refused up
-        front (None: assumed of a cluster attached to through RAY_ADDRESS, never of a local Ray)."""
-        if gpus_per_stage < 0:
-            raise ValueError(f"gpus_per_stage must be >= 0, got {gpus_per_stage:g}")
-        self.gpus_per_stage = gpus_per_stage
-        self.autoscaler = attaching() if autoscaler is None else autoscaler
+    def __init__(
+        self,
+        *,
+        gpus_per_stage: float = 0.0,
+        stage_resources: dict[str, float] | None = None,
+        placement_timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """`stage_resources` adds Ray resources to every stage's bundle (aims stages at a node type);
+        placement waits up to `placement_timeout_s` for an autoscaler to add the nodes. A pipeline the
+        cluster can never hold is refused before any actor starts (`actors.capacity`)."""
+        try:
+            self.placement = StagePlacement(
+                gpus_per_stage=gpus_per_stage, resources=stage_resources or {}, timeout_s=placement_timeout_s
+            )
+        except ValidationError as error:
+            raise ValueError("; ".join(f"{e['loc'][0]}: {e['msg']}" for e in error.errors())) from None
         self.driver: ray.actor.ActorHandle | None = None
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False
@@ -60,20 +71,8 @@ class RayBackend:
             raise RuntimeError("this RayBackend has already started; use one backend per Trainer")
         self._owns_ray = init_ray(num_cpus=max(2, pipeline.actors))
         self._pipeline, self._workload = pipeline, workload
-        gpus = self.gpus_per_stage
         try:
-            check_capacity(
-                dp=pipeline.dp,
-                stages=pipeline.stages,
-                tp=pipeline.tp,
-                bundle={"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1},
-                cluster=ray.cluster_resources(),
-                autoscaler=self.autoscaler,
-            )
-        except ValueError:
-            self.close()
-            raise
-        try:
+            check_placement(self.placement.demand(dp=pipeline.dp, stages=pipeline.stages, tp=pipeline.tp))
             self._spawn_driver()
         except BaseException:
             self.close()
@@ -82,7 +81,7 @@ class RayBackend:
     def _spawn_driver(self) -> None:
         self._name = driver_name(run=run_tag())  # fresh: a dead driver may not have released its name
         self.driver = PipelineDriver.options(name=self._name).remote(
-            pipeline=self._pipeline, workload=self._workload, gpus_per_stage=self.gpus_per_stage, autoscaler=self.autoscaler
+            pipeline=self._pipeline, workload=self._workload, placement=self.placement
         )
         self._driver_lost = False
         self.startup_s = self._call(self.driver.startup_seconds.remote())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from datetime import timedelta
 
 import ray
@@ -25,6 +24,7 @@ import torch.distributed as dist
 from ray.util.collective import types
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
+from actors import nccl_channel
 from rrfp_ray.runtime.transport import LinkBackend
 
 GLOO_BACKEND = "rrfp_gloo"
@@ -34,7 +34,6 @@ RAY_FLOOR = (2, 56)
 if tuple(int(part) for part in ray.__version__.split(".")[:2]) < RAY_FLOOR:
     raise ImportError(f"actors.collective needs ray >= {'.'.join(map(str, RAY_FLOOR))}, found {ray.__version__}")
 
-_NCCL_POLL_S = 50e-6
 _TORCH_REDUCE_OPS = {
     types.ReduceOp.SUM: dist.ReduceOp.SUM,
     types.ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
@@ -162,14 +161,30 @@ def nccl_missing() -> str | None:
 
 
 def resolve_backend(*, backend: LinkBackend) -> LinkBackend:
-    """The backend ``join_group`` takes: ``auto`` is NCCL when this process sees CUDA and
-    cupy imports, else gloo; resolve it once, where the stage actors will run, and hand
-    every rank the same answer."""
+    """The backend ``join_group`` takes, as this process sees it: ``auto`` is NCCL when it sees
+    CUDA and cupy imports, else gloo; ``nccl`` without them is an error. Every stage actor
+    resolves it where it runs (the driver sits on a CPU head); `agree_on_backend` checks the answers."""
     if not isinstance(backend, LinkBackend):
         raise TypeError(f"backend must be a LinkBackend, got {backend!r}")
+    missing = nccl_missing()
+    if backend is LinkBackend.NCCL and missing is not None:
+        raise RuntimeError(f"backend nccl: {missing}")
     if backend is not LinkBackend.AUTO:
         return backend
-    return LinkBackend.NCCL if nccl_missing() is None else LinkBackend.GLOO
+    return LinkBackend.NCCL if missing is None else LinkBackend.GLOO
+
+
+def agree_on_backend(*, choices: dict[str, LinkBackend]) -> LinkBackend:
+    """The one backend every stage resolved (`choices`: stage label -> its answer); a mix is an
+    error naming the stages on each side (e.g. some stages landed on nodes without a GPU)."""
+    found = set(choices.values())
+    if len(found) == 1:
+        return found.pop()
+    sides = "; ".join(
+        f"{backend.value} on {', '.join(label for label, b in choices.items() if b is backend)}"
+        for backend in sorted(found, key=lambda b: b.value)
+    )
+    raise RuntimeError(f"the stages resolved different link backends ({sides}): give every stage a GPU, or pass backend gloo")
 
 
 def host_group(*, name: str) -> str:
@@ -215,6 +230,7 @@ def join_group(
     if backend is LinkBackend.NCCL:
         if not col.nccl_available():
             raise RuntimeError(f"group {name!r}: backend 'nccl' needs cupy and a GPU here")
+        nccl_channel.check_ray_version()
         col.init_collective_group(world_size, rank, backend=NCCL_BACKEND, group_name=name)
         return
     register_backends()
@@ -257,7 +273,7 @@ def destroy_group(*, name: str) -> None:
 class Channel:
     """One direction of a 2-rank group: this rank sends to, or receives from, ``peer``.
 
-    Use one thread per channel. A CUDA tensor given to ``send`` must be complete
+    One thread per channel, enforced (`nccl_channel.OneThread`). A CUDA tensor given to ``send`` must be complete
     (its producing stream synchronised); ``recv`` returns with the data in place.
     After a timeout or a peer failure the group is broken: rebuild it.
     """
@@ -276,6 +292,7 @@ class Channel:
         self._timeout_s = timeout_s
         self.name = name
         self.device = "cpu" if isinstance(self._handle, GlooGroup) else "cuda"  # where its tensors must live
+        self._thread = nccl_channel.OneThread(what=f"channel {name!r} (group {group!r})")
 
     def send(self, tensor: torch.Tensor) -> None:
         self._transfer(op="send", tensor=tensor)
@@ -286,6 +303,7 @@ class Channel:
 
     def _transfer(self, *, op: str, tensor: torch.Tensor) -> None:
         where = f"channel {self.name!r} (group {self._group!r}, peer rank {self._peer})"
+        self._thread.check()
         if isinstance(self._handle, GlooGroup):
             _gloo_transfer(
                 group=self._handle.process_group,
@@ -296,7 +314,7 @@ class Channel:
                 where=where,
             )
         else:
-            _nccl_transfer(
+            nccl_channel.transfer(
                 handle=self._handle,
                 op=op,
                 tensor=tensor,
@@ -327,6 +345,17 @@ def reduce_sum(*, group: str, tensor: torch.Tensor, dst: int) -> bool:
     return handle.rank == dst
 
 
+def all_gather_ints(*, group: str, values: list[int], device: str) -> list[list[int]]:
+    """Every rank's `values` (the same length on every rank), in rank order, over `group`;
+    `device`: where the ids travel ("cuda" for NCCL)."""
+    handle = col.get_group_handle(group)
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(handle.world_size)]
+    handle.allgather([rows], [mine], types.AllGatherOptions())
+    _settle_collective(handle=handle, tensor=mine)
+    return [row.tolist() for row in rows]
+
+
 def _gloo_transfer(
     *,
     group: dist.ProcessGroupGloo,
@@ -347,48 +376,7 @@ def _gloo_transfer(
         raise ConnectionError(f"{where}: {op} failed: {error}") from error
 
 
-def _nccl_transfer(
-    *, handle, op: str, tensor: torch.Tensor, peer: int, timeout_s: float, where: str
-) -> None:
-    from ray.util.collective.collective_group import nccl_collective_group
-
-    if op == "send":
-        options = types.SendOptions()
-        options.dst_rank = peer
-        handle.send([tensor], options)
-    else:
-        options = types.RecvOptions()
-        options.src_rank = peer
-        handle.recv([tensor], options)
-    # Ray's NCCL group only enqueues; its stream for this pair is keyed as below
-    # (the peer's GPU index is the option's default, 0). Ray 2.60 internals.
-    key = nccl_collective_group._get_comm_key_send_recv(
-        handle.rank, tensor.device.index, peer, 0
-    )
-    _await_stream(
-        stream=handle._dev_streams_map[key][0],
-        device=tensor.device.index,
-        timeout_s=timeout_s,
-        what=f"{where}: {op} did not complete within {timeout_s}s",
-    )
-
-
-def _await_stream(*, stream, device: int, timeout_s: float, what: str) -> None:
-    import cupy
-
-    with cupy.cuda.Device(device):
-        event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(stream)
-    deadline = time.monotonic() + timeout_s
-    while not event.done:
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(_NCCL_POLL_S)
-
-
 def _settle_collective(*, handle, tensor: torch.Tensor) -> None:
     """Wait until the collective's result is readable (gloo ops already waited)."""
-    if isinstance(handle, GlooGroup):
-        return
-    # Ray keys a collective's stream by the devices' indices (Ray 2.60 internals).
-    handle._dev_streams_map[str(tensor.device.index)][0].synchronize()
+    if not isinstance(handle, GlooGroup):
+        nccl_channel.settle_collective(handle=handle, tensor=tensor)

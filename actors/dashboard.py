@@ -9,7 +9,7 @@ from ray._private import profiling  # the only way to add spans to `ray timeline
 from ray.util.metrics import Gauge
 
 from rrfp_ray.observe.telemetry import StageStats
-from rrfp_ray.runtime.worker import Executor
+from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.schedule.actions import Action, Kind
 
 _COLOURS = {Kind.F: "thread_state_running", Kind.I: "rail_response", Kind.B: "rail_response", Kind.W: "good"}

@@ -12,20 +12,22 @@ from collections.abc import Mapping
 
 import ray
 from ray.exceptions import RayActorError, RayError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
-from actors.capacity import check_capacity
 from actors.names import run_tag, stage_name
+from actors.placement import StagePlacement, place
 from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.agreement import TPGather
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.tcp_gather import Secret
-from rrfp_ray.runtime.worker import PipelineError, Workload
 from rrfp_ray.train.backend import run_iteration
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
@@ -42,13 +44,14 @@ class PipelineDriver:
     """Hands out the policy and collects each iteration's telemetry; the group does the driving."""
 
     def __init__(
-        self, *, pipeline: PipelineConfig, workload: Workload, gpus_per_stage: float = 0.0, autoscaler: bool = False
+        self, *, pipeline: PipelineConfig, workload: Workload, placement: StagePlacement | None = None
     ) -> None:
+        """`placement`: what each stage's bundle asks (default: 1 CPU, no GPU) and how long placement waits."""
         collective.register_backends()
         self.pipeline = pipeline
         started = time.perf_counter()
         ties = tuple(dict.fromkeys(tie.stages for tie in getattr(workload, "ties", ())))
-        fabric = RayStages(pipeline=pipeline, gpus_per_stage=gpus_per_stage, autoscaler=autoscaler, ties=ties)
+        fabric = RayStages(pipeline=pipeline, placement=placement or StagePlacement(), ties=ties)
         self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero))
         self.group.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
@@ -121,51 +124,27 @@ class RayStages:
     (STRICT_PACK), one stage actor per (replica, stage, TP rank), their links."""
 
     def __init__(
-        self,
-        *,
-        pipeline: PipelineConfig,
-        gpus_per_stage: float,
-        autoscaler: bool = False,
-        ties: tuple[tuple[int, ...], ...] = (),
+        self, *, pipeline: PipelineConfig, placement: StagePlacement, ties: tuple[tuple[int, ...], ...] = ()
     ) -> None:
         self.pipeline = pipeline
-        self.autoscaler = autoscaler  # the cluster grows on demand: no capacity check
         self.ties = ties  # each a set of stages holding a tied parameter: a collective group of them per TP rank
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
-        self.backend = collective.resolve_backend(backend=pipeline.backend)
-        self.gpus_per_stage = gpus_per_stage  # a fraction lets stages share one GPU (gloo links then)
+        self.backend = pipeline.backend  # each stage resolves `auto` where it runs (`start`)
+        self.placement = placement  # a GPU fraction lets stages share one GPU (gloo links then)
         self.stages: list[ray.actor.ActorHandle] = []
         self.pids: dict[str, int] = {}  # actor id -> process, once the stage actors are up
         self._pgs: list = []  # a placement group per (replica, stage)
 
     def start(self) -> list[RayStageHandle]:
-        """Placement, stage actors and their links."""
-        gpus = self.gpus_per_stage
-        bundle = {"CPU": 1, "GPU": gpus} if gpus else {"CPU": 1}
+        """Placement (waiting for an autoscaler to add nodes), stage actors, their backend and links."""
         stages = self.pipeline.actors  # one actor per (replica, stage, TP rank)
         per_replica = self.pipeline.stages * self.pipeline.tp
-        check_capacity(
-            dp=self.pipeline.dp,
-            stages=self.pipeline.stages,
-            tp=self.pipeline.tp,
-            bundle=bundle,
-            cluster=ray.cluster_resources(),
-            autoscaler=self.autoscaler,
-        )
         tp = self.pipeline.tp
-        # a stage's T ranks on one node (their all-reduces run every layer); stages and replicas free to spread
-        self._pgs = [placement_group([bundle] * tp, strategy="STRICT_PACK") for _ in range(stages // tp)]
+        demand = self.placement.demand(dp=self.pipeline.dp, stages=self.pipeline.stages, tp=tp)
+        labels = [self._label(g * tp) for g in range(demand.groups)]
+        self._pgs = place(demand=demand, timeout_s=self.placement.timeout_s, labels=labels)  # logs its waiting and its end
         spawn_s = max(self.timeout_s, _SPAWN_S)
-        waited = time.perf_counter()
-        logger.info("waiting up to %.0f s for %d placement groups of %d x %s", spawn_s, len(self._pgs), tp, bundle)
-        self.wait(
-            [pg.ready() for pg in self._pgs],
-            what=f"placement: {len(self._pgs)} (replica, stage) groups of {tp} x {bundle} on one node each",
-            labels=[self._label(g * tp) for g in range(len(self._pgs))],
-            timeout_s=spawn_s,
-        )
-        logger.info("placement ready in %.1f s: %d groups of %d x %s", time.perf_counter() - waited, len(self._pgs), tp, bundle)
         waited = time.perf_counter()
         run = run_tag()  # fresh names: a restart's old actors may not have released theirs
         self.stages = [
@@ -178,7 +157,8 @@ class RayStages:
                 ),
                 runtime_env={"env_vars": STAGE_ENV},
                 num_cpus=1,
-                num_gpus=gpus,
+                num_gpus=self.placement.gpus_per_stage,
+                resources=dict(self.placement.resources),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pgs[s // tp], placement_group_bundle_index=s % tp
                 ),
@@ -197,6 +177,12 @@ class RayStages:
         ]
         self.pids = dict(self.wait([a.process.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s))
         logger.info("%d stage actors up in %.1f s (pids %s)", stages, time.perf_counter() - waited, list(self.pids.values()))
+        choices = self.wait([a.resolve_backend.remote(backend=self.pipeline.backend) for a in self.stages], what="link backends")
+        try:
+            self.backend = collective.agree_on_backend(choices={self._label(i): c for i, c in enumerate(choices)})
+        except RuntimeError:
+            self.stop(graceful=False)
+            raise
         self._wire()
         logger.info("%d stage actors linked (%s)", stages, self.backend)
         return [RayStageHandle(actor=a, label=self._label(i)) for i, a in enumerate(self.stages)]
@@ -247,7 +233,8 @@ class RayStages:
                 labels.append(f"{self._label(actor)} (group {name})")
         self.wait(joins, what="collective groups to form", labels=labels)
         agreement = []
-        if tp > 1:
+        tcp = tp > 1 and self.pipeline.tp_gather is TPGather.TCP  # else the agreement gathers over the TP group
+        if tcp:
             secret = Secret.generate()  # fresh for every wiring; it travels only in Ray's authenticated calls
             listens = [a.listen_agreement.remote(secret=secret) for a in self.stages]
             agreement = self.wait(listens, what="agreement listeners")
@@ -260,7 +247,7 @@ class RayStages:
                     dp_group=dp_groups.get((i // tp % stages, i % tp)),
                     chunks=self.layout.chunks,
                     tie_groups={owners: name for (owners, t, d), name in ties.items() if (t, d) == (i % tp, i // tp // stages)},
-                    agreement=agreement[i - i % tp : i - i % tp + tp] if tp > 1 else None,
+                    agreement=agreement[i - i % tp : i - i % tp + tp] if tcp else None,
                 )
                 for i, a in enumerate(self.stages)
             ],

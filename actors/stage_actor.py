@@ -12,16 +12,17 @@ from typing import Any
 import ray
 import torch
 
-from actors import collective
+from actors import collective, nccl_channel
 from actors.dashboard import ProfiledExecutor, StageMetrics
 from rrfp_ray.observe.telemetry import OpEvent, StageStats
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
 from rrfp_ray.runtime.tcp_gather import Secret, TcpGather
 from rrfp_ray.runtime.transport import LinkBackend
-from rrfp_ray.runtime.worker import Executor, StageWorker, Workload
+from rrfp_ray.runtime.worker import StageWorker
 from rrfp_ray.schedule.deps import Layout, Link
 from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.train.checkpoint import StageFile
@@ -59,7 +60,8 @@ class StageActor:
         self._dp_spec = dp
         self._dp: DPContext | None = None
         self._tp_group: str | None = None
-        self._agreement: TcpGather | None = None
+        self._agreement: TcpGather | None = None  # None with --tp-gather collective
+        self._group_device = "cpu"
         self.timeout_s = timeout_s
         self.link_timeout_s = link_timeout_s
         self._worker: StageWorker | None = None
@@ -68,12 +70,23 @@ class StageActor:
         self._everyone = ""
         self._tie_groups: dict[tuple[int, ...], str] = {}
         self._metrics = StageMetrics(stage=stage)
+        # The TP, tie and all-stages groups' collectives: on the compute thread only (a DP group's
+        # on the reduction thread, its only user).
+        self._compute_thread = nccl_channel.OneThread(what=f"stage {stage} TP rank {tp_rank}: the TP, tie and all-stages groups")
         logger.info("replica %d stage %d TP rank %d of %d: actor started", replica, stage, tp_rank, tp_size)
+
+    def resolve_backend(self, *, backend: LinkBackend) -> LinkBackend:
+        """The link backend as this actor sees it, where its GPU (if any) is visible."""
+        try:
+            return collective.resolve_backend(backend=backend)
+        except RuntimeError as error:
+            raise RuntimeError(f"stage {self.stage} TP rank {self.tp_rank}: {error}") from None
 
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
 
     def join_group(self, *, name: str, address: str, rank: int, world_size: int, backend: LinkBackend) -> None:
+        self._group_device = "cuda" if backend is LinkBackend.NCCL else "cpu"  # where the groups' tensors live
         collective.join_group(
             name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
         )
@@ -175,6 +188,7 @@ class StageActor:
         return events, stats
 
     def _all_reduce(self, value: float) -> float:
+        self._compute_thread.check()
         tensor = torch.tensor([value], dtype=torch.float64)
         collective.all_reduce_sum(group=self._everyone, tensor=tensor)
         return float(tensor)
@@ -183,17 +197,24 @@ class StageActor:
         return TPContext(
             rank=self.tp_rank,
             size=self.tp_size,
-            all_gather=self._agreement.all_gather,
+            all_gather=self._agreement.all_gather if self._agreement is not None else self._tp_all_gather,
             all_reduce=self._tp_all_reduce,
             protocol=protocol,
         )
 
     def _tie_reduce(self, stages: tuple[int, ...], tensor: torch.Tensor) -> torch.Tensor:
+        self._compute_thread.check()
         total = tensor.detach().clone()
         collective.all_reduce_sum(group=self._tie_groups[stages], tensor=total)
         return total
 
+    def _tp_all_gather(self, values: list[int]) -> list[list[int]]:
+        """The agreement's all-gather over the stage's TP group (`--tp-gather collective`)."""
+        self._compute_thread.check()
+        return collective.all_gather_ints(group=self._tp_group, values=values, device=self._group_device)
+
     def _tp_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._compute_thread.check()
         return self._group_sum(group=self._tp_group, tensor=tensor)
 
     @staticmethod

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from actors.local_ray import attaching, start_ray
+from actors.local_ray import start_ray
 from rrfp_ray.cli import (
     add_log_level_flag,
     add_scenario_flags,
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 FLAGS = {
     "tp": "--tp",
     "tp_protocol": "--tp-protocol",
+    "tp_gather": "--tp-gather",
     "dp": "--dp",
     "dp_bucket_mb": "--dp-bucket-mb",
     "stages": "--stages",
@@ -95,6 +96,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
+    pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")
     pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the whole pipeline")
     pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
     pipe.add_argument(
@@ -168,6 +170,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
             timeout_s=args.timeout,
             tp=args.tp,
             tp_protocol=args.tp_protocol,
+            tp_gather=args.tp_gather,
             dp=args.dp,
             dp_bucket_mb=args.dp_bucket_mb,
             dp_overlap=not args.no_overlap,
@@ -209,7 +212,6 @@ def main(argv: list[str] | None = None) -> dict:
     print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
     driver = PipelineDriver.remote(
         pipeline=pipeline,
-        autoscaler=attaching(),  # a local Ray is never short: it declares a CPU per actor
         workload=SyntheticWorkload(
             trace=trace,
             payload_elems=args.payload_elems,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,8 +29,11 @@ from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_loggi
 from rrfp_ray.gpt_cli import baseline_of, gpus_per_stage, run_config
 
 if TYPE_CHECKING:
+    from actors.placement import StagePlacement
     from rrfp_ray.train.api import Trainer
     from rrfp_ray.train.config import RunConfig
+
+DEFAULT_PLACEMENT_S = 600.0  # actors.placement.DEFAULT_TIMEOUT_S, without importing ray for --help
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
@@ -48,6 +53,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
+    pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")
     pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (--microbatches each)")
     pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
     pipe.add_argument("--no-overlap", action="store_true", help="with --dp: reduce gradients after every stage's last op")
@@ -63,6 +69,19 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
     pipe.add_argument(
         "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
+    )
+    pipe.add_argument(
+        "--stage-resources",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help='Ray resources added to every stage\'s bundle, aiming stages at a node type: \'{"accelerator_type:A10G": 0.001}\'',
+    )
+    pipe.add_argument(
+        "--placement-timeout",
+        type=float,
+        default=DEFAULT_PLACEMENT_S,
+        help="seconds to wait for the cluster (its autoscaler) to hold every stage",
     )
     pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
     pipe.add_argument("--precision", default="fp32", help="fp32, or bf16 (autocast, fp32 master weights, bf16 links)")
@@ -93,7 +112,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         help="run the fixed baseline first (1f1b; interleaved when --chunks > 1; zbv for a V-placed policy), "
         "same seed and data (default: on, unless the run checkpoints)",
     )
-    train.add_argument("--out", default="runs/train_gpt", help="output directory")
+    train.add_argument(
+        "--out", default=None, help="output directory (default: runs/train_gpt; on a cluster ~/rrfp-runs/START_TIME)"
+    )
     train.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)")
     train.add_argument("--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)")
     train.add_argument("--checkpoint-every", type=int, default=0, help="iterations between checkpoints (0: none)")
@@ -103,7 +124,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     add_log_level_flag(parser)
     parser.set_defaults(t_f=10.0)
     args = parser.parse_args(argv)
+    args.out = str(default_out()) if args.out is None else args.out
     run = run_config(parser, args)
+    args.placement = stage_placement(parser, args=args)
     check_local_devices(parser, args=args, run=run)
     writable_dir(parser, flag="--out", path=args.out)
     return args, run
@@ -131,6 +154,32 @@ def check_local_devices(parser: argparse.ArgumentParser, *, args: argparse.Names
             parser.error(f"{flag}: no CUDA device is visible (torch.cuda.is_available() is False); {where}")
 
 
+def stage_placement(parser: argparse.ArgumentParser, *, args: argparse.Namespace) -> StagePlacement:
+    from pydantic import ValidationError
+
+    from actors.placement import StagePlacement
+    from rrfp_ray.cli import config_error
+
+    if not isinstance(args.stage_resources, dict):
+        parser.error(f"--stage-resources: a JSON object of resource amounts, got {args.stage_resources!r}")
+    try:
+        return StagePlacement(
+            gpus_per_stage=gpus_per_stage(args), resources=args.stage_resources, timeout_s=args.placement_timeout
+        )
+    except ValidationError as error:
+        flags = {"gpus_per_stage": "--gpus-per-stage", "resources": "--stage-resources", "timeout_s": "--placement-timeout"}
+        config_error(parser, error, flags=flags)
+
+
+def default_out() -> Path:
+    """runs/train_gpt for a local run; attached to a cluster (as under `ray job submit`, whose
+    working dir is a temporary unpacked copy, unpacked again on every node), a persistent
+    directory under the home, named by the start time."""
+    if not os.environ.get("RAY_ADDRESS"):
+        return Path("runs/train_gpt")
+    return Path.home() / "rrfp-runs" / time.strftime("%Y%m%d-%H%M%S")
+
+
 def train(
     *, trainer: Trainer, run: RunConfig, policy: str, out: Path, tensorboard: str | None = None
 ) -> tuple[dict, list]:
@@ -155,15 +204,27 @@ def train(
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
     from actors.backend import RayBackend
+    from actors.capacity import CapacityError
     from rrfp_ray.train.gpt_run import dp_check, dp_check_line, outcome_lines, speedup_vs_baseline
     from rrfp_ray.train.gpt_workload import gpt_trainer
 
-    out = Path(args.out)
+    out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     log_level = configure_logging(args)
     print(start_ray(num_cpus=max(2, run.pipeline.actors), log_level=log_level))
+    print(f"outputs: {out}")
     started = time.perf_counter()
-    with gpt_trainer(run, backend=RayBackend(gpus_per_stage=gpus_per_stage(args))) as trainer:
+    backend = RayBackend(
+        gpus_per_stage=args.placement.gpus_per_stage,
+        stage_resources=args.placement.resources,
+        placement_timeout_s=args.placement.timeout_s,
+    )
+    try:
+        trainer = gpt_trainer(run, backend=backend)
+    except CapacityError as error:  # before any actor started
+        print(f"train_gpt.py: error: --dp/--stages/--tp/--gpus-per-stage/--stage-resources: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    with trainer:
         print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
         summary, runs = {}, {}
         baseline = baseline_of(run, compare=args.compare is not False)

@@ -144,9 +144,24 @@ def pair(ray_session):
         ray.kill(actor)
 
 
-def test_resolve_backend_keeps_an_explicit_choice():
+def test_resolve_backend_keeps_an_explicit_choice(monkeypatch):
     assert collective.resolve_backend(backend=LinkBackend.GLOO) is LinkBackend.GLOO
+    monkeypatch.setattr(collective, "nccl_missing", lambda: None)
     assert collective.resolve_backend(backend=LinkBackend.NCCL) is LinkBackend.NCCL
+
+
+def test_explicit_nccl_without_cuda_says_what_is_missing(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="backend nccl: no CUDA device is visible"):
+        collective.resolve_backend(backend=LinkBackend.NCCL)
+
+
+def test_stages_must_agree_on_the_backend():
+    same = {"stage 0": LinkBackend.GLOO, "stage 1": LinkBackend.GLOO}
+    assert collective.agree_on_backend(choices=same) is LinkBackend.GLOO
+    mixed = {"stage 0": LinkBackend.NCCL, "stage 1": LinkBackend.GLOO, "stage 2": LinkBackend.NCCL}
+    with pytest.raises(RuntimeError, match=r"gloo on stage 1; nccl on stage 0, stage 2"):
+        collective.agree_on_backend(choices=mixed)
 
 
 def test_resolve_auto_falls_back_to_gloo(monkeypatch):
@@ -261,3 +276,34 @@ def test_measure_latency_and_bandwidth(pair):
     )
     assert total == float(count * numel)
     print(f"bandwidth, {count} x 4 MiB: {count * 4 / 1024 / elapsed:.2f} GiB/s")
+
+
+def test_a_communicator_refuses_a_second_thread():
+    import threading
+
+    from actors.nccl_channel import OneThread
+
+    guard = OneThread(what="channel 'F0->1'")
+    guard.check()
+    guard.check()  # the same thread again
+    failures = []
+
+    def other() -> None:
+        try:
+            guard.check()
+        except RuntimeError as error:
+            failures.append(str(error))
+
+    thread = threading.Thread(target=other, name="intruder")
+    thread.start()
+    thread.join()
+    assert failures and "channel 'F0->1': ops from a second thread (intruder)" in failures[0]
+
+
+def test_the_nccl_path_is_pinned_to_the_ray_it_was_written_against(monkeypatch):
+    from actors import nccl_channel
+
+    nccl_channel.check_ray_version()  # this machine's Ray is the one
+    monkeypatch.setattr(nccl_channel.ray, "__version__", "2.61.0")
+    with pytest.raises(RuntimeError, match=r"Ray 2.60's NCCL group internals; this is Ray 2.61.0: pin ray==2.60"):
+        nccl_channel.check_ray_version()

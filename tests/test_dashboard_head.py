@@ -182,7 +182,7 @@ def jobs(head, tmp_path_factory) -> dict[str, Job]:
 def test_a_submitted_job_succeeds_and_writes_where_it_says(jobs):
     for job in jobs.values():
         assert "2 stage actors up in" in job.logs
-        assert "for 2 placement groups of 1 x {'CPU': 1}" in job.logs  # the driver's log lines reach the job's
+        assert "for placement: 2 x {CPU: 1}" in job.logs  # the driver's log lines reach the job's
         assert "bf: loss " in job.logs and "median iteration" in job.logs
         wrote = next(line for line in job.logs.splitlines() if line.startswith("wrote "))
         assert wrote.startswith(f"wrote {job.out}/"), wrote

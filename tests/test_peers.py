@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import torch
 
 from benchmarks.peers.sleep_module import delivery_wait_s, stage_costs

@@ -10,10 +10,11 @@ from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.gpt_workload import gpt_trainer
 
 
-def _run(tp: int, protocol: str = "common") -> tuple[list[float], float, list]:
+def _run(tp: int, protocol: str = "common", gather: str = "tcp") -> tuple[list[float], float, list]:
     run = RunConfig(
         model={"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16},
-        pipeline={"stages": 2, "microbatches": 4, "policy": "bf", "tp": tp, "tp_protocol": protocol, "timeout_s": 30},
+        pipeline={"stages": 2, "microbatches": 4, "policy": "bf", "tp": tp, "tp_protocol": protocol, "tp_gather": gather,
+                  "timeout_s": 30},
         train={"iterations": 3, "micro_batch_size": 2, "seq_len": 16, "val_every": 0},
         variability={"scenario": "lognormal", "t_f": 2.0},
     )
@@ -22,10 +23,17 @@ def _run(tp: int, protocol: str = "common") -> tuple[list[float], float, list]:
         return [r.loss for r in reports], trainer.evaluate(), reports
 
 
-@pytest.mark.parametrize("protocol", ["first", "common"])
-def test_tensor_parallel_stages_on_ray_train_like_unsplit_ones(ray_session, protocol):
-    losses, val, reports = _run(tp=2, protocol=protocol)
-    reference_losses, reference_val, _ = _run(tp=1)
+@pytest.fixture(scope="module")
+def unsplit(ray_session) -> tuple[list[float], float]:
+    losses, val, _ = _run(tp=1)
+    return losses, val
+
+
+@pytest.mark.parametrize(("protocol", "gather"), [("first", "tcp"), ("common", "tcp"), ("common", "collective")])
+def test_tensor_parallel_stages_on_ray_train_like_unsplit_ones(unsplit, protocol, gather):
+    """Over either carrier of the agreement's all-gather (TCP connections, the TP group's all-gather)."""
+    losses, val, reports = _run(tp=2, protocol=protocol, gather=gather)
+    reference_losses, reference_val = unsplit
     assert losses == pytest.approx(reference_losses, rel=1e-5)
     assert val == pytest.approx(reference_val, rel=1e-5)
     assert all(len(r.stages) == 2 for r in reports)  # one report per stage, from its TP rank 0

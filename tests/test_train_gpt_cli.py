@@ -12,7 +12,7 @@ from rrfp_ray.runtime.transport import LinkBackend
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_gpt.py"
 sys.path.insert(0, str(JOB.parent))
-import train_gpt  # noqa: E402
+import train_gpt
 
 
 @pytest.mark.parametrize(
@@ -176,3 +176,32 @@ def test_op_times_say_how_much_of_an_op_was_an_injected_sleep(capsys):
     assert times["injected_ms_mean"] == trace.F[0][1] > 0  # the trace's forward of microbatch 1 on stage 0
     [line] = source_lines(times)
     assert f"{times['injected_ms_mean']:.1f} ms of it an injected sleep" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--placement-timeout", "0"], "--placement-timeout: Input should be greater than 0"),
+        (["--placement-timeout", "-5"], "--placement-timeout: Input should be greater than 0"),
+        (["--stage-resources", "[1]"], "--stage-resources: a JSON object of resource amounts"),
+        (["--stage-resources", '{"GPU": 1}'], "--stage-resources: 'GPU': every stage asks 1 CPU, and GPUs come from --gpus-per-stage"),
+        (["--stage-resources", '{"accelerator_type:A10G": 0}'], "--stage-resources: 'accelerator_type:A10G': amounts must be > 0"),
+    ],
+)
+def test_placement_flags_are_checked(flags, expected, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt.parse(flags)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_outputs_default_to_the_home_on_a_cluster(monkeypatch, tmp_path):
+    """Under `ray job submit` the working dir is a temporary unpacked copy: outputs go under ~."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args, _ = train_gpt.parse([])
+    assert args.out == "runs/train_gpt"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args, _ = train_gpt.parse(["--stage-resources", '{"accelerator_type:A10G": 0.001}', "--placement-timeout", "30"])
+    assert Path(args.out).parent == tmp_path / "rrfp-runs"
+    assert args.placement.resources == {"accelerator_type:A10G": 0.001} and args.placement.timeout_s == 30

@@ -49,7 +49,6 @@ from rrfp_ray.schedule.actions import Kind, Placement
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.sim.variability import Trace
 
-
 SENT_AT = 1  # the payload column holding the time its sender's op ended (CLOCK_MONOTONIC, s)
 
 

@@ -37,6 +37,15 @@ class TPProtocol(enum.Enum):
     COMMON = "common"
 
 
+class TPGather(enum.Enum):
+    """What carries an agreement round's all-gather between the TP ranks of a stage: direct
+    authenticated TCP connections, or the collective library's all-gather over the stage's TP
+    group (gloo on CPU; NCCL on GPUs, the ids in a small device tensor)."""
+
+    TCP = "tcp"
+    COLLECTIVE = "collective"
+
+
 NONE = -1
 _KINDS = (Kind.F, Kind.B, Kind.W, Kind.I)
 _CHUNK_BITS = 16

@@ -18,7 +18,8 @@ from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.worker import PipelineError, Workload
+from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.schedule.deps import Layout
 
 logger = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from rrfp_ray.runtime.breakdown import Breakdown, Phase
+from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageWriter
 from rrfp_ray.runtime.tree import Tree
 from rrfp_ray.schedule.deps import Link
@@ -23,12 +24,15 @@ _STOP = Header(message=None)
 
 
 class LinkSender:
-    def __init__(self, *, link: Link, channel: Channel, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self, *, link: Link, channel: Channel, handoff: Handoff, on_error: Callable[[BaseException], None]
+    ) -> None:
         self.link = link
         self._writer = MessageWriter(channel=channel)
+        self._handoff = handoff
         self._on_error = on_error
         self._cond = threading.Condition()
-        self._queue: list[tuple[float, int, Header, Tree | None]] = []  # (release, seq, header, payload)
+        self._queue: list[tuple[float, int, Header, Tree | None, Fence]] = []  # (release, seq, header, payload, fence)
         self._seq = itertools.count()
         self._sending = False
         self._busy_s = 0.0
@@ -36,10 +40,10 @@ class LinkSender:
         self._thread = threading.Thread(target=self._loop, name=f"send {link}", daemon=True)
         self._thread.start()
 
-    def post(self, *, header: Header, payload: Tree, release: float) -> None:
-        """Queue a message; it leaves at `release` (perf_counter seconds) or later."""
+    def post(self, *, header: Header, payload: Tree, release: float, fence: Fence = None) -> None:
+        """Queue a message; it leaves at `release` (perf_counter seconds) or later, once `fence` is passed."""
         with self._cond:
-            heapq.heappush(self._queue, (release, next(self._seq), header, payload))
+            heapq.heappush(self._queue, (release, next(self._seq), header, payload, fence))
             self._cond.notify()
 
     def wait_idle(self, *, timeout_s: float) -> bool:
@@ -73,11 +77,11 @@ class LinkSender:
             with self._cond:
                 while not self._queue or self._queue[0][0] > time.perf_counter():
                     self._cond.wait(timeout=None if not self._queue else self._queue[0][0] - time.perf_counter())
-                release, _, header, payload = heapq.heappop(self._queue)
+                release, _, header, payload, fence = heapq.heappop(self._queue)
                 self._sending = True
                 taken = time.perf_counter()
             try:
-                self._writer.send(header=header, payload=payload)
+                self._handoff.send(writer=self._writer, header=header, payload=payload, fence=fence)
             except BaseException as error:  # reported to the compute thread
                 self._on_error(error)
             sent = time.perf_counter()

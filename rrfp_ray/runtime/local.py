@@ -23,11 +23,13 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, ThreadAllReduce, tensor_all_reduce, tensor_reduce_to
 from rrfp_ray.runtime.transport import Channel, local_channels
-from rrfp_ray.runtime.worker import Executor, PipelineError, StageWorker, Workload
+from rrfp_ray.runtime.worker import StageWorker
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.grad_ready import reduce_order
 

@@ -1,5 +1,6 @@
 """The runtime side of one stage: a compute thread, one receive thread per inbound link,
-one send thread per outbound link (`rrfp_ray.runtime.links`).
+one send thread per outbound link (`rrfp_ray.runtime.links`); which thread uses which communicator
+and how tensors cross threads: `rrfp_ray.runtime.streams`.
 
 The compute thread (the caller of `run_iteration`) arbitrates, executes, and hands each
 output to its link's send thread. Receive threads route each message into the arbiter's
@@ -14,8 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -25,75 +24,39 @@ from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.breakdown import Breakdown, Phase
 from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.links import LinkSender
-from rrfp_ray.runtime.reduce import ChunkGradients, DPContext, ReduceStats
+from rrfp_ray.runtime.reduce import DPContext, ReduceStats
+from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Link, Message
 from rrfp_ray.schedule.grad_ready import completes_weights, reduce_order
 
 
-@dataclass(frozen=True)
-class StepResult:
-    loss: float | None  # mean training loss of the iteration (last stage only)
-    grad_norm: float
-    lr: float | None  # None: the optimizer's own rates
-    peak_bytes: int
-    optim_bytes: int = 0  # optimizer state held (with ZeRO-1: this replica's shard)
-    skipped: bool = False  # the global gradient norm was not finite: no stage stepped
-
-
-class Executor(Protocol):
-    def begin(self, *, iteration: int) -> None: ...
-
-    def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
-        """After every action of the iteration: e.g. clip by the global norm and step."""
-        ...
-
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
-        """Run one action on its input (activation or gradient); return what it sends, if anything.
-
-        I is the input gradient alone, W the weight gradient, B both."""
-        ...
-
-    def gradients(self, *, chunk: int) -> ChunkGradients:
-        """The tensors data parallelism sums over the DP group once `chunk`'s last weight-gradient op
-        is done (in place; the gradients of its parameters, or a synthetic payload), with their owners under ZeRO-1."""
-        ...
-
-
-class Workload(Protocol):
-    """Plain data sent to every stage; each stage builds its own executor from it."""
-
-    def executor(self, *, stage: int, layout: Layout) -> Executor: ...
-
-    def latency(self, message: Message) -> float:
-        """Injected communication latency in ms before a message is handed over (0 for real work)."""
-        ...
-
-    def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> Workload:
-        """This workload as TP rank `rank` of `size` runs it (its tensor-parallel layers sum over `all_reduce`)."""
-
-    def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Workload:
-        """As data-parallel replica `rank` (its share of each iteration's data); `zero_sum`: the DP sum, for ZeRO-1."""
-
-
 class StageWorker:
     def __init__(
-        self, *, stage: int, inbound: dict[Link, Channel], outbound: dict[Link, Channel], timeout_s: float
+        self,
+        *,
+        stage: int,
+        inbound: dict[Link, Channel],
+        outbound: dict[Link, Channel],
+        timeout_s: float,
+        handoff: Handoff | None = None,
     ) -> None:
         self.stage = stage
+        self._handoff = handoff or Handoff()
         self.timeout_s = timeout_s
         self._inbound = inbound
         self._senders = {
-            link: LinkSender(link=link, channel=channel, on_error=self._fail) for link, channel in outbound.items()
+            link: LinkSender(link=link, channel=channel, handoff=self._handoff, on_error=self._fail) for link, channel in outbound.items()
         }
         self._cond = threading.Condition()
         self._arbiter: Arbiter | None = None
         self._layout: Layout | None = None
         self._iteration = -1
         self._start = 0.0
-        self._inbox: dict[Message, torch.Tensor] = {}
+        self._inbox: dict[Message, tuple[torch.Tensor, Fence]] = {}
         self._expected: dict[Link, int] = {}  # messages the running iteration has yet to receive, per link
         self._ready_at: dict[Action, float] = {}
         self._error: BaseException | None = None
@@ -303,7 +266,7 @@ class StageWorker:
 
     def _take_input(self, layout: Layout, action: Action) -> torch.Tensor | None:
         message = layout.message_need(action)
-        return None if message is None else self._inbox.pop(message)
+        return None if message is None else self._handoff.use(*self._inbox.pop(message))
 
     def _post(
         self,
@@ -316,14 +279,16 @@ class StageWorker:
         if output is None:
             raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
         if layout.is_local(message):  # the V's turn: straight into this stage's own inbox, no link
-            self._inbox[message] = output
+            self._inbox[message] = (output, None)  # made on this thread's stream: nothing to wait for
             self._arbiter.on_arrival(message)
             consumer = layout.consumer(message)
             self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
             return
         release = time.perf_counter() + (latency(message) / 1e3 if latency else 0.0)
         header = Header.for_payload(message=message, iteration=iteration, payload=output)
-        self._senders[layout.link(message)].post(header=header, payload=output, release=release)
+        self._senders[layout.link(message)].post(
+            header=header, payload=output, release=release, fence=self._handoff.produced(output)
+        )
 
     def _wait_outbox_empty(self) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -345,7 +310,7 @@ class StageWorker:
                 if not self._stopping:
                     self._expected[link] -= 1
             try:
-                header, payload = reader.recv()
+                header, payload, fence = self._handoff.receive(reader=reader)
             except TimeoutError as error:
                 if not self._stopping:
                     self._fail(error)  # a link silent past its own timeout is closed (gloo) and cannot recover
@@ -361,7 +326,7 @@ class StageWorker:
                 if not self._wait_to_deliver(link=link, header=header):
                     return
                 began = time.perf_counter()
-                self._inbox[header.message] = payload
+                self._inbox[header.message] = (payload, fence)
                 self._arbiter.on_arrival(header.message)
                 consumer = self._layout.consumer(header.message)
                 self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())

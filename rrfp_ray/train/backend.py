@@ -17,9 +17,9 @@ from torch import Tensor
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.local import ThreadStages
-from rrfp_ray.runtime.worker import Executor
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload

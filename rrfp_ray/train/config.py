@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rrfp_ray.models.gpt import GPTConfig
-from rrfp_ray.policy.agreement import TPProtocol
+from rrfp_ray.policy.agreement import TPGather, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy, make_policy
 from rrfp_ray.runtime.reduce import DPSpec
@@ -44,6 +44,7 @@ class PipelineConfig(BaseModel):
         TPProtocol.COMMON,
         description="TP agreement: all-gather each rank's first choice, or its k best and run the best common one",
     )
+    tp_gather: TPGather = Field(TPGather.TCP, description="what carries the TP agreement's all-gather: tcp or collective")
     hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint")
     dp: int = Field(1, ge=1, description="D: data-parallel replicas of the whole pipeline (D x P x T actors)")
     dp_bucket_mb: float = Field(25.0, gt=0, description="MB of gradients per DP all-reduce bucket")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rrfp_ray.runtime.worker import Executor, Workload
+from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Message
 

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
+from rrfp_ray.runtime.executor import StepResult
 from rrfp_ray.runtime.reduce import ChunkGradients, gather_owned, owners
 from rrfp_ray.runtime.tree import tree_map
-from rrfp_ray.runtime.worker import StepResult
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.grad_ready import reduce_order

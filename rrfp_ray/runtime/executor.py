@@ -1,0 +1,59 @@
+"""What the runtime asks of the work it runs: a `Workload` (plain data sent to every stage) builds
+each stage's `Executor`, which runs the stage's actions and ends each iteration with a `StepResult`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from rrfp_ray.runtime.reduce import ChunkGradients
+from rrfp_ray.schedule.actions import Action
+from rrfp_ray.schedule.deps import Layout, Message
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float | None  # mean training loss of the iteration (last stage only)
+    grad_norm: float
+    lr: float | None  # None: the optimizer's own rates
+    peak_bytes: int
+    optim_bytes: int = 0  # optimizer state held (with ZeRO-1: this replica's shard)
+    skipped: bool = False  # the global gradient norm was not finite: no stage stepped
+
+
+class Executor(Protocol):
+    def begin(self, *, iteration: int) -> None: ...
+
+    def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
+        """After every action of the iteration: e.g. clip by the global norm and step."""
+        ...
+
+    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
+        """Run one action on its input (activation or gradient); return what it sends, if anything.
+
+        I is the input gradient alone, W the weight gradient, B both."""
+        ...
+
+    def gradients(self, *, chunk: int) -> ChunkGradients:
+        """The tensors data parallelism sums over the DP group once `chunk`'s last weight-gradient op
+        is done (in place; the gradients of its parameters, or a synthetic payload), with their owners under ZeRO-1."""
+        ...
+
+
+class Workload(Protocol):
+    """Plain data sent to every stage; each stage builds its own executor from it."""
+
+    def executor(self, *, stage: int, layout: Layout) -> Executor: ...
+
+    def latency(self, message: Message) -> float:
+        """Injected communication latency in ms before a message is handed over (0 for real work)."""
+        ...
+
+    def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> Workload:
+        """This workload as TP rank `rank` of `size` runs it (its tensor-parallel layers sum over `all_reduce`)."""
+
+    def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Workload:
+        """As data-parallel replica `rank` (its share of each iteration's data); `zero_sum`: the DP sum, for ZeRO-1."""
