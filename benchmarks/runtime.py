@@ -5,7 +5,7 @@ Per policy: the median measured iteration (optimizer step included) and its op s
 (less the step, which the simulator lacks); the simulated makespan, plain and with the
 `TransportModel` whose per-message cost this run measured (`message_cost_ms`); the speedup
 over the baseline, measured and predicted; and the runtime's per-op overhead
-(`rrfp_ray.runtime.breakdown`).
+(`rrfp_ray.runtime.breakdown`). The job's flags are checked here too (`checked`), before Ray starts.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
+from rrfp_ray.cli import baseline_policy, config_error, file_dir, one_placement, variability, writable_dir
 from rrfp_ray.observe.telemetry import IterationReport, dp_summary, tp_summary
 from rrfp_ray.runtime.breakdown import Phase
 from rrfp_ray.runtime.breakdown import summarize as summarize_phases
@@ -28,6 +31,21 @@ if TYPE_CHECKING:
 
 
 SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
+FLAGS = {  # config field: the flag that sets it
+    "tp": "--tp",
+    "tp_protocol": "--tp-protocol",
+    "tp_gather": "--tp-gather",
+    "dp": "--dp",
+    "dp_bucket_mb": "--dp-bucket-mb",
+    "stages": "--stages",
+    "chunks": "--chunks",
+    "microbatches": "--microbatches",
+    "cap": "--cap",
+    "timeout_s": "--timeout",
+    "scenario": "--scenario",
+    "t_f": "--t-f",
+    "params": "scenario parameters",
+}
 
 
 def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -47,6 +65,72 @@ def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         if given is not None and given != found:
             parser.error(f"--{name} {given} disagrees with --trace {args.trace}, whose {key} is {found}")
         setattr(args, name, found)
+
+
+def checked(
+    parser: argparse.ArgumentParser, *, args: argparse.Namespace
+) -> tuple[PipelineConfig, list[Trace], list[str]]:
+    """The flags checked (errors name the flag): the pipeline, the trace of each TP rank (one unless
+    --rank-comm) and the policies, the baseline first."""
+    from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
+
+    if args.iterations < 1:
+        parser.error(f"--iterations must be >= 1, got {args.iterations}")
+    if args.message_ms is not None and not args.message_ms >= 0:
+        parser.error(f"--message-ms must be >= 0, got {args.message_ms:g}")
+    if args.payload_elems < 1:
+        parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
+    if args.grad_mb <= 0:
+        parser.error(f"--grad-mb must be > 0, got {args.grad_mb:g}")
+    if args.reduce_mb_per_s is not None and not args.reduce_mb_per_s > 0:
+        parser.error(f"--reduce-mb-per-s must be > 0, got {args.reduce_mb_per_s:g}")
+    if args.reduce_latency_ms < 0:
+        parser.error(f"--reduce-latency-ms must be >= 0, got {args.reduce_latency_ms:g}")
+    if args.rank_comm and (args.tp < 2 or args.trace):
+        parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
+    if args.out:
+        writable_dir(parser, flag="--out", path=args.out)
+    if args.json:
+        file_dir(parser, flag="--json", path=args.json)
+    shape_from_trace(parser, args)
+    baseline = baseline_policy(chunks=args.chunks)
+    names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
+
+    def pipeline_of(policy: str) -> PipelineConfig:
+        return PipelineConfig(
+            stages=args.stages,
+            chunks=args.chunks,
+            microbatches=args.microbatches,
+            policy=policy,
+            cap=args.cap,
+            timeout_s=args.timeout,
+            tp=args.tp,
+            tp_protocol=args.tp_protocol,
+            tp_gather=args.tp_gather,
+            dp=args.dp,
+            dp_bucket_mb=args.dp_bucket_mb,
+            dp_overlap=not args.no_overlap,
+        )
+
+    try:
+        pipeline = pipeline_of(baseline)
+        seeds = range(args.variability_seed, args.variability_seed + (args.tp if args.rank_comm else 1))
+        traces = [VariabilityConfig(**{**variability(args), "seed": seed}).trace(pipeline=pipeline) for seed in seeds]
+    except ValidationError as error:
+        config_error(parser, error, flags=FLAGS)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        placement = one_placement({name: pipeline.resolved_policy(name) for name in names})
+    except ValueError as error:
+        parser.error(f"--policies: {error}")
+    baseline = baseline_policy(chunks=args.chunks, placement=placement)
+    try:
+        pipeline = pipeline_of(baseline)
+    except ValidationError as error:
+        config_error(parser, error, flags=FLAGS)
+    names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
+    return pipeline, traces, names
 
 
 def simulated_ms(
@@ -158,6 +242,29 @@ def predict_exposed(
     return predicted
 
 
+def compare(
+    *,
+    reports: dict[str, list],
+    simulated: dict[str, float],
+    pipeline: PipelineConfig,
+    trace: Trace,
+    names: list[str],
+    args: argparse.Namespace,
+) -> tuple[dict[str, dict[str, float]], float]:
+    """The per-policy figures (`summarize`, with `predict_exposed` under --dp) and the ms a message
+    costs in the transport model (--message-ms, else `message_cost_ms` of this run)."""
+    message_ms = args.message_ms
+    if message_ms is None:
+        message_ms = message_cost_ms(reports=reports, pipeline=pipeline, trace=trace)
+    transport = TransportModel(message_ms=message_ms)
+    with_transport = simulated_ms(pipeline=pipeline, trace=trace, names=names, transport=transport)
+    results = summarize(reports=reports, simulated=simulated, with_transport=with_transport, baseline=names[0])
+    if pipeline.dp > 1:
+        for name, figures in predict_exposed(pipeline=pipeline, trace=trace, names=names, reports=reports, args=args).items():
+            results[name].update(figures)
+    return results, message_ms
+
+
 def table(*, results: dict[str, dict[str, float]], tp: bool, dp: bool) -> list[str]:
     """The per-policy lines the job prints."""
     lines = [
@@ -206,3 +313,30 @@ def dp_note(*, results: dict[str, dict[str, float]], grad_mb: float, pipeline: P
         f"sim exp: the simulator's exposed share at {next(iter(results.values()))['sim_reduce_mb_per_s']:.1f} MB/s "
         f"and {latency_ms:g} ms a bucket"
     )
+
+
+def report_lines(
+    *,
+    results: dict[str, dict[str, float]],
+    reports: dict[str, list[IterationReport]],
+    pipeline: PipelineConfig,
+    message_ms: float,
+    args: argparse.Namespace,
+) -> list[str]:
+    """What the job prints after the run: the setting, how to read the table, the table, and the
+    DP note (--dp) and per-op overhead (--breakdown)."""
+    source = "--message-ms" if args.message_ms is not None else "measured in this run"
+    lines = [
+        "",
+        f"D={pipeline.dp} P={pipeline.stages} v={pipeline.chunks} T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
+        f"scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)",
+        "measured ms: the full iteration, optimizer step included (step ms: its share after the last op); "
+        "the simulator has no step, so meas/sim = (measured - step) / sim; sim+t: the simulator with the "
+        f"transport model at {message_ms * 1e3:.0f} us a message ({source})",
+        *table(results=results, tp=pipeline.tp > 1, dp=pipeline.dp > 1),
+    ]
+    if pipeline.dp > 1:
+        lines.append(dp_note(results=results, grad_mb=args.grad_mb, pipeline=pipeline, latency_ms=args.reduce_latency_ms))
+    if args.breakdown:
+        lines += ["", *breakdown_table(reports=reports)]
+    return lines

@@ -46,47 +46,17 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from actors.local_ray import start_ray
-from rrfp_ray.cli import (
-    add_log_level_flag,
-    add_scenario_flags,
-    baseline_policy,
-    config_error,
-    configure_logging,
-    file_dir,
-    one_placement,
-    variability,
-    writable_dir,
-    write_pictures,
-)
+from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
 
 if TYPE_CHECKING:
     from rrfp_ray.sim.variability import Trace
     from rrfp_ray.train.config import PipelineConfig
 
-FLAGS = {
-    "tp": "--tp",
-    "tp_protocol": "--tp-protocol",
-    "tp_gather": "--tp-gather",
-    "dp": "--dp",
-    "dp_bucket_mb": "--dp-bucket-mb",
-    "stages": "--stages",
-    "chunks": "--chunks",
-    "microbatches": "--microbatches",
-    "cap": "--cap",
-    "timeout_s": "--timeout",
-    "scenario": "--scenario",
-    "t_f": "--t-f",
-    "params": "scenario parameters",
-}
-
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
     """The flags, the pipeline, the trace of each TP rank (one unless --rank-comm) and the policies."""
     from benchmarks import runtime
-    from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
@@ -138,62 +108,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     add_scenario_flags(parser, default="lognormal")
     add_log_level_flag(parser)
     args = parser.parse_args(argv)
-    if args.iterations < 1:
-        parser.error(f"--iterations must be >= 1, got {args.iterations}")
-    if args.message_ms is not None and not args.message_ms >= 0:
-        parser.error(f"--message-ms must be >= 0, got {args.message_ms:g}")
-    if args.payload_elems < 1:
-        parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
-    if args.grad_mb <= 0:
-        parser.error(f"--grad-mb must be > 0, got {args.grad_mb:g}")
-    if args.reduce_mb_per_s is not None and not args.reduce_mb_per_s > 0:
-        parser.error(f"--reduce-mb-per-s must be > 0, got {args.reduce_mb_per_s:g}")
-    if args.reduce_latency_ms < 0:
-        parser.error(f"--reduce-latency-ms must be >= 0, got {args.reduce_latency_ms:g}")
-    if args.rank_comm and (args.tp < 2 or args.trace):
-        parser.error("--rank-comm needs --tp >= 2 and a scenario (it draws each rank's latencies; not with --trace)")
-    if args.out:
-        writable_dir(parser, flag="--out", path=args.out)
-    if args.json:
-        file_dir(parser, flag="--json", path=args.json)
-    runtime.shape_from_trace(parser, args)
-    baseline = baseline_policy(chunks=args.chunks)
-    names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
-
-    def pipeline_of(policy: str) -> PipelineConfig:
-        return PipelineConfig(
-            stages=args.stages,
-            chunks=args.chunks,
-            microbatches=args.microbatches,
-            policy=policy,
-            cap=args.cap,
-            timeout_s=args.timeout,
-            tp=args.tp,
-            tp_protocol=args.tp_protocol,
-            tp_gather=args.tp_gather,
-            dp=args.dp,
-            dp_bucket_mb=args.dp_bucket_mb,
-            dp_overlap=not args.no_overlap,
-        )
-
-    try:
-        pipeline = pipeline_of(baseline)
-        seeds = range(args.variability_seed, args.variability_seed + (args.tp if args.rank_comm else 1))
-        traces = [VariabilityConfig(**{**variability(args), "seed": seed}).trace(pipeline=pipeline) for seed in seeds]
-    except ValidationError as error:
-        config_error(parser, error, flags=FLAGS)
-    except ValueError as error:
-        parser.error(str(error))
-    try:
-        placement = one_placement({name: pipeline.resolved_policy(name) for name in names})
-    except ValueError as error:
-        parser.error(f"--policies: {error}")
-    baseline = baseline_policy(chunks=args.chunks, placement=placement)
-    try:
-        pipeline = pipeline_of(baseline)
-    except ValidationError as error:
-        config_error(parser, error, flags=FLAGS)
-    names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
+    pipeline, traces, names = runtime.checked(parser, args=args)
     return args, pipeline, traces, names
 
 
@@ -205,7 +120,6 @@ def main(argv: list[str] | None = None) -> dict:
     from actors.driver import PipelineDriver
     from benchmarks import runtime
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
-    from rrfp_ray.sim.simulator import TransportModel
 
     simulated = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names)
     log_level = configure_logging(args)
@@ -225,32 +139,13 @@ def main(argv: list[str] | None = None) -> dict:
         ray.get(driver.shutdown.remote())
     finally:
         ray.kill(driver)
-    message_ms = args.message_ms
-    if message_ms is None:
-        message_ms = runtime.message_cost_ms(reports=reports, pipeline=pipeline, trace=trace)
-    transport = TransportModel(message_ms=message_ms)
-    with_transport = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names, transport=transport)
-    results = runtime.summarize(reports=reports, simulated=simulated, with_transport=with_transport, baseline=names[0])
-    if pipeline.dp > 1:
-        for name, figures in runtime.predict_exposed(pipeline=pipeline, trace=trace, names=names, reports=reports, args=args).items():
-            results[name].update(figures)
+    results, message_ms = runtime.compare(
+        reports=reports, simulated=simulated, pipeline=pipeline, trace=trace, names=names, args=args
+    )
     if args.out:
         write_pictures(out=Path(args.out), runs=reports)
-    print(
-        f"\nD={pipeline.dp} P={pipeline.stages} v={pipeline.chunks} T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
-        f"scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)"
-    )
-    print(
-        "measured ms: the full iteration, optimizer step included (step ms: its share after the last op); "
-        "the simulator has no step, so meas/sim = (measured - step) / sim; sim+t: the simulator with the "
-        f"transport model at {message_ms * 1e3:.0f} us a message ({'--message-ms' if args.message_ms is not None else 'measured in this run'})"
-    )
-    for line in runtime.table(results=results, tp=pipeline.tp > 1, dp=pipeline.dp > 1):
-        print(line)
-    if pipeline.dp > 1:
-        print(runtime.dp_note(results=results, grad_mb=args.grad_mb, pipeline=pipeline, latency_ms=args.reduce_latency_ms))
-    if args.breakdown:
-        print("\n" + "\n".join(runtime.breakdown_table(reports=reports)))
+    lines = runtime.report_lines(results=results, reports=reports, pipeline=pipeline, message_ms=message_ms, args=args)
+    print("\n".join(lines))
     summary = {"policies": results, "message_ms": message_ms}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))

@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from actors.job_setup import checked_run
 from actors.local_ray import start_ray
-from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, writable_dir, write_pictures
-from rrfp_ray.gpt_cli import baseline_of, gpus_per_stage, run_config
+from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
+from rrfp_ray.gpt_cli import baseline_of
 
 if TYPE_CHECKING:
-    from actors.placement import StagePlacement
     from rrfp_ray.train.api import Trainer
     from rrfp_ray.train.config import RunConfig
 
@@ -124,60 +123,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     add_log_level_flag(parser)
     parser.set_defaults(t_f=10.0)
     args = parser.parse_args(argv)
-    args.out = str(default_out()) if args.out is None else args.out
-    run = run_config(parser, args)
-    args.placement = stage_placement(parser, args=args)
-    check_local_devices(parser, args=args, run=run)
-    writable_dir(parser, flag="--out", path=args.out)
-    return args, run
-
-
-def check_local_devices(parser: argparse.ArgumentParser, *, args: argparse.Namespace, run: RunConfig) -> None:
-    """Without a cluster to attach to, the stages run on this machine: NCCL links and GPUs must be here."""
-    from actors.local_ray import attaching
-    from rrfp_ray.runtime.transport import LinkBackend
-
-    if attaching():
-        return  # the cluster's nodes hold the GPUs; placement waits for them
-    where = "this run would start a local Ray here (set RAY_ADDRESS to run on a cluster)"
-    if run.pipeline.backend is LinkBackend.NCCL:
-        from actors.collective import nccl_missing
-
-        missing = nccl_missing()
-        if missing is not None:
-            parser.error(f"--backend nccl: {missing}; {where}")
-    if gpus_per_stage(args):
-        import torch
-
-        if not torch.cuda.is_available():
-            flag = "--gpu" if args.gpu else f"--gpus-per-stage {args.gpus_per_stage:g}"
-            parser.error(f"{flag}: no CUDA device is visible (torch.cuda.is_available() is False); {where}")
-
-
-def stage_placement(parser: argparse.ArgumentParser, *, args: argparse.Namespace) -> StagePlacement:
-    from pydantic import ValidationError
-
-    from actors.placement import StagePlacement
-    from rrfp_ray.cli import config_error
-
-    if not isinstance(args.stage_resources, dict):
-        parser.error(f"--stage-resources: a JSON object of resource amounts, got {args.stage_resources!r}")
-    try:
-        return StagePlacement(
-            gpus_per_stage=gpus_per_stage(args), resources=args.stage_resources, timeout_s=args.placement_timeout
-        )
-    except ValidationError as error:
-        flags = {"gpus_per_stage": "--gpus-per-stage", "resources": "--stage-resources", "timeout_s": "--placement-timeout"}
-        config_error(parser, error, flags=flags)
-
-
-def default_out() -> Path:
-    """runs/train_gpt for a local run; attached to a cluster (as under `ray job submit`, whose
-    working dir is a temporary unpacked copy, unpacked again on every node), a persistent
-    directory under the home, named by the start time."""
-    if not os.environ.get("RAY_ADDRESS"):
-        return Path("runs/train_gpt")
-    return Path.home() / "rrfp-runs" / time.strftime("%Y%m%d-%H%M%S")
+    return args, checked_run(parser, args=args)
 
 
 def train(

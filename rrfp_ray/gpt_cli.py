@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -139,6 +141,15 @@ def baseline_of(run: RunConfig, *, compare: bool) -> str | None:
 
 def gpus_per_stage(args: argparse.Namespace) -> float:
     return 1.0 if args.gpu else args.gpus_per_stage
+
+
+def default_out() -> Path:
+    """runs/train_gpt for a local run; attached to a cluster (as under `ray job submit`, whose
+    working dir is a temporary unpacked copy, unpacked again on every node), a persistent
+    directory under the home, named by the start time."""
+    if not os.environ.get("RAY_ADDRESS"):
+        return Path("runs/train_gpt")
+    return Path.home() / "rrfp-runs" / time.strftime("%Y%m%d-%H%M%S")
 
 
 def checkpoint_dir(args: argparse.Namespace) -> str | None:
