@@ -193,12 +193,13 @@ class StageWorker:
             raise PipelineError(f"stage {self.stage}, iteration {self._iteration}: {error}") from error
 
     def close(self) -> None:
-        """Send STOP on every outbound link and end the threads."""
-        for sender in self._senders.values():
-            sender.close(timeout_s=self.timeout_s)
+        """Send STOP on every outbound link and end the threads. The receive threads take their
+        links' STOPs first: a neighbour's send of STOP returns only once this side has taken it."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        for sender in self._senders.values():
+            sender.close(timeout_s=self.timeout_s)
         for thread in self._threads:
             thread.join(timeout=self.timeout_s)
 
