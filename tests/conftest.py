@@ -31,3 +31,12 @@ def job_logging():
     yield
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), every test that
+    uses Ray runs on one worker, so a run starts one local Ray; the in-process tests share out
+    over the workers."""
+    for item in items:
+        if item.path.name.endswith("_ray.py") or "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -81,6 +81,7 @@ def test_a_killed_stage_is_rebuilt_and_the_run_matches_an_uninterrupted_one(ray_
     assert _live_actors() == before
 
 
+@pytest.mark.slow  # a kill mid-write and a rebuild on Ray (in-process: a crash between two stage files, tests/test_faults.py): `make test-slow`
 def test_a_kill_during_a_checkpoint_write_keeps_the_previous_checkpoint(ray_session, tmp_path):
     before = _live_actors()
     with gpt_trainer(_run(tmp_path, max_restarts=0), backend=RayBackend()) as trainer:
@@ -97,6 +98,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_checkpoint(ray_sess
     assert _live_actors() == before
 
 
+@pytest.mark.slow  # a kill and a rebuild of 6 actors (the in-process twin: tests/test_dp.py): `make test-slow`
 def test_a_killed_actor_in_replica_1_rebuilds_the_whole_dp_zero_group(ray_session, tmp_path):
     def run(directory: Path, *, max_restarts: int) -> RunConfig:
         config = _run(directory, max_restarts=max_restarts)

@@ -82,6 +82,7 @@ def test_zbv_runs_on_ray_with_the_v_turn_as_a_local_hand_off(ray_session):
                     assert ran == [str(a) for a in policy.order[stage]], stage
 
 
+@pytest.mark.slow  # 8 actors started and one killed: `make test-slow`
 def test_eight_stage_actors_start_and_a_killed_one_is_named_within_the_timeout(ray_session):
     ray = ray_session
     with _driver(ray, stages=8, t_f=50.0, timeout_s=10.0) as (pipeline, driver):
@@ -95,6 +96,7 @@ def test_eight_stage_actors_start_and_a_killed_one_is_named_within_the_timeout(r
             ray.get(pending, timeout=2 * pipeline.timeout_s)  # a hang guard: the driver's own bound is timeout_s
 
 
+@pytest.mark.slow  # a kill on Ray (in-process: a stalled TP rank named, tests/test_faults.py): `make test-slow`
 def test_a_killed_tp_rank_is_named_and_its_peer_does_not_hang(ray_session):
     ray = ray_session
     with _driver(ray, stages=2, t_f=50.0, timeout_s=10.0, tp=2) as (pipeline, driver):

@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import ray
 from ray._raylet import AuthenticationTokenLoader
 
@@ -91,6 +92,7 @@ def _forms(secret: bytes) -> list[bytes]:
     ]
 
 
+@pytest.mark.slow  # two wirings, a kill and a rebuild of 4 actors: `make test-slow`
 def test_listeners_are_narrow_and_close_and_secrets_stay_out_of_files(ray_session, tmp_path, capfd, caplog):
     run = _run(tmp_path)
     with gpt_trainer(run, backend=RayBackend()) as trainer:

@@ -194,7 +194,9 @@ class StageWorker:
 
     def close(self) -> None:
         """Send STOP on every outbound link and end the threads. The receive threads take their
-        links' STOPs first: a neighbour's send of STOP returns only once this side has taken it."""
+        links' STOPs first: a neighbour's send of STOP returns only once this side has taken it.
+        Neighbours close at the same time (each backend closes all its stages at once): an idle
+        link posts no receive, so one closed after the other waits out its timeout."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
