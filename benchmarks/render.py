@@ -328,10 +328,12 @@ def run_log(suite: Suite) -> list[str]:
     body = []
     for part in PARTS:
         section = suite.data.get(part)
-        if section:
-            load = " -> ".join(f"{v:.1f}" for v in section["load_avg_1min"])
-            body.append([part, f"`{section['command']}`", section["finished"], f"{section['wall_s']:.0f} s", load])
-    return ["## Run log", "", *table(("part", "command", "finished", "wall", "1-min load, start -> end"), body)]
+        for run in (section.get("log") or [section]) if section else []:
+            load = " -> ".join(f"{v:.1f}" for v in run["load_avg_1min"])
+            code = run.get("commit", "not recorded")
+            body.append([part, f"`{run['command']}`", code, run["finished"], f"{run['wall_s']:.0f} s", load])
+    header = ("part", "command", "code", "finished", "wall", "1-min load, start -> end")
+    return ["## Run log", "", *table(header, body)]
 
 
 def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:

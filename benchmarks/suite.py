@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 T_F = 20.0
 PARTS = ("sim", "runtime", "peers", "tp", "fidelity")
+CELL_PARTS = ("runtime", "peers")  # re-measuring some of their (scenario, P) cells keeps the others
 CAPS = tuple(Cap.parse(text) for text in ("1x", "2x", "inf"))
 FIXED = (
     ("gpipe", 1),
@@ -290,7 +292,8 @@ def runtime_runs(*, rules: Sequence[str]) -> list[Run]:
 
 
 def timed(*, part: str, make: Callable[[], Any], command: str) -> dict[str, Any]:
-    """Run one part; its section carries the command, how long it took and how loaded the machine was."""
+    """Run one part; its section carries the command, how long it took, how loaded the machine
+    was and the code it ran (`code_version`), also as the first entry of its `log` of runs."""
     start, load = time.perf_counter(), os.getloadavg()[0]
     result = make()
     section = result if isinstance(result, dict) else {"rows": result}
@@ -299,9 +302,50 @@ def timed(*, part: str, make: Callable[[], Any], command: str) -> dict[str, Any]
         finished=time.strftime("%Y-%m-%d %H:%M:%S"),
         wall_s=time.perf_counter() - start,
         load_avg_1min=[load, os.getloadavg()[0]],
+        commit=code_version(),
     )
+    section["log"] = [{k: section[k] for k in ("command", "finished", "wall_s", "load_avg_1min", "commit")}]
     log.info(f"{part}: {section['wall_s']:.0f} s")
     return section
+
+
+def merge_cells(*, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """`new`'s rows and errors, with `old`'s rows (and errors and runs, if any of them stay) of the
+    (scenario, P) cells `new` did not measure: a part measured over several invocations."""
+    measured = {(row["scenario"], row["stages"]) for row in new["rows"]}
+    kept = [row for row in (old or {}).get("rows", []) if (row["scenario"], row["stages"]) not in measured]
+    if not kept:
+        return new
+    merged = {**new, "rows": kept + new["rows"], "log": old.get("log", []) + new["log"]}
+    merged["errors"] = old.get("errors", []) + new.get("errors", [])
+    merged["wall_s"] = sum(run["wall_s"] for run in merged["log"])
+    return merged
+
+
+def kept_cells_mismatch(*, data: dict[str, Any], cells: set[tuple[str, int]], seeds: Sequence[int], iterations: int) -> str | None:
+    """Why the cells of `data`'s measured parts that a run of `cells` keeps (`merge_cells`) do not
+    match its --seeds and --iterations (None: they do, or it keeps none)."""
+    wanted = {"seeds": list(seeds), "iterations": iterations}
+    for part in CELL_PARTS:
+        section = data.get(part) or {}
+        if not {(row["scenario"], row["stages"]) for row in section.get("rows", [])} - cells:
+            continue
+        differs = {k: section[k] for k, v in wanted.items() if k in section and section[k] != v}
+        if differs:
+            return f"its {part} cells were measured with {differs}; re-measure them with the same --seeds and --iterations"
+    return None
+
+
+def code_version() -> str:
+    """The commit of this checkout, `+changes` if tracked files differ from it ("unknown" without git)."""
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        changes = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit.stdout.strip() + ("+changes" if changes.stdout.strip() else "")
 
 
 def meta(

@@ -6,6 +6,12 @@ runtime and against PyTorch's own schedules, into one JSON that `jobs/results.py
     python jobs/bench_suite.py --quick --json OUT   # simulator only: P=4, two seeds, two scenarios
     python jobs/bench_suite.py --parts runtime,peers --ray-stages 4 --seeds 1 --iterations 1 \
         --scenarios comm --json OUT                 # a check of the measured parts in minutes
+    python jobs/bench_suite.py --parts runtime --ray-stages 8 --scenarios none,comm
+                                                    # re-measure those (scenario, P) cells, keep the rest
+
+Re-measuring some (scenario, P) cells of the runtime or peers part keeps that part's other
+cells (with the same --seeds and --iterations), so a part can be measured over several runs;
+each run is logged with the commit it ran, which RESULTS.md's run log shows.
 
 1. sim: P in 8, 16, 32, M = 4P, seeds 1000..1002 (means; cpw was designed on 200-239 and
    reported on 0-9, so none of these): fixed gpipe, 1f1b, 1f1b-2x, zb-h1, zb-h2 and, at v=2,
@@ -63,6 +69,8 @@ from benchmarks.suite import (
     SCENARIOS,
     SEEDS,
     buffer_part,
+    kept_cells_mismatch,
+    merge_cells,
     meta,
     readiness_policies,
     runtime_runs,
@@ -148,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     data["meta"] = meta(quick=args.quick, scenarios=listed, rules=rules, stages=stages, seeds=seeds)
     ray_seeds = list(range(SEEDS.start, SEEDS.start + args.seeds))
     timing = {"seeds": ray_seeds, "warmup": 1, "iterations": args.iterations}
+    cells = {(s.label, p) for s in scenarios for p in args.ray_stages}
+    kept = {part: data[part] for part in set(args.parts) & set(data)}
+    if mismatch := kept_cells_mismatch(data=kept, cells=cells, seeds=ray_seeds, iterations=args.iterations):
+        sys.exit(f"{out}: {mismatch}")
     if "sim" in args.parts:
         data["sim"] = timed(
             part="sim",
@@ -165,24 +177,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(line, flush=True)
     if "runtime" in args.parts:
         runs = runtime_runs(rules=rules)
-        data["runtime"] = timed(
+        data["runtime"] = merge_cells(old=data.get("runtime"), new=timed(
             part="runtime",
             make=lambda: each_depth(
                 args.ray_stages,
                 lambda p: runtime_part(scenarios=scenarios, runs=runs, stages=p, microbatches=4 * p, **timing),
             ),
             command=command,
-        )
-        data["runtime"].update(stages=args.ray_stages, **timing)
+        ))
+        data["runtime"].update(stages=sorted({row["stages"] for row in data["runtime"]["rows"]}), **timing)
     if "peers" in args.parts:
-        data["peers"] = timed(
+        data["peers"] = merge_cells(old=data.get("peers"), new=timed(
             part="peers",
             make=lambda: each_depth(
                 args.ray_stages, lambda p: peers_part(scenarios=scenarios, stages=p, microbatches=4 * p, **timing)
             ),
             command=command,
-        )
-        data["peers"].update(stages=args.ray_stages, **timing)
+        ))
+        data["peers"].update(stages=sorted({row["stages"] for row in data["peers"]["rows"]}), **timing)
     if "tp" in args.parts:
         tp_shape = {"stages": 2, "microbatches": 8, "warmup": 1, "iterations": args.iterations}
         tp_scenarios = [s for s in SCENARIOS if s.label in TP_SCENARIOS]

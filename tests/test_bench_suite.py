@@ -15,9 +15,9 @@ import pytest
 
 from benchmarks.attribution import attribute, targets
 from benchmarks.claims import target_claim, target_rows, tp_claim
-from benchmarks.render import render
+from benchmarks.render import render, run_log
 from benchmarks.report import Suite, missing
-from benchmarks.suite import SCENARIOS, activation_peak, halved
+from benchmarks.suite import SCENARIOS, activation_peak, halved, kept_cells_mismatch, merge_cells
 from benchmarks.suite_ray import tp_figures, tp_workload
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
 from rrfp_ray.policy.arbiter import Cap
@@ -421,3 +421,27 @@ def test_the_fidelity_section_shows_replayed_against_measured(quick: Path) -> No
     assert "## Fidelity on real ops" in text
     assert "| 2 | 1f1b | 110 | 100 | 98 | 0.980 | 3.0 | 1.00x |" in text
     assert "| 2 | bf | 100 | 90 | 90 | 1.000 | 3.0 | 1.10x |" in text
+
+
+def _section(cells: list[tuple[str, int]], *, command: str, seeds: list[int]) -> dict:
+    run = {"command": command, "finished": "t", "wall_s": 10.0, "load_avg_1min": [1.0, 1.0], "commit": command}
+    rows = [{"scenario": scenario, "stages": p, "measured_ms": float(p)} for scenario, p in cells]
+    return {**run, "rows": rows, "errors": [f"{command} failed once"], "log": [run], "seeds": seeds, "iterations": 5}
+
+
+def test_re_measured_cells_replace_theirs_and_keep_the_others_with_both_runs_logged() -> None:
+    first = _section([("none", 4), ("comm", 4), ("none", 8)], command="first", seeds=[1000])
+    second = _section([("none", 8), ("comm", 8)], command="second", seeds=[1000])
+    merged = merge_cells(old=first, new=second)
+    assert sorted((r["scenario"], r["stages"]) for r in merged["rows"]) == [("comm", 4), ("comm", 8), ("none", 4), ("none", 8)]
+    assert [r["command"] for r in merged["log"]] == ["first", "second"] and merged["wall_s"] == 20.0
+    assert merged["errors"] == ["first failed once", "second failed once"]
+    again = _section([("none", 4), ("comm", 4), ("none", 8)], command="again", seeds=[1000])
+    assert merge_cells(old=first, new=again) == again  # every cell re-measured: nothing of the first run is left
+    data = {"runtime": first}
+    assert kept_cells_mismatch(data=data, cells={("none", 8)}, seeds=[1000], iterations=5) is None
+    why = kept_cells_mismatch(data=data, cells={("none", 8)}, seeds=[1000, 1001], iterations=5)
+    assert why is not None and "runtime" in why and "seeds" in why
+    assert kept_cells_mismatch(data=data, cells={("none", 4), ("comm", 4), ("none", 8)}, seeds=[1000, 1001], iterations=5) is None
+    logged = "\n".join(run_log(Suite({"meta": {"scenarios": [], "readiness_policies": []}, "runtime": merged})))
+    assert "| runtime | `first` | first |" in logged and "| runtime | `second` | second |" in logged
