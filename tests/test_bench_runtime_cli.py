@@ -24,6 +24,7 @@ import bench_runtime  # noqa: E402
         (["--dp", "0"], "--dp: Input should be greater than or equal to 1"),
         (["--dp", "2", "--dp-bucket-mb", "0"], "--dp-bucket-mb: Input should be greater than 0"),
         (["--dp", "2", "--grad-mb", "0"], "--grad-mb must be > 0"),
+        (["--dp", "2", "--grad-layers", "0"], "--grad-layers must be >= 1"),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv: list[str], expected: str, capsys) -> None:
