@@ -181,7 +181,8 @@ class StageWorker:
     @staticmethod
     def _release(*, dp: DPContext | None, action: Action, weight_ops_left: dict[int, int]) -> GradSink | None:
         """Where `action` hands its chunk's gradients as they become final: the DP reduction, when
-        it is the chunk's last weight-gradient op and the reduction overlaps the other ops."""
+        it is the chunk's last weight-gradient op (counted down in `weight_ops_left`) and the
+        reduction overlaps the other ops; else None."""
         if dp is None or not dp.overlap or not completes_weights(action):
             return None
         weight_ops_left[action.chunk] -= 1
