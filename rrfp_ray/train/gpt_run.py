@@ -122,12 +122,13 @@ def state_lines(summary: Summary) -> list[str]:
     if "optim_bytes_per_actor" not in summary:
         return []
     most = summary["optim_bytes_per_actor"] / 2**20
-    return [
+    line = (
         f"[{summary['policy']}] optimizer state per actor: at most {most:.2f} MiB; DP reduce per stage: "
         f"{summary['dp_reduce_bytes'] / 2**20:.2f} MiB summed, {summary['dp_received_bytes'] / 2**20:.2f} MiB of sums "
         f"received (share {summary['dp_received_share']:.2f}), {summary['dp_reduce_ms']:.1f} ms, "
         f"exposed {summary['dp_exposed_fraction']:.0%}"
-    ]
+    )
+    return [line]
 
 
 def speedup_vs_baseline(summary: Summary) -> float:
