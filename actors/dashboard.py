@@ -10,6 +10,7 @@ from ray.util.metrics import Gauge
 
 from rrfp_ray.observe.telemetry import StageStats
 from rrfp_ray.runtime.executor import Executor
+from rrfp_ray.runtime.reduce import GradSink
 from rrfp_ray.schedule.actions import Action, Kind
 
 _COLOURS = {Kind.F: "thread_state_running", Kind.I: "rail_response", Kind.B: "rail_response", Kind.W: "good"}
@@ -25,10 +26,12 @@ class ProfiledExecutor:
     def __getattr__(self, name: str) -> object:  # begin, finish, save, load, evaluate: as the inner one's
         return getattr(self.inner, name)
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
+    def run(
+        self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None
+    ) -> torch.Tensor | None:
         extra = {"name": str(action), "iteration": str(iteration), "cname": _COLOURS[action.kind]}
         with profiling.profile(f"stage {self.stage}: {action.kind.value}", extra_data=extra):
-            return self.inner.run(action=action, iteration=iteration, payload=payload)
+            return self.inner.run(action=action, iteration=iteration, payload=payload, release=release)
 
 
 # What every stage actor exports (Prometheus adds the prefix `ray_`); grafana/rrfp_dashboard.json plots them.

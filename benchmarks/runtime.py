@@ -82,6 +82,8 @@ def checked(
         parser.error(f"--payload-elems must be >= 1, got {args.payload_elems}")
     if args.grad_mb <= 0:
         parser.error(f"--grad-mb must be > 0, got {args.grad_mb:g}")
+    if not 1 <= args.grad_layers <= int(args.grad_mb * 2**20) // 4:
+        parser.error(f"--grad-layers must be >= 1 and at most the --grad-mb payload's float32 elements, got {args.grad_layers}")
     if args.reduce_mb_per_s is not None and not args.reduce_mb_per_s > 0:
         parser.error(f"--reduce-mb-per-s must be > 0, got {args.reduce_mb_per_s:g}")
     if args.reduce_latency_ms < 0:
@@ -228,6 +230,7 @@ def predict_exposed(
         bytes_per_ms=calibrated if args.reduce_mb_per_s is None else args.reduce_mb_per_s * 2**20 / 1e3,
         latency_ms=args.reduce_latency_ms,
         overlap=pipeline.dp_overlap,
+        layers=args.grad_layers,
     )
     predicted = {}
     for name in names:
@@ -271,7 +274,7 @@ def table(*, results: dict[str, dict[str, float]], tp: bool, dp: bool) -> list[s
         f"{'policy':<12} {'measured ms':>11} {'step ms':>7} {'sim ms':>9} {'meas/sim':>8} {'sim+t ms':>9} {'meas/sim+t':>10} "
         f"{'speedup':>8} {'predicted':>9} {'meas/pred':>9}"
         + (f" {'TP coord':>8} {'disagree':>8} {'rounds':>6} {'ms/round':>8}" if tp else "")
-        + (f" {'reduce ms':>9} {'exposed':>7} {'own':>6} {'sim exp':>7}" if dp else "")
+        + (f" {'reduce ms':>9} {'exposed':>7} {'own':>6} {'sim exp':>7} {'sum MB':>7} {'recv MB':>7}" if dp else "")
     ]
     for name, r in results.items():
         lines.append(
@@ -285,7 +288,7 @@ def table(*, results: dict[str, dict[str, float]], tp: bool, dp: bool) -> list[s
             )
             + (
                 f" {r['dp_reduce_ms']:9.1f} {r['dp_exposed_fraction']:7.1%} {r['dp_exposed_own_fraction']:6.1%}"
-                f" {r['sim_dp_exposed_fraction']:7.1%}"
+                f" {r['sim_dp_exposed_fraction']:7.1%} {r['dp_reduce_bytes'] / 2**20:7.1f} {r['dp_received_bytes'] / 2**20:7.1f}"
                 if dp
                 else ""
             )
@@ -305,11 +308,16 @@ def breakdown_table(*, reports: dict[str, list[IterationReport]]) -> list[str]:
     return lines
 
 
-def dp_note(*, results: dict[str, dict[str, float]], grad_mb: float, pipeline: PipelineConfig, latency_ms: float) -> str:
+def dp_note(
+    *, results: dict[str, dict[str, float]], grad_mb: float, layers: int, pipeline: PipelineConfig, latency_ms: float
+) -> str:
     return (
-        f"DP: {grad_mb:g} MB of gradient per chunk in {pipeline.dp_bucket_mb:g} MB buckets, "
+        f"DP: {grad_mb:g} MB of gradient per chunk in {layers} layers (finalized one by one through the chunk's last "
+        f"weight-gradient op), {pipeline.dp_bucket_mb:g} MB buckets, "
         f"{'overlapped' if pipeline.dp_overlap else 'no overlap'}; exposed: the reduce time past every stage's last op "
         "(what it adds to the iteration), own: past the stage's own last op (median over stages and iterations); "
+        "sum MB / recv MB: bytes a stage summed / of sums it received per iteration (the synthetic gradients have no "
+        "ZeRO-1 owner, so all of them; train_gpt.py --zero 1 prints the shrink); "
         f"sim exp: the simulator's exposed share at {next(iter(results.values()))['sim_reduce_mb_per_s']:.1f} MB/s "
         f"and {latency_ms:g} ms a bucket"
     )
@@ -336,7 +344,15 @@ def report_lines(
         *table(results=results, tp=pipeline.tp > 1, dp=pipeline.dp > 1),
     ]
     if pipeline.dp > 1:
-        lines.append(dp_note(results=results, grad_mb=args.grad_mb, pipeline=pipeline, latency_ms=args.reduce_latency_ms))
+        lines.append(
+            dp_note(
+                results=results,
+                grad_mb=args.grad_mb,
+                layers=args.grad_layers,
+                pipeline=pipeline,
+                latency_ms=args.reduce_latency_ms,
+            )
+        )
     if args.breakdown:
         lines += ["", *breakdown_table(reports=reports)]
     return lines

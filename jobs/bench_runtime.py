@@ -32,9 +32,10 @@ rank its own message latencies (the simulator then sees rank 0's):
     python jobs/bench_runtime.py --stages 2 --tp 2 --microbatches 8 --scenario comm --comm-ms 2 --rank-comm
 
 With --dp D the whole pipeline runs D times, each stage summing a synthetic gradient of --grad-mb
-MB per chunk over its replicas (in --dp-bucket-mb buckets) as soon as the chunk's last
-weight-gradient op is done (--no-overlap: after every stage's last op); it prints the exposed
-share of the reduce time (past every stage's last op, and past the stage's own):
+MB per chunk (--grad-layers tensors) over its replicas in --dp-bucket-mb buckets, each bucket as
+soon as the chunk's last weight-gradient op has finalized its tensors (--no-overlap: after every
+stage's last op); it prints the exposed share of the reduce time (past every stage's last op, and
+past the stage's own), measured and simulated, and the bytes summed and received:
 
     python jobs/bench_runtime.py --dp 2 --stages 4 --microbatches 16 --grad-mb 25 --policies 1f1b,bfw
 """
@@ -73,6 +74,13 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         "--no-overlap", action="store_true", help="with --dp: reduce every gradient after every stage's last op"
     )
     pipe.add_argument("--grad-mb", type=float, default=25.0, help="with --dp: MB of synthetic gradient per chunk")
+    pipe.add_argument(
+        "--grad-layers",
+        type=int,
+        default=12,
+        help="with --dp: tensors the gradient is, finalized one by one through the chunk's last weight-gradient op "
+        "(default 12: the weight matrices of three GPT blocks)",
+    )
     pipe.add_argument(
         "--reduce-mb-per-s",
         type=float,
@@ -131,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
             payload_elems=args.payload_elems,
             rank_comm=tuple(traces) if args.rank_comm else (),
             grad_elems=int(args.grad_mb * 2**20) // 4 if pipeline.dp > 1 else 0,
+            grad_layers=args.grad_layers,
         ),
     )
     try:

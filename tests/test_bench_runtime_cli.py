@@ -24,6 +24,7 @@ import bench_runtime  # noqa: E402
         (["--dp", "0"], "--dp: Input should be greater than or equal to 1"),
         (["--dp", "2", "--dp-bucket-mb", "0"], "--dp-bucket-mb: Input should be greater than 0"),
         (["--dp", "2", "--grad-mb", "0"], "--grad-mb must be > 0"),
+        (["--dp", "2", "--grad-layers", "0"], "--grad-layers must be >= 1"),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv: list[str], expected: str, capsys) -> None:
@@ -92,3 +93,16 @@ def test_v_policies_share_a_v_pipeline_with_the_zbv_baseline() -> None:
     assert pipeline.layout.placement.value == "v" and pipeline.layout.loss_stage == 0
     _, looped, _, names = bench_runtime.parse(["--chunks", "2", "--policies", "zb-interleaved,bf"])
     assert names == ["interleaved", "zb-interleaved", "bf"] and looped.layout.placement.value == "looped"
+
+
+def test_the_dp_table_prints_the_bytes_summed_and_received_beside_the_exposed_share() -> None:
+    from benchmarks.runtime import table
+
+    figures = dict.fromkeys(
+        ["measured_ms", "step_ms", "sim_ms", "ratio", "sim_transport_ms", "ratio_transport", "speedup_measured"], 1.0
+    )
+    figures |= {"speedup_predicted": 1.0, "dp_reduce_ms": 40.0, "dp_exposed_fraction": 0.125, "dp_exposed_own_fraction": 0.5}
+    figures |= {"sim_dp_exposed_fraction": 0.25, "dp_reduce_bytes": 4 * 2**20, "dp_received_bytes": 2 * 2**20}
+    header, row = table(results={"bfw": figures}, tp=False, dp=True)
+    assert header.endswith("sim exp  sum MB recv MB")
+    assert row.split()[-6:] == ["40.0", "12.5%", "50.0%", "25.0%", "4.0", "2.0"]

@@ -37,7 +37,7 @@ def test_one_bucket_after_the_last_op_is_fully_exposed_and_an_early_chunk_hides_
 
 
 def test_without_overlap_every_bucket_waits_for_the_last_op_of_every_stage():
-    model = ReduceModel(chunk_bytes=2500, bucket_bytes=1000, bytes_per_ms=100.0, latency_ms=1.0, overlap=False)
+    model = ReduceModel(chunk_bytes=2500, bucket_bytes=1000, bytes_per_ms=100.0, latency_ms=1.0, overlap=False, layers=5)
     _, reduced = _run(policy="1f1b", model=model)
     for stats in reduced.stages:
         assert stats.reduce_ms == pytest.approx(25.0 + 3 * 1.0)  # buckets of 1000, 1000 and 500 bytes
@@ -56,3 +56,16 @@ def test_with_two_chunks_the_chunk_that_finishes_first_reduces_under_the_other_o
 def test_a_bad_model_is_refused_naming_the_fields():
     with pytest.raises(ValueError, match="bytes_per_ms"):
         ReduceModel(chunk_bytes=1, bucket_bytes=1, bytes_per_ms=0.0)
+
+
+def test_buckets_released_through_the_last_backward_leave_only_the_last_one_exposed():
+    whole = ReduceModel(chunk_bytes=2000, bucket_bytes=1000, bytes_per_ms=100.0)  # one 2000-byte tensor: one bucket
+    layered = ReduceModel(chunk_bytes=2000, bucket_bytes=1000, bytes_per_ms=100.0, layers=2)  # two buckets of 10 ms
+    assert layered.buckets() == [(1, 1000), (2, 1000)]
+    _, at_end = _run(policy="1f1b", model=whole)
+    _, through = _run(policy="1f1b", model=layered)
+    first_at_end = next(s for s in at_end.stages if s.stage == 0)
+    first = next(s for s in through.stages if s.stage == 0)
+    assert first_at_end.reduce_exposed_ms == pytest.approx(20.0)  # all of it after the last backward
+    # the last backward (40 ms) finalizes the first layer halfway: its bucket is done before the op ends
+    assert first.reduce_ms == pytest.approx(20.0) and first.reduce_exposed_ms == pytest.approx(10.0)

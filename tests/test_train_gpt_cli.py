@@ -205,3 +205,17 @@ def test_outputs_default_to_the_home_on_a_cluster(monkeypatch, tmp_path):
     args, _ = train_gpt.parse(["--stage-resources", '{"accelerator_type:A10G": 0.001}', "--placement-timeout", "30"])
     assert Path(args.out).parent == tmp_path / "rrfp-runs"
     assert args.placement.resources == {"accelerator_type:A10G": 0.001} and args.placement.timeout_s == 30
+
+
+def test_the_dp_line_prints_the_bytes_summed_and_received_and_their_share() -> None:
+    from rrfp_ray.train.gpt_run import state_lines
+
+    summary = {"policy": "bfw", "optim_bytes_per_actor": 2**20, "dp_reduce_bytes": 4 * 2**20, "dp_received_bytes": 2 * 2**20}
+    summary |= {"dp_received_share": 0.5, "dp_reduce_ms": 12.0, "dp_exposed_fraction": 0.25}
+    assert state_lines(summary) == [
+        (
+            "[bfw] optimizer state per actor: at most 1.00 MiB; DP reduce per stage: 4.00 MiB summed, "
+            "2.00 MiB of sums received (share 0.50), 12.0 ms, exposed 25%"
+        )
+    ]
+    assert state_lines({"policy": "bfw"}) == []  # no DP

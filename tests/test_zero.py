@@ -13,6 +13,7 @@ from torch import nn
 
 from examples.mlp import FEATURES, Regression
 from rrfp_ray import Optim, PipelineConfig, Trainer
+from rrfp_ray.observe.telemetry import IterationReport, dp_summary
 from rrfp_ray.runtime.reduce import ChunkGradients, GradReducer, gather_owned, owners
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce, tensor_reduce_to
 from rrfp_ray.train.checkpoint import Checkpointing
@@ -93,6 +94,8 @@ def test_zero_1_reduces_each_gradient_to_its_owner_alone():
         assert sum(received) == sent[0]  # every sum went to one replica
         assert max(received) <= 0.65 * sent[0]  # about 1/D each
     assert all(s.reduce_received_bytes == s.reduce_bytes for s in plain_stats)  # zero 0: every replica gets every sum
+    assert dp_summary([IterationReport(iteration=0, policy="bfw", makespan_ms=0.0, stages=stats)])["dp_received_share"] == pytest.approx(0.5)
+    assert dp_summary([IterationReport(iteration=0, policy="bfw", makespan_ms=0.0, stages=plain_stats)])["dp_received_share"] == 1.0
 
 
 def test_the_reducer_sends_owned_buckets_to_their_owner_and_unowned_ones_to_everyone():

@@ -184,7 +184,9 @@ def with_exposed_reduce(stages: list[StageStats], *, origin: float) -> list[Stag
 def dp_summary(reports: list[IterationReport]) -> dict[str, float]:
     """What the DP reduction cost: exposed over total reduce time, the median over stages and
     iterations (`dp_exposed_fraction`: past every stage's last op; `_own`: past the stage's own),
-    the median reduce ms and bytes per stage, and the most optimizer-state bytes one actor held."""
+    the median reduce ms, bytes contributed and bytes of sums received per stage, the share of
+    the sums received (1 with plain all-reduces, about 1/D with ZeRO-1's reduce to each owner),
+    and the most optimizer-state bytes one actor held."""
     stages = [s for r in reports for s in r.stages if s.reduce_ms > 0]
     if not stages:
         return {}
@@ -194,6 +196,8 @@ def dp_summary(reports: list[IterationReport]) -> dict[str, float]:
         "dp_reduce_ms": statistics.median(s.reduce_ms for s in stages),
         "dp_exposed_ms": statistics.median(s.reduce_exposed_ms for s in stages),
         "dp_reduce_bytes": statistics.median(s.reduce_bytes for s in stages),
+        "dp_received_bytes": statistics.median(s.reduce_received_bytes for s in stages),
+        "dp_received_share": sum(s.reduce_received_bytes for s in stages) / max(1, sum(s.reduce_bytes for s in stages)),
         "optim_bytes_per_actor": max(s.optim_bytes for r in reports for s in r.stages),  # ZeRO-1: about 1/D
     }
 

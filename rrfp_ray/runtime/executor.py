@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from rrfp_ray.runtime.reduce import ChunkGradients
+from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Message
 
@@ -31,10 +31,15 @@ class Executor(Protocol):
         """After every action of the iteration: e.g. clip by the global norm and step."""
         ...
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
+    def run(
+        self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None
+    ) -> torch.Tensor | None:
         """Run one action on its input (activation or gradient); return what it sends, if anything.
 
-        I is the input gradient alone, W the weight gradient, B both."""
+        I is the input gradient alone, W the weight gradient, B both. `release` is given when the
+        action is its chunk's last weight-gradient op under data parallelism: the chunk's gradients
+        go to it in parts as they become final during the op; by the time `run` returns, the parts
+        in order make up `gradients(chunk=action.chunk)`, in its order."""
         ...
 
     def gradients(self, *, chunk: int) -> ChunkGradients:

@@ -2,10 +2,13 @@
 the stage's DP group (the same stage and TP rank in every replica) on a communication thread
 of its own, while the stage's compute thread runs its other ops.
 
-A chunk's gradients are handed over (`submit`) once its last weight-gradient op is done.
-Every replica must sum the same buckets in the same order, whatever order its chunks finished
-in: the thread reduces chunks in a fixed order (`order`), waiting for the next one's turn.
-The optimizer step waits for every bucket (`wait`).
+A chunk's gradients are handed over in parts (`add`) as they become final during its last
+weight-gradient op, then the chunk is marked complete (`complete`); `submit` hands over a whole
+chunk at once. A bucket is summed as soon as its gradients are in (`Bucketer`: the buckets
+depend on the gradients' order alone, not on the parts). Every replica must sum the same
+buckets in the same order, whatever order its chunks finished in: the thread reduces chunks in a
+fixed order (`order`), waiting for the next one's turn, and each chunk's gradients come in the
+executor's fixed order. The optimizer step waits for every bucket (`wait`).
 
 With ZeRO-1 each gradient has an owner, the replica that steps its parameter: a chunk's
 gradients are bucketed by owner and each bucket is reduced to its owner alone (together a
@@ -22,6 +25,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from rrfp_ray.runtime.streams import Fence, Handoff
+from rrfp_ray.schedule.grad_ready import Bucketer
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +48,11 @@ class ChunkGradients:
         if self.owners is not None and len(self.owners) != len(self.tensors):
             raise ValueError(f"{len(self.owners)} owners for {len(self.tensors)} gradients")
 
-    def by_owner(self) -> list[tuple[int | None, list[Tensor]]]:
-        """The tensors grouped by owner (in order of each owner's first tensor), each group in order."""
-        if self.owners is None:
-            return [(None, self.tensors)] if self.tensors else []
-        groups: dict[int | None, list[Tensor]] = {}
-        for tensor, owner in zip(self.tensors, self.owners, strict=True):
-            groups.setdefault(owner, []).append(tensor)
-        return list(groups.items())
+    def with_owners(self) -> list[tuple[Tensor, int | None]]:
+        return list(zip(self.tensors, self.owners or [None] * len(self.tensors), strict=True))
+
+
+GradSink = Callable[[ChunkGradients], None]  # takes a part of a chunk's gradients, final now
 
 
 @dataclass(frozen=True)
@@ -62,23 +65,20 @@ class ReduceStats:
 
 def buckets(tensors: Sequence[Tensor], *, bucket_bytes: int) -> list[list[Tensor]]:
     """`tensors` in order, grouped into runs of one dtype of at most `bucket_bytes` (a bigger tensor alone)."""
-    groups: list[list[Tensor]] = []
-    size = 0
-    for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if not groups or size + nbytes > bucket_bytes or groups[-1][0].dtype != tensor.dtype:
-            groups.append([])
-            size = 0
-        groups[-1].append(tensor)
-        size += nbytes
-    return groups
+    bucketer: Bucketer[Tensor] = Bucketer(bucket_bytes=bucket_bytes)
+    groups = [group for tensor in tensors for group in bucketer.add(tensor, nbytes=_nbytes(tensor), kind=tensor.dtype)]
+    return groups + bucketer.flush()
+
+
+def _nbytes(tensor: Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 class GradReducer:
-    """Sums the submitted gradients of each iteration over the DP group, in place, bucket by
-    bucket, on a thread of its own. `order`: the keys (chunks) of an iteration in the order
-    every replica reduces them. Gradients with an owner are summed with `reduce_to` (ZeRO-1):
-    only the owner's are replaced by the sum."""
+    """Sums the gradients handed over each iteration over the DP group, in place, bucket by bucket,
+    on a thread of its own. `order`: the keys (chunks) of an iteration in the order every replica
+    reduces them. Gradients with an owner are summed with `reduce_to` (ZeRO-1): only the owner's
+    are replaced by the sum."""
 
     def __init__(
         self,
@@ -98,9 +98,13 @@ class GradReducer:
         self._bucket_bytes = bucket_bytes
         self._timeout_s = timeout_s
         self._name = name
+        self._handoff = Handoff()
+        self._bucketer: Bucketer[tuple[Tensor, int | None]] = Bucketer(bucket_bytes=bucket_bytes)
         self._cond = threading.Condition()
-        self._submitted: dict[int, ChunkGradients] = {}
+        self._parts: dict[int, list[tuple[ChunkGradients, Fence]]] = {}  # key: the parts handed over so far
+        self._complete: set[int] = set()
         self._next = len(self._order)  # index into order of the chunk to reduce next; all done until begin
+        self._taken = 0  # parts of that chunk the thread has taken
         self._busy = 0.0
         self._end = 0.0
         self._nbytes = 0
@@ -111,22 +115,43 @@ class GradReducer:
         self._thread.start()
 
     def begin(self) -> None:
-        """A new iteration: nothing submitted, nothing reduced."""
+        """A new iteration: nothing handed over, nothing reduced."""
         with self._cond:
             self._raise_if_failed()
-            self._submitted.clear()
-            self._next, self._busy, self._end, self._nbytes, self._received = 0, 0.0, 0.0, 0, 0
+            self._parts.clear()
+            self._complete.clear()
+            self._bucketer = Bucketer(bucket_bytes=self._bucket_bytes)  # nothing left of an iteration cut short
+            self._next, self._taken, self._busy, self._end, self._nbytes, self._received = 0, 0, 0.0, 0.0, 0, 0
+            self._cond.notify_all()
+
+    def add(self, *, key: int, part: ChunkGradients) -> None:
+        """Some of `key`'s gradients are final (on the caller's thread, right after they were made):
+        sum them over the group (in place) when their turn comes, each bucket once its gradients are in."""
+        if part.owners is not None and any(o is not None for o in part.owners) and self._reduce_to is None:
+            raise ValueError(f"{self._name}: gradients with owners (ZeRO-1) need a reducer built with reduce_to")
+        fence = self._handoff.produced(part.tensors)
+        with self._cond:
+            if key in self._complete:
+                raise RuntimeError(f"{self._name}: chunk {key}'s gradients were handed over after it was complete")
+            self._parts.setdefault(key, []).append((part, fence))
+            self._cond.notify_all()
+
+    def sink(self, *, key: int) -> GradSink:
+        """Where an executor hands `key`'s gradients in parts (`add`) during its last weight-gradient op."""
+        return lambda part: self.add(key=key, part=part)
+
+    def complete(self, *, key: int) -> None:
+        """Every gradient of `key` was handed over."""
+        with self._cond:
+            if key in self._complete:
+                raise RuntimeError(f"{self._name}: chunk {key} was completed twice in one iteration")
+            self._complete.add(key)
             self._cond.notify_all()
 
     def submit(self, *, key: int, grads: ChunkGradients) -> None:
-        """`key`'s gradients are final: sum them over the group (in place) when its turn comes."""
-        if grads.owners is not None and any(o is not None for o in grads.owners) and self._reduce_to is None:
-            raise ValueError(f"{self._name}: gradients with owners (ZeRO-1) need a reducer built with reduce_to")
-        with self._cond:
-            if key in self._submitted:
-                raise RuntimeError(f"{self._name}: chunk {key}'s gradients were submitted twice in one iteration")
-            self._submitted[key] = grads
-            self._cond.notify_all()
+        """`key`'s gradients, all final now."""
+        self.add(key=key, part=grads)
+        self.complete(key=key)
 
     def wait(self) -> ReduceStats:
         """Every chunk of the iteration summed; raises naming the chunk it waited for past the timeout."""
@@ -137,9 +162,10 @@ class GradReducer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     key = self._order[self._next]
-                    state = "another replica did not join its sum" if key in self._submitted else "not submitted"
+                    state = "another replica did not join its sum" if key in self._complete else "not complete"
                     raise TimeoutError(
-                        f"{self._name}: the DP reduction of chunk {key} did not finish within {self._timeout_s:g} s ({state})"
+                        f"{self._name}: the DP reduction of chunk {key} did not finish within {self._timeout_s:g} s "
+                        f"({state}; {len(self._parts.get(key, []))} part(s) handed over)"
                     )
                 self._cond.wait(timeout=left)
             self._raise_if_failed()
@@ -155,17 +181,33 @@ class GradReducer:
         if self._error is not None:
             raise RuntimeError(f"{self._name}: the DP reduction failed: {self._error}") from self._error
 
+    def _work(self) -> tuple[list[tuple[ChunkGradients, Fence]], bool] | None:
+        """Under the lock: the running chunk's parts not yet taken, and whether they end it; None: nothing to do."""
+        if self._next >= len(self._order):
+            return None
+        key = self._order[self._next]
+        parts = self._parts.get(key, [])[self._taken :]
+        last = key in self._complete
+        return (parts, last) if parts or last else None
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (self._next >= len(self._order) or self._order[self._next] not in self._submitted):
+                while not self._closed and (work := self._work()) is None:
                     self._cond.wait()
                 if self._closed:
                     return
-                grads = self._submitted[self._order[self._next]]
+                parts, last = work
+                self._taken += len(parts)
+                bucketer = self._bucketer
             try:
                 began = time.perf_counter()
-                nbytes, received = self._reduce(grads)
+                groups = []
+                for part, fence in parts:
+                    self._handoff.before_send(fence)
+                    for tensor, owner in part.with_owners():
+                        groups += bucketer.add((tensor, owner), nbytes=_nbytes(tensor), group=owner, kind=tensor.dtype)
+                nbytes, received = self._reduce(groups + (bucketer.flush() if last else []))
                 ended = time.perf_counter()
             except BaseException as error:  # reported to the compute thread by wait()
                 with self._cond:
@@ -177,24 +219,25 @@ class GradReducer:
                 self._nbytes += nbytes
                 self._received += received
                 self._end = ended if nbytes else self._end
-                self._next += 1
+                if last:
+                    self._next, self._taken = self._next + 1, 0
                 self._cond.notify_all()
 
-    def _reduce(self, grads: ChunkGradients) -> tuple[int, int]:
-        """Every bucket of `grads` summed; returns the bytes contributed and the bytes of sums received."""
+    def _reduce(self, groups: list[list[tuple[Tensor, int | None]]]) -> tuple[int, int]:
+        """Every bucket summed; returns the bytes contributed and the bytes of sums received."""
         nbytes = received = 0
-        for owner, tensors in grads.by_owner():
-            for group in buckets(tensors, bucket_bytes=self._bucket_bytes):
-                flat = torch.cat([t.detach().reshape(-1) for t in group])
-                total = self._all_reduce(flat) if owner is None else self._reduce_to(flat, owner)
-                nbytes += flat.numel() * flat.element_size()
-                if total is None:  # another replica owns this bucket
-                    continue
-                received += flat.numel() * flat.element_size()
-                offset = 0
-                for tensor in group:
-                    tensor.detach().copy_(total[offset : offset + tensor.numel()].view_as(tensor))
-                    offset += tensor.numel()
+        for group in groups:
+            owner = group[0][1]
+            flat = torch.cat([t.detach().reshape(-1) for t, _ in group])
+            total = self._all_reduce(flat) if owner is None else self._reduce_to(flat, owner)
+            nbytes += _nbytes(flat)
+            if total is None:  # another replica owns this bucket
+                continue
+            received += _nbytes(flat)
+            offset = 0
+            for tensor, _ in group:
+                tensor.detach().copy_(total[offset : offset + tensor.numel()].view_as(tensor))
+                offset += tensor.numel()
         return nbytes, received
 
 

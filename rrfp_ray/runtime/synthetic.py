@@ -1,5 +1,8 @@
 """Trace replay: each action sleeps its trace duration (standing in for GPU kernel time)
-and sends a real tensor of a configurable size."""
+and sends a real tensor of a configurable size. Under data parallelism each chunk holds a
+synthetic gradient of `grad_elems` float32 elements in `grad_layers` tensors; a chunk's last
+weight-gradient op finalizes them one by one through its duration, the last layer first, as a
+real backward does."""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rrfp_ray.runtime.reduce import ChunkGradients
+from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.grad_ready import even_split
 from rrfp_ray.sim.variability import Trace
 
 
@@ -43,6 +47,7 @@ class SyntheticWorkload:
     rank_comm: tuple[Trace, ...] = ()  # with TP: rank t's messages take rank_comm[t]'s latencies
     in_step: InStep | None = None  # set by with_tp
     grad_elems: int = 0  # float32 elements of gradient per chunk that data parallelism reduces
+    grad_layers: int = 1  # tensors they are split into, one finalized after another
 
     def executor(self, *, stage: int, layout: Layout) -> SleepExecutor:
         return SleepExecutor(
@@ -51,6 +56,7 @@ class SyntheticWorkload:
             payload_elems=self.payload_elems,
             in_step=self.in_step,
             grad_elems=self.grad_elems,
+            grad_layers=self.grad_layers,
         )
 
     def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> SyntheticWorkload:
@@ -82,13 +88,24 @@ class SyntheticWorkload:
 
 class SleepExecutor:
     def __init__(
-        self, *, trace: Trace, layout: Layout, payload_elems: int, in_step: InStep | None = None, grad_elems: int = 0
+        self,
+        *,
+        trace: Trace,
+        layout: Layout,
+        payload_elems: int,
+        in_step: InStep | None = None,
+        grad_elems: int = 0,
+        grad_layers: int = 1,
     ) -> None:
         if payload_elems < 1:
             raise ValueError(f"payload_elems must be >= 1, got {payload_elems}")
         if grad_elems < 0:
             raise ValueError(f"grad_elems must be >= 0, got {grad_elems}")
-        self._grads = {c: torch.zeros(grad_elems) for c in range(layout.chunks)} if grad_elems else {}
+        if grad_layers < 1 or 0 < grad_elems < grad_layers:
+            raise ValueError(f"grad_layers must be >= 1 and at most grad_elems = {grad_elems}, got {grad_layers}")
+        # each chunk's gradient layers in the order a backward finalizes them: the last layer first
+        sizes = even_split(grad_elems, parts=grad_layers) if grad_elems else []
+        self._grads = {c: [torch.zeros(n) for n in reversed(sizes)] for c in range(layout.chunks)}
         self._trace = trace
         self._layout = layout
         self._payload = torch.zeros(payload_elems)
@@ -101,15 +118,25 @@ class SleepExecutor:
         return None
 
     def gradients(self, *, chunk: int) -> ChunkGradients:
-        return ChunkGradients(tensors=[self._grads[chunk]] if self._grads else [])
+        return ChunkGradients(tensors=list(self._grads[chunk]))
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
+    def run(
+        self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None
+    ) -> torch.Tensor | None:
         start = time.time()
         if self._in_step is not None:
             start = self._in_step.start(action=action, now=start)
-        deadline = start + self._trace.duration(action) / 1e3
-        while (left := deadline - time.time()) > 0:
-            time.sleep(left)
+        duration = self._trace.duration(action) / 1e3
+        layers = self._grads[action.chunk] if release is not None else []
+        for index, layer in enumerate(layers):  # each layer's share of the op, then its gradient is final
+            _sleep_until(start + duration * (index + 1) / len(layers))
+            release(ChunkGradients(tensors=[layer]))
+        _sleep_until(start + duration)
         if self._layout.sends(action) is None:
             return None
         return self._payload
+
+
+def _sleep_until(deadline: float) -> None:
+    while (left := deadline - time.time()) > 0:
+        time.sleep(left)

@@ -26,7 +26,7 @@ from rrfp_ray.runtime.breakdown import Breakdown, Phase
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.links import LinkSender
-from rrfp_ray.runtime.reduce import DPContext, ReduceStats
+from rrfp_ray.runtime.reduce import DPContext, GradSink, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
 from rrfp_ray.schedule.actions import Action
@@ -94,9 +94,9 @@ class StageWorker:
         every op before running it (`rrfp_ray.policy.agreement`), unless the policy is fixed: then
         every rank runs the same list in order already.
 
-        With `dp`, this worker's stage is replicated: once a chunk's last weight-gradient op is
-        done, its gradients go to the DP reduction (`rrfp_ray.runtime.reduce`; with `dp.overlap`
-        off, every chunk's once all stages have run their last op), and the step waits for it."""
+        With `dp`, this worker's stage is replicated: during a chunk's last weight-gradient op, its
+        gradients go to the DP reduction as they become final (`rrfp_ray.runtime.reduce`; with
+        `dp.overlap` off, every chunk's once all stages have run their last op), and the step waits for it."""
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
         with self._cond:
             self._raise_if_failed()
@@ -128,8 +128,9 @@ class StageWorker:
                     tp_ms += coordinating
                 with self._cond:
                     payload = self._take_input(layout, action)
+                release = self._release(dp=dp, action=action, weight_ops_left=weight_ops_left)
                 start = self._now()
-                output = executor.run(action=action, iteration=iteration, payload=payload)
+                output = executor.run(action=action, iteration=iteration, payload=payload, release=release)
                 end = self._now()
                 events.append(
                     OpEvent(
@@ -148,10 +149,8 @@ class StageWorker:
                         self._ready_at[follower] = max(self._ready_at.get(follower, 0.0), end)
                     if message is not None:
                         self._post(layout, iteration, message, output, latency)
-                if dp is not None and dp.overlap and completes_weights(action):
-                    weight_ops_left[action.chunk] -= 1
-                    if not weight_ops_left[action.chunk]:
-                        dp.reducer.submit(key=action.chunk, grads=executor.gradients(chunk=action.chunk))
+                if release is not None:
+                    dp.reducer.complete(key=action.chunk)
             self._wait_outbox_empty()
         finally:
             with self._cond:
@@ -178,6 +177,16 @@ class StageWorker:
             stats.overhead_us = self._breakdown.to_us()
         stats.send_busy_ms, stats.recv_busy_ms = send_busy * 1e3, self._recv_busy * 1e3
         return events, stats
+
+    @staticmethod
+    def _release(*, dp: DPContext | None, action: Action, weight_ops_left: dict[int, int]) -> GradSink | None:
+        """Where `action` hands its chunk's gradients as they become final: the DP reduction, when
+        it is the chunk's last weight-gradient op (counted down in `weight_ops_left`) and the
+        reduction overlaps the other ops; else None."""
+        if dp is None or not dp.overlap or not completes_weights(action):
+            return None
+        weight_ops_left[action.chunk] -= 1
+        return None if weight_ops_left[action.chunk] else dp.reducer.sink(key=action.chunk)
 
     def _reduce(
         self, *, dp: DPContext, executor: Executor, all_reduce: Callable[[float], float], chunks: int

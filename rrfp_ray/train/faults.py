@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rrfp_ray.runtime.executor import Executor, Workload
+from rrfp_ray.runtime.reduce import GradSink
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Message
 
@@ -156,10 +157,12 @@ class FaultyExecutor:
         self._index = 0
         self.inner.begin(iteration=iteration)
 
-    def run(self, *, action: Action, iteration: int, payload: torch.Tensor | None) -> torch.Tensor | None:
+    def run(
+        self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None
+    ) -> torch.Tensor | None:
         self.plan.fire(shard=self.shard, iteration=iteration, moment=Moment.ACTION, index=self._index)
         self._index += 1
-        return self.inner.run(action=action, iteration=iteration, payload=payload)
+        return self.inner.run(action=action, iteration=iteration, payload=payload, release=release)
 
     def save(self, *, directory: Path, iteration: int, shard: int) -> Any:
         file = self.inner.save(directory=directory, iteration=iteration, shard=shard)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rrfp_ray.observe.telemetry import IterationReport, append_jsonl
+from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.config import RunConfig
@@ -97,7 +97,7 @@ class PolicyRun:
         if pipeline.tp > 1:
             summary["tp_coord_fraction"] = statistics.median(r.tp_fraction for r in reports)
         if pipeline.dp > 1:
-            summary["optim_bytes_per_actor"] = max(s.optim_bytes for r in reports for s in r.stages)  # ZeRO-1: ~1/D
+            summary |= dp_summary(reports)  # with optim_bytes_per_actor: ZeRO-1 holds ~1/D
         return summary | op_times(run=self.run, reports=reports)
 
 
@@ -117,11 +117,18 @@ def op_times(*, run: RunConfig, reports: list[IterationReport]) -> Summary:
 
 
 def state_lines(summary: Summary) -> list[str]:
-    """What the job prints after a policy's iterations: with DP, the largest optimizer state of an actor."""
+    """What the job prints after a policy's iterations: with DP, the largest optimizer state of an
+    actor and what the gradient reduction moved and left exposed (medians over stages and iterations)."""
     if "optim_bytes_per_actor" not in summary:
         return []
     most = summary["optim_bytes_per_actor"] / 2**20
-    return [f"[{summary['policy']}] optimizer state per actor: at most {most:.2f} MiB"]
+    line = (
+        f"[{summary['policy']}] optimizer state per actor: at most {most:.2f} MiB; DP reduce per stage: "
+        f"{summary['dp_reduce_bytes'] / 2**20:.2f} MiB summed, {summary['dp_received_bytes'] / 2**20:.2f} MiB of sums "
+        f"received (share {summary['dp_received_share']:.2f}), {summary['dp_reduce_ms']:.1f} ms, "
+        f"exposed {summary['dp_exposed_fraction']:.0%}"
+    )
+    return [line]
 
 
 def speedup_vs_baseline(summary: Summary) -> float:

@@ -33,19 +33,14 @@ class WeightPass:
     pinned: dict[Node, Grads]  # where one root's gradient also reaches another root
 
     def run(self) -> None:
+        if not self.params:
+            return
         handles = [node.register_prehook(_constant(grads)) for node, grads in self.pinned.items()]
-        try:
-            dws = torch.autograd.grad(self.roots, self.params, self.grads, retain_graph=True, allow_unused=True)
+        try:  # accumulated by autograd, so each parameter's post-accumulate hooks fire as it is done
+            torch.autograd.backward(self.roots, self.grads, retain_graph=True, inputs=self.params)
         finally:
             for handle in handles:
                 handle.remove()
-        for param, dw in zip(self.params, dws):
-            if dw is None:
-                continue
-            if param.grad is None:
-                param.grad = dw
-            else:
-                param.grad.add_(dw)
 
 
 

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
 from rrfp_ray.runtime.executor import StepResult
-from rrfp_ray.runtime.reduce import ChunkGradients, gather_owned, owners
+from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
 from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
@@ -34,6 +34,7 @@ from rrfp_ray.train.checkpoint import StageFile, load_stage, save_stage
 from rrfp_ray.train.layers import ModelLayers
 from rrfp_ray.train.precision import Precision, autocast
 from rrfp_ray.train.recompute import checkpoint_blocks
+from rrfp_ray.train.release import GradRelease
 from rrfp_ray.train.runner import LossFn, StageRunner, build_stage, clip_coef, lr_at, partition
 from rrfp_ray.train.ties import Tie, TiedGradients, TieReduce
 
@@ -188,7 +189,11 @@ class ModelExecutor:
         self._layout = layout
         self._workload = workload
         # a parameter two chunks of this stage share is final once both are: it goes with the one reduced last
-        self._reduced_with = {id(p): c for c in reduce_order(chunks=layout.chunks) for p in runner.chunk_parameters(c)}
+        reduced_with = {id(p): c for c in reduce_order(chunks=layout.chunks) for p in runner.chunk_parameters(c)}
+        # what data parallelism sums of each chunk, the last parameter first (about the order a backward finalizes them)
+        self._reduced = {
+            c: [p for p in reversed(runner.chunk_parameters(c)) if reduced_with[id(p)] == c] for c in range(layout.chunks)
+        }
         params = runner.parameters()
         sizes = [p.numel() for p in params]
         # ZeRO-1: the replica that steps each parameter (as _shard_optimizer chose), by id
@@ -199,7 +204,13 @@ class ModelExecutor:
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
 
-    def run(self, *, action: Action, iteration: int, payload: Tensor | None) -> Tensor | None:
+    def run(self, *, action: Action, iteration: int, payload: Tensor | None, release: GradSink | None = None) -> Tensor | None:
+        if release is None:
+            return self._run(action=action, iteration=iteration, payload=payload)
+        with GradRelease(params=self._reduced[action.chunk], release=lambda params: release(self._gradients(params))):
+            return self._run(action=action, iteration=iteration, payload=payload)
+
+    def _run(self, *, action: Action, iteration: int, payload: Tensor | None) -> Tensor | None:
         vs = self._layout.vs(action)
         m, c = action.microbatch, action.chunk
         payload = _to(payload, device=self._workload.device)
@@ -225,9 +236,12 @@ class ModelExecutor:
             time.sleep(self._workload.injected.duration(action) / 1e3)
 
     def gradients(self, *, chunk: int) -> ChunkGradients:
-        """With ZeRO-1 each gradient's sum goes to its owner alone, but a tied one's to every replica:
-        it is summed over its stages afterwards, and another stage's copy may have another owner."""
-        params = [p for p in self.runner.chunk_parameters(chunk) if p.grad is not None and self._reduced_with[id(p)] == chunk]
+        return self._gradients(self._reduced[chunk])
+
+    def _gradients(self, params: list[nn.Parameter]) -> ChunkGradients:
+        """The gradients of `params` that exist. With ZeRO-1 each gradient's sum goes to its owner alone, but a
+        tied one's to every replica: it is summed over its stages afterwards, and another stage's copy may have another owner."""
+        params = [p for p in params if p.grad is not None]
         owner = None
         if self._owner:
             owner = [None if id(p) in self._tied.ids else self._owner[id(p)] for p in params]
