@@ -49,7 +49,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     )
     pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]} or torch's CSV schedule: the order for policies hint / ready-hint")
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
-    pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    pipe.add_argument("--backend", default="auto", help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
     pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")
