@@ -167,6 +167,8 @@ class StageActor:
             )
             zero_sum = group_sum if self._dp_spec.zero else None
             self._dp = DPContext(reducer=reducer, overlap=self._dp_spec.overlap, zero_sum=zero_sum)
+        if tcp_links and self._tcp_links is None:
+            raise RuntimeError(f"stage {self.stage}: connect() with TCP link addresses before listen_links()")
         if self._tcp_links is not None:
             inbound, outbound = self._tcp_links.connect(outbound=tcp_links or {})
         else:
