@@ -133,7 +133,7 @@ class RayStages:
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = pipeline.backend  # each stage resolves `auto` where it runs (`start`)
-        self.placement = placement  # a GPU fraction lets stages share one GPU (gloo links then)
+        self.placement = placement  # a GPU fraction lets stages share one GPU (TCP or gloo links then)
         self.stages: list[ray.actor.ActorHandle] = []
         self.pids: dict[str, int] = {}  # actor id -> process, once the stage actors are up
         self._pgs: list = []  # a placement group per (replica, stage)

@@ -1,6 +1,6 @@
 """Train a byte-level GPT through a readiness-driven (RRFP) pipeline on Ray.
 
-Locally (an embedded Ray on this machine, CPU, gloo links), the defaults train a small GPT
+Locally (an embedded Ray on this machine, CPU, TCP links), the defaults train a small GPT
 on the Python standard library's own sources, first with fixed 1F1B (interleaved with
 --chunks > 1, zbv for a V-placed policy) and then with the readiness policy, and print both:
 
@@ -67,7 +67,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     )
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
     pipe.add_argument(
-        "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
+        "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (TCP or gloo links)"
     )
     pipe.add_argument(
         "--stage-resources",

@@ -72,7 +72,7 @@ class TcpLinks:
     ) -> None:
         self._secret, self._timeout_s, self._link_timeout_s = secret, timeout_s, link_timeout_s
         self._listeners = {link: Listener(member=self._member(link, rank=_RECEIVER), host=host) for link in inbound}
-        self.channels: list[TcpChannel] = []
+        self._channels: list[TcpChannel] = []
 
     @property
     def addresses(self) -> dict[Link, str]:
@@ -105,9 +105,9 @@ class TcpLinks:
         """Close every listener and channel; threads blocked on a channel return with a ConnectionError."""
         for listener in self._listeners.values():
             listener.close()
-        for channel in self.channels:
+        for channel in self._channels:
             channel.close()
-        self.channels = []
+        self._channels = []
 
     def _member(self, link: Link, *, rank: int) -> Member:
         end = "receiving" if rank == _RECEIVER else "sending"
@@ -122,7 +122,7 @@ class TcpLinks:
 
     def _channel(self, link: Link, sock: socket.socket) -> TcpChannel:
         channel = TcpChannel(name=str(link), sock=sock, timeout_s=self._link_timeout_s)
-        self.channels.append(channel)
+        self._channels.append(channel)
         return channel
 
 
