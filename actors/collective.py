@@ -161,9 +161,10 @@ def nccl_missing() -> str | None:
 
 
 def resolve_backend(*, backend: LinkBackend) -> LinkBackend:
-    """The backend ``join_group`` takes, as this process sees it: ``auto`` is NCCL when it sees
-    CUDA and cupy imports, else gloo; ``nccl`` without them is an error. Every stage actor
-    resolves it where it runs (the driver sits on a CPU head); `agree_on_backend` checks the answers."""
+    """The links' backend, as this process sees it: ``auto`` is NCCL when it sees CUDA and cupy
+    imports, else TCP (a message costs a fraction of a gloo pair's: `rrfp_ray.runtime.tcp_channel`);
+    ``nccl`` without them is an error. Every stage actor resolves it where it runs (the driver
+    sits on a CPU head); `agree_on_backend` checks the answers."""
     if not isinstance(backend, LinkBackend):
         raise TypeError(f"backend must be a LinkBackend, got {backend!r}")
     missing = nccl_missing()
@@ -171,7 +172,12 @@ def resolve_backend(*, backend: LinkBackend) -> LinkBackend:
         raise RuntimeError(f"backend nccl: {missing}")
     if backend is not LinkBackend.AUTO:
         return backend
-    return LinkBackend.NCCL if missing is None else LinkBackend.GLOO
+    return LinkBackend.NCCL if missing is None else LinkBackend.TCP
+
+
+def group_backend(*, links: LinkBackend) -> LinkBackend:
+    """What ``join_group`` takes for the collective groups beside links on ``links`` (resolved): gloo's under TCP links."""
+    return LinkBackend.GLOO if links is LinkBackend.TCP else links
 
 
 def agree_on_backend(*, choices: dict[str, LinkBackend]) -> LinkBackend:
@@ -184,7 +190,7 @@ def agree_on_backend(*, choices: dict[str, LinkBackend]) -> LinkBackend:
         f"{backend.value} on {', '.join(label for label, b in choices.items() if b is backend)}"
         for backend in sorted(found, key=lambda b: b.value)
     )
-    raise RuntimeError(f"the stages resolved different link backends ({sides}): give every stage a GPU, or pass backend gloo")
+    raise RuntimeError(f"the stages resolved different link backends ({sides}): give every stage a GPU, or pass backend tcp or gloo")
 
 
 def host_group(*, name: str) -> str:

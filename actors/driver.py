@@ -27,7 +27,9 @@ from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.group import StageGroup, stage_label
-from rrfp_ray.runtime.tcp_gather import Secret
+from rrfp_ray.runtime.tcp_pair import Secret
+from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.schedule.deps import Link
 from rrfp_ray.train.backend import run_iteration
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
@@ -131,7 +133,7 @@ class RayStages:
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
         self.backend = pipeline.backend  # each stage resolves `auto` where it runs (`start`)
-        self.placement = placement  # a GPU fraction lets stages share one GPU (gloo links then)
+        self.placement = placement  # a GPU fraction lets stages share one GPU (TCP or gloo links then)
         self.stages: list[ray.actor.ActorHandle] = []
         self.pids: dict[str, int] = {}  # actor id -> process, once the stage actors are up
         self._pgs: list = []  # a placement group per (replica, stage)
@@ -188,11 +190,15 @@ class RayStages:
         return [RayStageHandle(actor=a, label=self._label(i)) for i, a in enumerate(self.stages)]
 
     def _wire(self) -> None:
-        """A 2-rank group per link, TP rank and replica, a TP group per stage and replica (T > 1) with
-        its agreement connections, a DP group per (stage, TP rank) across the replicas (D > 1), a
-        group per set of stages holding tied parameters (per TP rank and replica), and one group of
-        all actors."""
+        """A link per directed stage pair, TP rank and replica (a 2-rank group, or with TCP links a
+        connection its receiver listens for), a TP group per stage and replica (T > 1) with its
+        agreement connections, a DP group per (stage, TP rank) across the replicas (D > 1), a group
+        per set of stages holding tied parameters (per TP rank and replica), and one group of all
+        actors. The TCP connections (links, agreement) prove themselves with one secret, fresh for
+        every wiring; it travels only in Ray's authenticated calls."""
         prefix, tp, dp, stages = uuid.uuid4().hex[:8], self.pipeline.tp, self.pipeline.dp, self.layout.stages
+        tcp_links = self.backend is LinkBackend.TCP
+        secret = Secret.generate()
 
         def actor(replica: int, stage: int, rank: int) -> int:
             return (replica * stages + stage) * tp + rank
@@ -203,7 +209,8 @@ class RayStages:
             for t in range(tp)
             for d in range(dp)
         }
-        members = {name: (actor(d, link.src, t), actor(d, link.dst, t)) for (link, t, d), name in links.items()}
+        ends = {name: (actor(d, link.src, t), actor(d, link.dst, t)) for (link, t, d), name in links.items()}
+        members = {} if tcp_links else dict(ends)
         tp_groups = {g: f"{prefix}-tp{g}" for g in range(dp * stages)} if tp > 1 else {}  # g: replica * stages + stage
         members |= {name: tuple(range(g * tp, (g + 1) * tp)) for g, name in tp_groups.items()}
         dp_groups = {(s, t): f"{prefix}-dp{s}-t{t}" for s in range(stages) for t in range(tp)} if dp > 1 else {}
@@ -223,11 +230,12 @@ class RayStages:
             labels=[self._label(ranks[0]) for ranks in members.values()],
         )
         joins, labels = [], []
+        backend = collective.group_backend(links=self.backend)
         for (name, ranks), address in zip(members.items(), addresses):
             for rank, actor in enumerate(ranks):
                 joins.append(
                     self.stages[actor].join_group.remote(
-                        name=name, address=address, rank=rank, world_size=len(ranks), backend=self.backend
+                        name=name, address=address, rank=rank, world_size=len(ranks), backend=backend
                     )
                 )
                 labels.append(f"{self._label(actor)} (group {name})")
@@ -235,13 +243,23 @@ class RayStages:
         agreement = []
         tcp = tp > 1 and self.pipeline.tp_gather is TPGather.TCP  # else the agreement gathers over the TP group
         if tcp:
-            secret = Secret.generate()  # fresh for every wiring; it travels only in Ray's authenticated calls
             listens = [a.listen_agreement.remote(secret=secret) for a in self.stages]
             agreement = self.wait(listens, what="agreement listeners")
+        dialed: list[dict[Link, str]] = [{} for _ in self.stages]  # per actor: its outbound TCP links' receivers
+        if tcp_links:
+            inbound: list[list[Link]] = [[] for _ in self.stages]
+            for (link, _, _), name in links.items():
+                inbound[ends[name][1]].append(link)
+            listens = [a.listen_links.remote(links=inbound[i], secret=secret) for i, a in enumerate(self.stages)]
+            heard = self.wait(listens, what="link listeners")
+            for (link, _, _), name in links.items():
+                sender, receiver = ends[name]
+                dialed[sender][link] = heard[receiver][link]
         self.wait(
             [
                 a.connect.remote(
-                    groups={link: name for (link, t, d), name in links.items() if (t, d) == (i % tp, i // tp // stages)},
+                    groups={} if tcp_links else {link: name for (link, t, d), name in links.items() if (t, d) == (i % tp, i // tp // stages)},
+                    tcp_links=dialed[i],
                     everyone=everyone,
                     tp_group=tp_groups.get(i // tp),
                     dp_group=dp_groups.get((i // tp % stages, i % tp)),

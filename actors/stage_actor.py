@@ -20,7 +20,9 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
-from rrfp_ray.runtime.tcp_gather import Secret, TcpGather
+from rrfp_ray.runtime.tcp_channel import TcpLinks
+from rrfp_ray.runtime.tcp_gather import TcpGather
+from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.runtime.worker import StageWorker
 from rrfp_ray.schedule.deps import Layout, Link
@@ -61,6 +63,7 @@ class StageActor:
         self._dp: DPContext | None = None
         self._tp_group: str | None = None
         self._agreement: TcpGather | None = None  # None with --tp-gather collective
+        self._tcp_links: TcpLinks | None = None  # None unless the links are TCP
         self._group_device = "cpu"
         self.timeout_s = timeout_s
         self.link_timeout_s = link_timeout_s
@@ -103,6 +106,18 @@ class StageActor:
         )
         return self._agreement.address
 
+    def listen_links(self, *, links: list[Link], secret: Secret) -> dict[Link, str]:
+        """With TCP links: listen for the senders of this actor's inbound `links`, admitting only
+        holders of `secret`; where each dials."""
+        self._tcp_links = TcpLinks(
+            inbound=links,
+            host=ray.util.get_node_ip_address(),
+            secret=secret,
+            timeout_s=self.timeout_s,
+            link_timeout_s=self.link_timeout_s,
+        )
+        return self._tcp_links.addresses
+
     def connect(
         self,
         *,
@@ -113,10 +128,13 @@ class StageActor:
         dp_group: str | None = None,
         chunks: int = 1,
         tie_groups: dict[tuple[int, ...], str] | None = None,
+        tcp_links: dict[Link, str] | None = None,
     ) -> None:
-        """Open a channel on every link this stage sends or receives on and, with TP, the
-        agreement connections to the other ranks (`agreement`: every rank's address); with DP,
-        the gradient reduction over `dp_group` (its `chunks` in the replicas' common order); start the threads."""
+        """Open a channel on every link this stage sends or receives on (over its 2-rank group in
+        `groups`, or with TCP links, dialing each outbound link's receiver at its `tcp_links`
+        address while accepting the inbound ones) and, with TP, the agreement connections to the
+        other ranks (`agreement`: every rank's address); with DP, the gradient reduction over
+        `dp_group` (its `chunks` in the replicas' common order); start the threads."""
 
         def channel(link: Link) -> collective.Channel:
             peer = 1 if link.src == self.stage else 0
@@ -149,12 +167,14 @@ class StageActor:
             )
             zero_sum = group_sum if self._dp_spec.zero else None
             self._dp = DPContext(reducer=reducer, overlap=self._dp_spec.overlap, zero_sum=zero_sum)
-        self._worker = StageWorker(
-            stage=self.stage,
-            inbound={link: channel(link) for link in groups if link.dst == self.stage},
-            outbound={link: channel(link) for link in groups if link.src == self.stage},
-            timeout_s=self.timeout_s,
-        )
+        if tcp_links and self._tcp_links is None:
+            raise RuntimeError(f"stage {self.stage}: connect() with TCP link addresses before listen_links()")
+        if self._tcp_links is not None:
+            inbound, outbound = self._tcp_links.connect(outbound=tcp_links or {})
+        else:
+            inbound = {link: channel(link) for link in groups if link.dst == self.stage}
+            outbound = {link: channel(link) for link in groups if link.src == self.stage}
+        self._worker = StageWorker(stage=self.stage, inbound=inbound, outbound=outbound, timeout_s=self.timeout_s)
 
     def set_workload(self, *, workload: Workload, layout: Layout) -> None:
         if self._tp_group is not None:
@@ -270,6 +290,9 @@ class StageActor:
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+        if self._tcp_links is not None:
+            self._tcp_links.close()
+            self._tcp_links = None
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
 FLAGS = {  # config field: the flag that sets it
+    "backend": "--backend",
     "tp": "--tp",
     "tp_protocol": "--tp-protocol",
     "tp_gather": "--tp-gather",
@@ -106,6 +107,7 @@ def checked(
             policy=policy,
             cap=args.cap,
             timeout_s=args.timeout,
+            backend=args.backend,
             tp=args.tp,
             tp_protocol=args.tp_protocol,
             tp_gather=args.tp_gather,
@@ -337,7 +339,7 @@ def report_lines(
     lines = [
         "",
         f"D={pipeline.dp} P={pipeline.stages} v={pipeline.chunks} T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
-        f"scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)",
+        f"links={pipeline.backend.value} scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)",
         "measured ms: the full iteration, optimizer step included (step ms: its share after the last op); "
         "the simulator has no step, so meas/sim = (measured - step) / sim; sim+t: the simulator with the "
         f"transport model at {message_ms * 1e3:.0f} us a message ({source})",

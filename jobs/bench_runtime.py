@@ -1,7 +1,7 @@
 """Measured against simulated: run one synthetic trace on Ray and in the simulator.
 
 Every policy runs on one driver (the stage actors sleep each op's trace duration and send
-real tensors over gloo links); the simulator replays the very same trace. Per policy it
+real tensors over their links: --backend, TCP on CPUs by default); the simulator replays the very same trace. Per policy it
 prints the median measured iteration time (optimizer step included), the simulated one
 (the op schedule alone: the simulator has no optimizer step, so the ratio compares it with
 the measured time less the step), and the speedup over the fixed baseline (1f1b,
@@ -65,6 +65,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         help = f"default {default}; with --trace, the trace's {key}"
         pipe.add_argument(f"--{name}", type=int, default=None, help=help)
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
+    pipe.add_argument(
+        "--backend", default="auto", help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl"
+    )
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
     pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")

@@ -1,6 +1,6 @@
 """Train a byte-level GPT through a readiness-driven (RRFP) pipeline on Ray.
 
-Locally (an embedded Ray on this machine, CPU, gloo links), the defaults train a small GPT
+Locally (an embedded Ray on this machine, CPU, TCP links), the defaults train a small GPT
 on the Python standard library's own sources, first with fixed 1F1B (interleaved with
 --chunks > 1, zbv for a V-placed policy) and then with the readiness policy, and print both:
 
@@ -49,7 +49,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     )
     pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]} or torch's CSV schedule: the order for policies hint / ready-hint")
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
-    pipe.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    pipe.add_argument("--backend", default="auto", help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl")
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
     pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")
@@ -67,7 +67,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     )
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
     pipe.add_argument(
-        "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (gloo links)"
+        "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (TCP or gloo links)"
     )
     pipe.add_argument(
         "--stage-resources",

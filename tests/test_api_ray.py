@@ -1,5 +1,5 @@
 """The public API on the Ray backend: bad input fails before any actor exists, and the
-multimodal toy (shapes changing per microbatch) trains over gloo links exactly as it does
+multimodal toy (shapes changing per microbatch) trains over TCP links exactly as it does
 on the local backend."""
 
 from __future__ import annotations

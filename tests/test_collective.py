@@ -146,6 +146,7 @@ def pair(ray_session):
 
 def test_resolve_backend_keeps_an_explicit_choice(monkeypatch):
     assert collective.resolve_backend(backend=LinkBackend.GLOO) is LinkBackend.GLOO
+    assert collective.resolve_backend(backend=LinkBackend.TCP) is LinkBackend.TCP
     monkeypatch.setattr(collective, "nccl_missing", lambda: None)
     assert collective.resolve_backend(backend=LinkBackend.NCCL) is LinkBackend.NCCL
 
@@ -164,14 +165,15 @@ def test_stages_must_agree_on_the_backend():
         collective.agree_on_backend(choices=mixed)
 
 
-def test_resolve_auto_falls_back_to_gloo(monkeypatch):
+def test_resolve_auto_falls_back_to_tcp_links_beside_gloo_groups(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "CUDA" in collective.nccl_missing()
-    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.GLOO
+    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.TCP
+    assert collective.group_backend(links=LinkBackend.TCP) is LinkBackend.GLOO
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy fails
     assert "cupy" in collective.nccl_missing()
-    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.GLOO
+    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.TCP
 
 
 def test_bad_arguments_name_the_field():

@@ -137,14 +137,14 @@ def test_a_demand_that_fits_but_is_not_free_waits_for_the_timeout(cluster):
 def test_auto_is_resolved_by_the_stage_where_its_gpu_is(cluster):
     from actors import collective
 
-    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.GLOO  # here: no CUDA
+    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.TCP  # here: no CUDA
     on_gpu = StageActor.options(num_cpus=1, num_gpus=1).remote(stage=0, tp_rank=0, tp_size=1, timeout_s=10, link_timeout_s=10)
     on_cpu = StageActor.options(num_cpus=1, resources={"plain": 1}).remote(
         stage=1, tp_rank=0, tp_size=1, timeout_s=10, link_timeout_s=10
     )
     try:
         assert ray.get(on_gpu.resolve_backend.remote(backend=LinkBackend.AUTO), timeout=60) is LinkBackend.NCCL
-        assert ray.get(on_cpu.resolve_backend.remote(backend=LinkBackend.AUTO), timeout=60) is LinkBackend.GLOO
+        assert ray.get(on_cpu.resolve_backend.remote(backend=LinkBackend.AUTO), timeout=60) is LinkBackend.TCP
         with pytest.raises(ray.exceptions.RayTaskError, match="stage 1 TP rank 0: backend nccl: no CUDA device"):
             ray.get(on_cpu.resolve_backend.remote(backend=LinkBackend.NCCL), timeout=60)
     finally:
@@ -156,7 +156,7 @@ def test_auto_is_resolved_by_the_stage_where_its_gpu_is(cluster):
 def test_stages_that_resolve_different_backends_are_named(cluster):
     """4 stage actors on two nodes of 3 CPUs: some land on the node with (fake) CUDA, some on the other."""
     pipeline = PipelineConfig(stages=2, microbatches=2, policy="1f1b", dp=2, timeout_s=60)
-    with pytest.raises(Exception, match=r"different link backends \(gloo on .*; nccl on .*\)"):
+    with pytest.raises(Exception, match=r"different link backends \(nccl on .*; tcp on .*\)"):
         Trainer(
             model=mlp,
             loss_fn=nn.functional.mse_loss,

@@ -1,4 +1,4 @@
-"""The runtime on Ray: stage actors under one driver, synthetic work over gloo links."""
+"""The runtime on Ray: stage actors under one driver, synthetic work over TCP links."""
 
 from __future__ import annotations
 

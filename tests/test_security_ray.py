@@ -57,7 +57,7 @@ def _wildcards(addresses: list[str]) -> int:
 
 def _secret(stages: list) -> bytes:
     """The agreement secret the stage actors hold (all ranks of a wiring share one)."""
-    held = ray.get([a.__ray_call__.remote(lambda actor: actor._agreement._secret.value) for a in stages])
+    held = ray.get([a.__ray_call__.remote(lambda actor: actor._agreement._member.secret.value) for a in stages])
     assert len(set(held)) == 1
     return held[0]
 

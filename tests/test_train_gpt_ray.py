@@ -52,7 +52,8 @@ class _CapturingExecutor:
         return self.inner.finish(**kwargs)
 
 
-def test_gradients_on_ray_equal_the_unsplit_model(ray_session):
+@pytest.mark.parametrize("links", ["gloo", "tcp"])
+def test_gradients_on_ray_equal_the_unsplit_model(ray_session, links):
     ray = ray_session
     from ray.util.queue import Queue
 
@@ -61,7 +62,7 @@ def test_gradients_on_ray_equal_the_unsplit_model(ray_session):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
     run = RunConfig(
         model=TINY,
-        pipeline={"stages": 2, "microbatches": 4, "timeout_s": 30},
+        pipeline={"stages": 2, "microbatches": 4, "timeout_s": 30, "backend": links},
         train={"micro_batch_size": 2, "seq_len": 16, "iterations": 3},
     )
     loss, layers = gpt_reference(run)

@@ -8,9 +8,9 @@ section 8-byte aligned. Collectives need the receiver to post a buffer of the se
 both ends of a channel track the size of its last message (`MessageWriter`, `MessageReader`):
 a message of that size travels as one frame (the steady state: a link's payloads keep their
 shape), any other as a header frame of the old size followed by its body, whose size is the
-new one. The same framing runs over every channel (in memory, gloo, NCCL). A `Channel` is one
-direction of one link; the collective implementation lives in `actors/collective.py`, the
-in-memory one here.
+new one. The same framing runs over every channel (in memory, TCP, gloo, NCCL). A `Channel` is
+one direction of one link; the TCP one lives in `rrfp_ray.runtime.tcp_channel`, the collective
+ones in `actors/collective.py`, the in-memory one here.
 """
 
 from __future__ import annotations
@@ -42,12 +42,14 @@ DTYPES = (
 
 
 class LinkBackend(enum.Enum):
-    """Which collective library carries the links: `auto` is NCCL where CUDA and cupy are
-    present, else gloo (`actors/collective.py` resolves it)."""
+    """What carries the links: `auto` is NCCL where CUDA and cupy are present, else TCP
+    (`actors/collective.py` resolves it). With TCP (`rrfp_ray.runtime.tcp_channel`) the other
+    groups (all stages, TP, DP, tied parameters) are gloo's."""
 
     AUTO = "auto"
     GLOO = "gloo"
     NCCL = "nccl"
+    TCP = "tcp"
 
 
 class Channel(Protocol):

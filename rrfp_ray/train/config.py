@@ -38,7 +38,7 @@ class PipelineConfig(BaseModel):
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
     link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
-    backend: LinkBackend = Field(LinkBackend.AUTO, description="collective backend for the links: auto, gloo or nccl")
+    backend: LinkBackend = Field(LinkBackend.AUTO, description="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl")
     tp: int = Field(1, ge=1, description="T: tensor-parallel ranks (actors) per stage")
     tp_protocol: TPProtocol = Field(
         TPProtocol.COMMON,

@@ -1,0 +1,183 @@
+"""TCP links in one process (threads): frames round-trip through the framing, failures name the
+channel, only a holder of the secret connects, and two stage workers over TCP close cleanly."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.runtime.tcp_channel import TcpChannel, TcpLinks
+from rrfp_ray.runtime.tcp_pair import Secret
+from rrfp_ray.runtime.transport import Header, MessageReader, MessageWriter
+from rrfp_ray.runtime.worker import StageWorker
+from rrfp_ray.schedule.actions import Kind
+from rrfp_ray.schedule.deps import Layout, Link, Message
+from rrfp_ray.sim.variability import generate
+
+HOST = "127.0.0.1"
+LINK = Link(src=0, dst=1, kind=Kind.F)
+
+
+def _connect(
+    ends: dict[int, TcpLinks], outbound: dict[int, dict[Link, str]]
+) -> dict[int, tuple[dict[Link, TcpChannel], dict[Link, TcpChannel]]]:
+    """Every stage's `connect` at once, as the driver issues them."""
+    with ThreadPoolExecutor(max_workers=len(ends)) as pool:
+        futures = {s: pool.submit(end.connect, outbound=outbound[s]) for s, end in ends.items()}
+        return {s: future.result() for s, future in futures.items()}
+
+
+def _pair(*, link_timeout_s: float = 10.0, dialer_secret: Secret | None = None, timeout_s: float = 10.0):
+    """`LINK`'s two ends: the sending stage's links, the receiving one's, and the two channels."""
+    secret = Secret.generate()
+    receiving = TcpLinks(inbound=[LINK], host=HOST, secret=secret, timeout_s=timeout_s, link_timeout_s=link_timeout_s)
+    sending = TcpLinks(
+        inbound=[], host=HOST, secret=dialer_secret or secret, timeout_s=timeout_s, link_timeout_s=link_timeout_s
+    )
+    channels = _connect({0: sending, 1: receiving}, {0: receiving.addresses, 1: {}})
+    return sending, receiving, channels[0][1][LINK], channels[1][0][LINK]
+
+
+def test_frames_of_changing_size_round_trip_through_the_framing() -> None:
+    sending, receiving, out, into = _pair()
+    shapes = [(4, 8), (4, 8), (1000,), (3, 5, 7), (3, 5, 7), ()]
+    sent = [torch.randn(shape) for shape in shapes] + [
+        {"x": torch.arange(6).view(2, 3), "mask": torch.ones(5, dtype=torch.bool)}
+    ]
+    writer, reader = MessageWriter(channel=out), MessageReader(channel=into)
+
+    def send_all() -> None:
+        for mb, payload in enumerate(sent):
+            writer.send(
+                header=Header.for_payload(
+                    message=Message(kind=Kind.F, virtual_stage=0, microbatch=mb), iteration=3, payload=payload
+                ),
+                payload=payload,
+            )
+        writer.send(header=Header(message=None), payload=None)
+
+    thread = threading.Thread(target=send_all)
+    thread.start()
+    try:
+        for mb, payload in enumerate(sent):
+            header, got = reader.recv()
+            assert (header.message.microbatch, header.iteration) == (mb, 3)
+            if isinstance(payload, dict):
+                assert got.keys() == payload.keys()
+                for key in payload:
+                    torch.testing.assert_close(got[key], payload[key])
+            else:
+                torch.testing.assert_close(got, payload)
+        assert reader.recv()[0].is_stop
+    finally:
+        thread.join(timeout=10)
+        sending.close()
+        receiving.close()
+
+
+def test_a_silent_sender_times_out_naming_the_channel() -> None:
+    sending, receiving, _, into = _pair(link_timeout_s=0.2)
+    with pytest.raises(TimeoutError, match="channel activations 0->1: waited 0.2 s for a frame"):
+        into.recv(torch.empty(16, dtype=torch.uint8))
+    sending.close()
+    receiving.close()
+
+
+def test_a_sender_that_closes_mid_frame_fails_the_receive_naming_the_channel() -> None:
+    sending, receiving, out, into = _pair()
+    out.send(torch.ones(100, dtype=torch.uint8))  # a tenth of the frame the receiver waits for
+    sending.close()
+    with pytest.raises(ConnectionError, match="channel activations 0->1: connection closed while waiting for a frame"):
+        into.recv(torch.empty(1000, dtype=torch.uint8))
+    receiving.close()
+
+
+def test_closing_a_channel_ends_a_receive_blocked_on_it() -> None:
+    sending, receiving, _, into = _pair()
+    failed: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            into.recv(torch.empty(8, dtype=torch.uint8))
+        except ConnectionError as error:
+            failed.append(error)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    receiving.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and len(failed) == 1
+    sending.close()
+
+
+def test_a_dialer_with_the_wrong_secret_is_refused_and_the_receiver_names_the_link(caplog) -> None:
+    with pytest.raises((ConnectionError, TimeoutError)) as raised:
+        _pair(dialer_secret=Secret.generate(), timeout_s=0.5)
+    # the first failure raised is the accept's or the dial's; both name the link
+    assert "link activations 0->1" in str(raised.value)
+    assert "link activations 0->1 (receiving end): refused a connection from 127.0.0.1:" in caplog.text
+    assert "it failed to prove it holds the group's secret" in caplog.text
+
+
+def test_a_proof_for_one_link_is_refused_by_another_links_listener(caplog) -> None:
+    secret = Secret.generate()
+    other = Link(src=1, dst=0, kind=Kind.B)
+    receiving = TcpLinks(inbound=[LINK], host=HOST, secret=secret, timeout_s=0.5, link_timeout_s=10)
+    sending = TcpLinks(inbound=[], host=HOST, secret=secret, timeout_s=0.5, link_timeout_s=10)
+    with pytest.raises((ConnectionError, TimeoutError)):
+        _connect({0: sending, 1: receiving}, {0: {other: receiving.addresses[LINK]}, 1: {}})
+    assert "it failed to prove it holds the group's secret" in caplog.text
+
+
+def test_two_stage_workers_over_tcp_run_an_iteration_and_close_without_waiting_out_the_timeout() -> None:
+    layout = Layout(stages=2, chunks=1, microbatches=4)
+    policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=4)
+    workload = SyntheticWorkload(
+        trace=generate(scenario="none", stages=2, microbatches=4, chunks=1, seed=1, t_f=1.0), payload_elems=64
+    )
+    secret = Secret.generate()
+    ends = {
+        s: TcpLinks(
+            inbound=[link for link in layout.links() if link.dst == s],
+            host=HOST,
+            secret=secret,
+            timeout_s=10,
+            link_timeout_s=10,
+        )
+        for s in range(2)
+    }
+    before = set(threading.enumerate())
+    addresses = {link: address for end in ends.values() for link, address in end.addresses.items()}
+    channels = _connect(
+        ends, {s: {link: addresses[link] for link in layout.links() if link.src == s} for s in range(2)}
+    )
+    # a close that sat out its 60 s timeout would fail the result() wait, or leave threads alive below
+    workers = [StageWorker(stage=s, inbound=channels[s][0], outbound=channels[s][1], timeout_s=60) for s in range(2)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [
+            pool.submit(
+                w.run_iteration,
+                iteration=0,
+                layout=layout,
+                policy=policy,
+                cap=Cap.parse("2x"),
+                executor=workload.executor(stage=w.stage, layout=layout),
+            )
+            for w in workers
+        ]
+        events = [run.result(timeout=60)[0] for run in runs]
+        assert sorted(e.action for stage in events for e in stage) == sorted(
+            str(a) for s in range(2) for a in layout.actions(stage=s)
+        )
+        closing = [pool.submit(w.close) for w in workers]
+        for future in closing:
+            future.result(timeout=30)
+    for end in ends.values():
+        end.close()
+    assert not [t for t in threading.enumerate() if t not in before and t.is_alive()]
