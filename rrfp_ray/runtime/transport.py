@@ -10,7 +10,8 @@ a message of that size travels as one frame (the steady state: a link's payloads
 shape), any other as a header frame of the old size followed by its body, whose size is the
 new one. The same framing runs over every channel (in memory, TCP, gloo, NCCL). A `Channel` is
 one direction of one link; the TCP one lives in `rrfp_ray.runtime.tcp_channel`, the collective
-ones in `actors/collective.py`, the in-memory one here.
+ones in `actors/collective.py`, the in-memory one here. Frames in host memory are built without
+torch ops, frames on a GPU with them (`rrfp_ray.runtime.frames`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,19 @@ import enum
 import json
 import queue
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from rrfp_ray.runtime.frames import HEADER_BYTES, HEADER_LEN, Frames, frames_for
 from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
-HEADER_LEN = 18
 _FIXED = 10  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, dtype, ndim, requires grad
 MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
-HEADER_BYTES = HEADER_LEN * 8
 _ALIGN = 8
 _KIND_CODE = {Kind.F: 1, Kind.B: 2}
 _STOP = 0
@@ -91,20 +92,20 @@ class Header:
         leaves = [[DTYPES.index(leaf.dtype), int(leaf.requires_grad), list(leaf.shape)] for leaf in self.leaves]
         return json.dumps({"tree": self.structure, "leaves": leaves}, separators=(",", ":")).encode()
 
-    def encode(self, *, described: bytes, body_bytes: int) -> torch.Tensor:
-        fields = [_STOP] + [0] * (HEADER_LEN - 1)
-        if self.message is not None:
-            m = self.message
-            sent_us = round(time.time() * 1e6)
-            fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described), body_bytes, sent_us]
-            leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
-            fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
-            fields += list(leaf.shape) + [0] * (MAX_DIMS - len(leaf.shape))
-        return torch.tensor(fields, dtype=torch.int64)
+    def fields(self, *, described: bytes, body_bytes: int) -> list[int]:
+        """The header's int64 fields, stamped with the time they are made."""
+        if self.message is None:
+            return [_STOP] + [0] * (HEADER_LEN - 1)
+        m = self.message
+        sent_us = round(time.time() * 1e6)
+        fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described), body_bytes, sent_us]
+        leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
+        fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
+        return fields + list(leaf.shape) + [0] * (MAX_DIMS - len(leaf.shape))
 
     @classmethod
-    def decode(cls, data: torch.Tensor, *, description: bytes = b"") -> Header:
-        code, vs, mb, iteration, _, _, sent_us, dtype, ndim, grad, *shape = (int(x) for x in data.tolist())
+    def decode(cls, fields: Sequence[int], *, description: bytes = b"") -> Header:
+        code, vs, mb, iteration, _, _, sent_us, dtype, ndim, grad, *shape = fields
         if code == _STOP:
             return cls(message=None)
         kind = Kind.F if code == _KIND_CODE[Kind.F] else Kind.B
@@ -128,65 +129,68 @@ class Header:
 
 
 class MessageWriter:
-    """The sending end of a channel's framing; one thread uses it."""
+    """The sending end of a channel's framing; one thread uses it. `frames`: how frames are built
+    (by default as the channel's device needs)."""
 
-    def __init__(self, *, channel: Channel) -> None:
+    def __init__(self, *, channel: Channel, frames: Frames | None = None) -> None:
         self.channel = channel
+        self._frames = frames or frames_for(channel.device)
         self._frame_bytes = HEADER_BYTES  # what the receiver posts for the next message
 
     def send(self, *, header: Header, payload: Tree | None) -> None:
-        device = self.channel.device
+        frames = self._frames
         described = b"" if header.is_stop else header.description()
         tensors = [] if payload is None else flatten(payload)[0]
         sections = [_aligned(len(described))] + [_aligned(t.numel() * t.element_size()) for t in tensors]
         body_bytes = sum(sections)
-        frame = torch.empty(self._frame_bytes, dtype=torch.uint8, device=device)
-        frame[:HEADER_BYTES] = header.encode(described=described, body_bytes=body_bytes).view(torch.uint8).to(device)
+        frame = frames.empty(self._frame_bytes)
+        frames.put_header(frame, header.fields(described=described, body_bytes=body_bytes))
         inline = HEADER_BYTES + body_bytes == self._frame_bytes
-        body = frame[HEADER_BYTES:] if inline else torch.empty(body_bytes, dtype=torch.uint8, device=device)
+        body = frames.tail(frame, HEADER_BYTES) if inline else frames.empty(body_bytes)
         if described:
-            body[: len(described)] = torch.frombuffer(bytearray(described), dtype=torch.uint8).to(device)
+            frames.put_bytes(body, 0, described)
         offset = sections[0]
         for tensor, size in zip(tensors, sections[1:]):
-            flat = tensor.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
-            body[offset : offset + flat.numel()] = flat
+            frames.put_tensor(body, offset, tensor)
             offset += size
-        self.channel.send(frame)
+        self.channel.send(frames.tensor(frame))
         if inline or header.is_stop:
             return
         if body_bytes:
-            self.channel.send(body)
+            self.channel.send(frames.tensor(body))
         self._frame_bytes = HEADER_BYTES + body_bytes
 
 
 class MessageReader:
-    """The receiving end of a channel's framing; one thread uses it."""
+    """The receiving end of a channel's framing; one thread uses it. `frames`: as the writer's."""
 
-    def __init__(self, *, channel: Channel) -> None:
+    def __init__(self, *, channel: Channel, frames: Frames | None = None) -> None:
         self.channel = channel
+        self._frames = frames or frames_for(channel.device)
         self._frame_bytes = HEADER_BYTES
 
     def recv(self) -> tuple[Header, Tree | None]:
-        frame = torch.empty(self._frame_bytes, dtype=torch.uint8, device=self.channel.device)
-        self.channel.recv(frame)
-        raw = frame[:HEADER_BYTES].cpu().view(torch.int64)
-        if int(raw[0]) == _STOP:
+        frames = self._frames
+        frame = frames.empty(self._frame_bytes)
+        self.channel.recv(frames.tensor(frame))
+        fields = frames.header(frame)
+        if fields[0] == _STOP:
             return Header(message=None), None
-        described_bytes, body_bytes = int(raw[4]), int(raw[5])
+        described_bytes, body_bytes = fields[4], fields[5]
         if HEADER_BYTES + body_bytes == self._frame_bytes:
-            body = frame[HEADER_BYTES:]
+            body = frames.tail(frame, HEADER_BYTES)
         else:
-            body = torch.empty(body_bytes, dtype=torch.uint8, device=self.channel.device)
+            body = frames.empty(body_bytes)
             if body_bytes:
-                self.channel.recv(body)
+                self.channel.recv(frames.tensor(body))
             self._frame_bytes = HEADER_BYTES + body_bytes
-        described = bytes(body[:described_bytes].cpu().numpy()) if described_bytes else b""
-        header = Header.decode(raw, description=described)
+        described = frames.bytes(body, 0, described_bytes) if described_bytes else b""
+        header = Header.decode(fields, description=described)
         leaves, offset = [], _aligned(described_bytes)
         for leaf in header.leaves:
-            size = leaf.dtype.itemsize * _count(leaf.shape)
-            leaves.append(body[offset : offset + size].view(leaf.dtype).view(leaf.shape).requires_grad_(leaf.requires_grad))
-            offset += _aligned(size)
+            tensor = frames.view(body, offset, dtype=leaf.dtype, shape=leaf.shape)
+            leaves.append(tensor.requires_grad_() if leaf.requires_grad else tensor)
+            offset += _aligned(leaf.dtype.itemsize * tensor.numel())
         return header, unflatten(header.structure, leaves)
 
 
@@ -194,31 +198,24 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGN) * _ALIGN
 
 
-def _count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
-
-
 class LocalChannel:
-    """A one-direction in-memory channel (a queue of tensor copies)."""
+    """A one-direction in-memory channel (a queue of frame copies) for host frames."""
 
     def __init__(self, *, name: str, timeout_s: float) -> None:
         self.name = name
         self.device = "cpu"
         self.timeout_s = timeout_s
-        self._queue: queue.Queue[torch.Tensor] = queue.Queue()
+        self._queue: queue.Queue[bytes] = queue.Queue()
 
     def send(self, tensor: torch.Tensor) -> None:
-        self._queue.put(tensor.detach().clone())
+        self._queue.put(tensor.numpy().tobytes())
 
     def recv(self, tensor: torch.Tensor) -> None:
         try:
             data = self._queue.get(timeout=self.timeout_s)
         except queue.Empty:
             raise TimeoutError(f"channel {self.name}: nothing received in {self.timeout_s:g} s") from None
-        tensor.copy_(data.view_as(tensor))
+        memoryview(tensor.numpy())[:] = data
 
 
 def local_channels(*, layout: Layout, timeout_s: float) -> dict[Link, LocalChannel]:

@@ -132,6 +132,15 @@ class StageWorker:
                 start = self._now()
                 output = executor.run(action=action, iteration=iteration, payload=payload, release=release)
                 end = self._now()
+                with self._cond:
+                    message = arbiter.on_done(action)
+                    local = message is not None and layout.is_local(message)
+                    if local:
+                        self._hand_over(layout, message, output)
+                    for follower in layout.local_followers(action):
+                        self._ready_at[follower] = max(self._ready_at.get(follower, 0.0), end)
+                if message is not None and not local:  # outside the lock: receive threads deliver meanwhile
+                    self._post(layout, iteration, message, output, latency)
                 events.append(
                     OpEvent(
                         stage=self.stage,
@@ -143,12 +152,6 @@ class StageWorker:
                         overtook=overtook,
                     )
                 )
-                with self._cond:
-                    message = arbiter.on_done(action)
-                    for follower in layout.local_followers(action):
-                        self._ready_at[follower] = max(self._ready_at.get(follower, 0.0), end)
-                    if message is not None:
-                        self._post(layout, iteration, message, output, latency)
                 if release is not None:
                     dp.reducer.complete(key=action.chunk)
             self._wait_outbox_empty()
@@ -280,6 +283,15 @@ class StageWorker:
         message = layout.message_need(action)
         return None if message is None else self._handoff.use(*self._inbox.pop(message))
 
+    def _hand_over(self, layout: Layout, message: Message, output: torch.Tensor | None) -> None:
+        """Under the lock: the V's turn, straight into this stage's own inbox, no link."""
+        if output is None:
+            raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
+        self._inbox[message] = (output, None)  # made on this thread's stream: nothing to wait for
+        self._arbiter.on_arrival(message)
+        consumer = layout.consumer(message)
+        self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
+
     def _post(
         self,
         layout: Layout,
@@ -290,12 +302,6 @@ class StageWorker:
     ) -> None:
         if output is None:
             raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
-        if layout.is_local(message):  # the V's turn: straight into this stage's own inbox, no link
-            self._inbox[message] = (output, None)  # made on this thread's stream: nothing to wait for
-            self._arbiter.on_arrival(message)
-            consumer = layout.consumer(message)
-            self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
-            return
         release = time.perf_counter() + (latency(message) / 1e3 if latency else 0.0)
         header = Header.for_payload(message=message, iteration=iteration, payload=output)
         self._senders[layout.link(message)].post(

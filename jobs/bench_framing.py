@@ -1,0 +1,47 @@
+"""Print what one message costs in the framing: host frames against frames built with torch ops,
+on one thread (alone and beside a busy Python thread) and between two processes over TCP
+(benchmarks/framing.py says what each figure includes).
+
+    python jobs/bench_framing.py [--payload-elems 4096,262144] [--messages 2000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.framing import FRAMES, in_thread, ping_pong
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--payload-elems", default="4096,262144", help="float32 payload sizes, comma-separated")
+    parser.add_argument("--messages", type=int, default=2000, help="timed messages per figure (busy: a tenth)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; it prints their median")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [int(size) for size in args.payload_elems.split(",")]
+    except ValueError:
+        parser.error(f"argument --payload-elems: integers, comma-separated, got {args.payload_elems!r}")
+    if any(size < 1 for size in sizes) or args.messages < 1 or args.repeats < 1:
+        parser.error("--payload-elems, --messages and --repeats must be >= 1")
+    torch.set_num_threads(1)
+    print(f"us per message, median of {args.repeats} run(s): frame, send and read back")
+    print(f"{'payload':>10} {'frames':>10} {'one thread':>11} {'beside busy':>12} {'2 processes':>12}")
+    for size in sizes:
+        for frames in FRAMES:
+            busy_messages = max(1, args.messages // 10)
+            alone = _median(args.repeats, lambda: in_thread(frames=frames, payload_elems=size, busy=False, messages=args.messages))
+            busy = _median(args.repeats, lambda: in_thread(frames=frames, payload_elems=size, busy=True, messages=busy_messages))
+            apart = _median(args.repeats, lambda: ping_pong(frames=frames, payload_elems=size, messages=args.messages))
+            print(f"{size * 4 // 1024:>7} KB {frames:>10} {alone:>11.1f} {busy:>12.1f} {apart:>12.1f}")
+
+
+def _median(repeats: int, measure: Callable[[], float]) -> float:
+    return sorted(measure() for _ in range(repeats))[repeats // 2]
+
+
+if __name__ == "__main__":
+    main()
