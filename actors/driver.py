@@ -108,6 +108,10 @@ class PipelineDriver:
     def startup_seconds(self) -> float:
         return self.startup_s
 
+    def link_backend(self) -> LinkBackend:
+        """What carries the links, as the stages resolved it."""
+        return self.group.fabric.backend
+
     def rss_bytes(self) -> int:
         """This driver actor's resident memory."""
         return rss_bytes()

@@ -21,6 +21,7 @@ from rrfp_ray.cli import baseline_policy, config_error, file_dir, one_placement,
 from rrfp_ray.observe.telemetry import IterationReport, dp_summary, tp_summary
 from rrfp_ray.runtime.breakdown import Phase
 from rrfp_ray.runtime.breakdown import summarize as summarize_phases
+from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
@@ -255,19 +256,26 @@ def compare(
     trace: Trace,
     names: list[str],
     args: argparse.Namespace,
-) -> tuple[dict[str, dict[str, float]], float]:
-    """The per-policy figures (`summarize`, with `predict_exposed` under --dp) and the ms a message
-    costs in the transport model (--message-ms, else `message_cost_ms` of this run)."""
+    backend: LinkBackend,
+) -> tuple[dict[str, dict[str, float]], TransportModel]:
+    """The per-policy figures (`summarize`, with `predict_exposed` under --dp) and the transport model
+    the sim+t figures ran under: a message costs --message-ms, else `message_cost_ms` of this run; over
+    TCP links (`backend`, as the stages resolved it) a message holds its link for the median send of
+    this run, over a collective one until the receiver has taken it."""
     message_ms = args.message_ms
     if message_ms is None:
         message_ms = message_cost_ms(reports=reports, pipeline=pipeline, trace=trace)
-    transport = TransportModel(message_ms=message_ms)
+    send_ms = None
+    if backend is LinkBackend.TCP:
+        send_us = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[Phase.SEND][0]
+        send_ms = min(message_ms, 0.0 if math.isnan(send_us) else send_us / 1e3)
+    transport = TransportModel(message_ms=message_ms, send_ms=send_ms)
     with_transport = simulated_ms(pipeline=pipeline, trace=trace, names=names, transport=transport)
     results = summarize(reports=reports, simulated=simulated, with_transport=with_transport, baseline=names[0])
     if pipeline.dp > 1:
         for name, figures in predict_exposed(pipeline=pipeline, trace=trace, names=names, reports=reports, args=args).items():
             results[name].update(figures)
-    return results, message_ms
+    return results, transport
 
 
 def table(*, results: dict[str, dict[str, float]], tp: bool, dp: bool) -> list[str]:
@@ -330,7 +338,7 @@ def report_lines(
     results: dict[str, dict[str, float]],
     reports: dict[str, list[IterationReport]],
     pipeline: PipelineConfig,
-    message_ms: float,
+    transport: TransportModel,
     args: argparse.Namespace,
 ) -> list[str]:
     """What the job prints after the run: the setting, how to read the table, the table, and the
@@ -342,7 +350,12 @@ def report_lines(
         f"links={pipeline.backend.value} scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)",
         "measured ms: the full iteration, optimizer step included (step ms: its share after the last op); "
         "the simulator has no step, so meas/sim = (measured - step) / sim; sim+t: the simulator with the "
-        f"transport model at {message_ms * 1e3:.0f} us a message ({source})",
+        f"transport model at {transport.message_ms * 1e3:.0f} us a message ({source}), "
+        + (
+            "each holding its link until the receiver took it"
+            if transport.send_ms is None
+            else f"each holding its TCP link {transport.send_ms * 1e3:.0f} us (the median send)"
+        ),
         *table(results=results, tp=pipeline.tp > 1, dp=pipeline.dp > 1),
     ]
     if pipeline.dp > 1:

@@ -12,7 +12,8 @@ interleaved when --chunks > 1, zbv for the V-placed policies), measured and pred
 
 It also simulates the trace under the transport model (`rrfp_ray.sim.simulator.TransportModel`:
 each message costs what this run measured, or --message-ms, and a link carries one message at a
-time) and prints meas/sim both ways. --breakdown prints the runtime's per-op overhead
+time: over TCP for the median send of this run, over gloo or NCCL until the receiver took it) and
+prints meas/sim both ways. --breakdown prints the runtime's per-op overhead
 (`rrfp_ray.runtime.breakdown`), median and p90 in microseconds:
 
     python jobs/bench_runtime.py --stages 8 --microbatches 32 --iterations 3 --t-f 2 --breakdown
@@ -148,17 +149,18 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
         reports = runtime.measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
+        backend = ray.get(driver.link_backend.remote())
         ray.get(driver.shutdown.remote())
     finally:
         ray.kill(driver)
-    results, message_ms = runtime.compare(
-        reports=reports, simulated=simulated, pipeline=pipeline, trace=trace, names=names, args=args
+    results, transport = runtime.compare(
+        reports=reports, simulated=simulated, pipeline=pipeline, trace=trace, names=names, args=args, backend=backend
     )
     if args.out:
         write_pictures(out=Path(args.out), runs=reports)
-    lines = runtime.report_lines(results=results, reports=reports, pipeline=pipeline, message_ms=message_ms, args=args)
+    lines = runtime.report_lines(results=results, reports=reports, pipeline=pipeline, transport=transport, args=args)
     print("\n".join(lines))
-    summary = {"policies": results, "message_ms": message_ms}
+    summary = {"policies": results, "message_ms": transport.message_ms, "send_ms": transport.send_ms, "links": backend.value}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"wrote {args.json}")

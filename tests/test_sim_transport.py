@@ -1,4 +1,5 @@
-"""The simulator's transport model: a per-message cost, and a link that carries one message at a time."""
+"""The simulator's transport model: a per-message cost, and a link that carries one message at a time,
+until the receiver takes it (collectives) or for the sender's own cost (TCP)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ def test_a_link_carries_one_message_at_a_time():
     assert [ready[f"1F{m}"] for m in range(M)] == [1 + 3 * (m + 1) for m in range(M)]
 
 
-def test_a_negative_message_cost_is_refused():
-    with pytest.raises(ValueError, match="message_ms"):
-        TransportModel(message_ms=-1.0)
+@pytest.mark.parametrize(("send_ms", "spacing"), [(1.0, 1.0), (2.0, 2.0)])
+def test_a_sender_that_does_not_wait_for_the_receiver_holds_its_link_for_its_send_alone(send_ms, spacing):
+    """GPipe, P=2, F = 1 ms, 3 ms a message of which the send takes send_ms: activation k leaves once
+    F k is done and the link has sent the one before, so it arrives 3 ms after max(1 + k, 1 + k * send_ms)."""
+    M = 6
+    policy = make_policy(name="gpipe", stages=2, chunks=1, microbatches=M)
+    trace = generate(scenario="none", stages=2, microbatches=M, chunks=1, seed=0, t_f=1.0)
+    report = simulate(policy=policy, trace=trace, cap=Cap.parse("inf"), transport=TransportModel(message_ms=3.0, send_ms=send_ms))
+    ready = {e.action: e.ready_ms for e in report.events if e.stage == 1}
+    assert [ready[f"1F{m}"] for m in range(M)] == [1 + spacing * m + 3 for m in range(M)]
+
+
+@pytest.mark.parametrize(("message_ms", "send_ms", "named"), [(-1.0, None, "message_ms"), (1.0, 2.0, "send_ms"), (1.0, -0.5, "send_ms")])
+def test_a_bad_transport_model_is_refused_naming_the_field(message_ms, send_ms, named):
+    with pytest.raises(ValueError, match=named):
+        TransportModel(message_ms=message_ms, send_ms=send_ms)

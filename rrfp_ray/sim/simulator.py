@@ -7,7 +7,9 @@ waits, in order, on its link until the stage consumes a message.
 
 With a `TransportModel` (off by default) a message also costs what the runtime's transport
 takes, and a link carries one message at a time: the next one leaves once the receiver
-has taken the last into its buffer, as a collective send returns only then.
+has taken the last into its buffer, as a collective send (gloo, NCCL) returns only then, or,
+with `send_ms` (TCP, whose send returns once the kernel holds the bytes), once the sender
+has spent that long on the last.
 """
 
 from __future__ import annotations
@@ -43,13 +45,18 @@ class DeadlockError(RuntimeError):
 @dataclass(frozen=True)
 class TransportModel:
     """`message_ms`: from the end of a message's sending op (plus its trace latency) to its
-    consuming action being ready, on a free link (measured by `jobs/bench_runtime.py`)."""
+    consuming action being ready, on a free link (measured by `jobs/bench_runtime.py`).
+    `send_ms`: how long a message holds its link, for a sender that does not wait for the
+    receiver (at most `message_ms`); None: until the receiver has taken it."""
 
     message_ms: float
+    send_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not self.message_ms >= 0:
             raise ValueError(f"message_ms must be >= 0, got {self.message_ms}")
+        if self.send_ms is not None and not 0 <= self.send_ms <= self.message_ms:
+            raise ValueError(f"send_ms must be between 0 and message_ms = {self.message_ms}, got {self.send_ms}")
 
 
 def layout_for(*, policy: Policy, trace: Trace) -> Layout:
@@ -80,12 +87,12 @@ def simulate(
     busy = [False] * layout.stages
     ready_at: dict[Action, float] = {}
     waiting: list[dict[Link, deque[Message]]] = [{} for _ in arbiters]  # per receiving stage
-    clock: list[tuple[float, int, Action | Message]] = []
+    clock: list[tuple[float, int, Action | Message | Link]] = []  # a Link: its sender is done with a message
     outgoing: dict[Link, list[tuple[float, int, Message]]] = {}  # with transport: per link, by release time
     carrying: set[Link] = set()  # with transport: links whose last message the receiver has not taken
     seq = 0
 
-    def push(at: float, item: Action | Message) -> None:
+    def push(at: float, item: Action | Message | Link) -> None:
         nonlocal seq
         heapq.heappush(clock, (at, seq, item))
         seq += 1
@@ -102,11 +109,8 @@ def simulate(
     def arrive(message: Message, *, arbiter: Arbiter, now: float) -> None:
         arbiter.on_arrival(message)
         ready_at[layout.consumer(message)] = now
-        if transport is not None and not layout.is_local(message):
-            link = layout.link(message)
-            carrying.discard(link)
-            if outgoing.get(link):
-                carry(link, now)
+        if transport is not None and transport.send_ms is None and not layout.is_local(message):
+            free(layout.link(message), now)
 
     def send(message: Message, now: float) -> None:
         if transport is None or layout.is_local(message):
@@ -123,6 +127,13 @@ def simulate(
         release, _, message = heapq.heappop(outgoing[link])
         carrying.add(link)
         push(max(now, release) + transport.message_ms, message)
+        if transport.send_ms is not None:
+            push(max(now, release) + transport.send_ms, link)
+
+    def free(link: Link, now: float) -> None:
+        carrying.discard(link)
+        if outgoing.get(link):
+            carry(link, now)
 
     now = 0.0
     touched = set(range(layout.stages))
@@ -158,6 +169,9 @@ def simulate(
         now = clock[0][0]
         while clock and clock[0][0] == now:
             item = heapq.heappop(clock)[2]
+            if isinstance(item, Link):
+                free(item, now)
+                continue
             if isinstance(item, Message):
                 deliver(item, now)
                 touched.add(layout.dst(item))
