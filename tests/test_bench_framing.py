@@ -1,4 +1,5 @@
-"""jobs/bench_framing.py prints its table, and refuses bad flags by name."""
+"""jobs/bench_framing.py prints its table (slow tier: it starts two processes a row) and refuses bad
+flags by name. That host frames give up no GIL is tested without a clock: tests/test_frames.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
 import bench_framing  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_framing_benchmark_prints_every_row(capsys) -> None:
     bench_framing.main(["--payload-elems", "16", "--messages", "5", "--repeats", "1"])
     lines = capsys.readouterr().out.splitlines()
@@ -25,3 +27,4 @@ def test_bad_flags_are_named(flag: str, value: str, capsys) -> None:
         bench_framing.main([flag, value])
     assert exited.value.code == 2
     assert flag in capsys.readouterr().err
+
