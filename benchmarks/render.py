@@ -9,6 +9,7 @@ from pathlib import Path
 
 from benchmarks.attribution import attribution_section, seed_text
 from benchmarks.claims import claims, target_rows
+from benchmarks.ray_attribution import ray_attribution_section
 from benchmarks.report import ROOT, SUITE, Suite, missing, pct, table, x
 
 PARTS = ("sim", "buffer", "runtime", "peers", "tp", "fidelity")  # the JSON's sections, in the order they run
@@ -368,6 +369,7 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         target_section(suite),
         setup_section(suite),
         runtime_section(suite),
+        ray_attribution_section(suite),
         tp_section(suite),
         fidelity_section(suite),
         sim_section(suite),

@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks.attribution import attribute, targets
 from benchmarks.claims import target_claim, target_rows, tp_claim
+from benchmarks.ray_attribution import ray_attribution_section
 from benchmarks.render import render, run_log
 from benchmarks.report import Suite, missing
 from benchmarks.suite import SCENARIOS, activation_peak, halved, kept_cells_mismatch, merge_cells
@@ -445,3 +446,26 @@ def test_re_measured_cells_replace_theirs_and_keep_the_others_with_both_runs_log
     assert kept_cells_mismatch(data=data, cells={("none", 4), ("comm", 4), ("none", 8)}, seeds=[1000, 1001], iterations=5) is None
     logged = "\n".join(run_log(Suite({"meta": {"scenarios": [], "readiness_policies": []}, "runtime": merged})))
     assert "| runtime | `first` | first |" in logged and "| runtime | `second` | second |" in logged
+
+
+def test_readiness_itself_on_ray_compares_the_measured_rows_and_their_simulation() -> None:
+    """Per seed a runtime row; the section takes each side's mean over the seeds, measured and simulated."""
+    runs = {  # run: (memory, [(measured, simulated) per seed])
+        "1f1b": (1.0, [(100.0, 90.0), (110.0, 100.0)]),
+        "1f1b-2x": (2.0, [(90.0, 80.0), (94.0, 84.0)]),
+        "bf@1x": (1.0, [(104.0, 90.0), (106.0, 100.0)]),  # slower measured, equal simulated
+        "bf@2x": (2.0, [(80.0, 80.0), (84.0, 84.0)]),
+    }
+    rows = [
+        {"scenario": "lognormal-0.6", "stages": 4, "run": run, "seed": seed, "measured_ms": measured, "sim_ms": sim,
+         "memory_x": memory}
+        for run, (memory, seeds) in runs.items()
+        for seed, (measured, sim) in enumerate(seeds)
+    ]
+    meta = {"scenarios": [{"label": "lognormal-0.6", "scenario": "lognormal", "params": {}}], "readiness_policies": ["bf"]}
+    text = "\n".join(ray_attribution_section(Suite({"meta": meta, "runtime": {"rows": rows}})))
+    # at 1x: means 105 / 105, per seed 100/104 and 110/106; simulated 95 / 95
+    assert "| lognormal-0.6 | 4 | **1.00x** (sim 1.00x; seeds 0.96-1.04) bf@1x (1.00x) / 1f1b |" in text
+    # at 2x: 1f1b-2x joins the fixed side and bf@2x the readiness side: 92 / 82 measured, 82 / 82 simulated
+    assert "| **1.12x** (sim 1.00x; seeds 1.12-1.12) bf@2x (2.00x) / 1f1b-2x |" in text
+    assert "not in this JSON" in "\n".join(ray_attribution_section(Suite({"meta": meta})))

@@ -1,0 +1,76 @@
+"""What readiness itself buys on Ray: `benchmarks.attribution`'s comparison (best readiness over the
+best fixed schedule with the same backward split within the same memory) on the runtime part's
+measured rows, beside the same comparison of their simulated makespans on the very same traces."""
+
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.attribution import CAPS, FAMILIES, Attribution, attribute, over
+from benchmarks.report import Suite, missing, table, x
+
+
+class RayRows:
+    """The runtime rows shaped as `attribute` reads a suite: one row per (scenario, P, run), its
+    makespan the mean over the seeds of `key` (`measured_ms` or `sim_ms`), the per-seed values in
+    seed order, its memory the most any seed measured."""
+
+    def __init__(self, suite: Suite, *, key: str) -> None:
+        groups: dict[tuple[str, int, str], list[dict]] = {}
+        for row in suite.runtime:
+            groups.setdefault((row["scenario"], row.get("stages", 4), row["run"]), []).append(row)
+        self._rows = {
+            cell: {
+                "run": cell[2],
+                "makespan_ms": statistics.mean(r[key] for r in rows),
+                "makespans": [r[key] for r in sorted(rows, key=lambda r: r.get("seed", 0))],
+                "memory_x": max(r["memory_x"] for r in rows),
+            }
+            for cell, rows in groups.items()
+        }
+        measured = {scenario for scenario, _, _ in self._rows}
+        self.scenarios = [s for s in suite.scenarios if s in measured]
+        self.stages = sorted({p for _, p, _ in self._rows})
+
+    def cell(self, *, scenario: str, stages: int, run: str) -> dict | None:
+        return self._rows.get((scenario, stages, run))
+
+
+def ray_attribution_section(suite: Suite) -> list[str]:
+    lines = ["## What readiness itself buys on Ray (measured, M = 4P)", ""]
+    if not suite.runtime:
+        return lines + [missing("runtime") + "."]
+    measured = {_key(c): c for c in attribute(RayRows(suite, key="measured_ms"))}
+    simulated = {_key(c): c for c in attribute(RayRows(suite, key="sim_ms"))}
+    families = [f.label for f in FAMILIES if any(key[0] == f.label for key in measured)]
+    lines += [
+        "The comparison of the section above on the Ray runtime part's rows: per family and cap the best "
+        "readiness run over the best fixed schedule within the same memory (measured peaks), each side's "
+        "mean over the seeds; *sim* the same comparison of the simulated makespans of the very same traces; "
+        "*seeds* the range of the measured per-seed ratio. The runtime part runs v=1 only.",
+        "",
+    ]
+    header = ["scenario", "P"] + [f"{family}, cap {cap}" for family in families for cap in CAPS]
+    body = []
+    rows = RayRows(suite, key="measured_ms")
+    for scenario in rows.scenarios:
+        for p in rows.stages:
+            row: list[object] = [scenario, p]
+            for family in families:
+                for cap in CAPS:
+                    c, s = measured.get((family, cap, scenario, p)), simulated.get((family, cap, scenario, p))
+                    row.append("-" if c is None else _text(c, s))
+            body.append(row)
+    return lines + table(header, body)
+
+
+def _key(c: Attribution) -> tuple[str, str, str, int]:
+    return c.family, c.cap, c.scenario, c.stages
+
+
+def _text(c: Attribution, s: Attribution | None) -> str:
+    sim = "" if s is None else f"sim {x(s.speedup)}; "
+    return (
+        f"**{x(c.speedup)}** ({sim}seeds {c.low:.2f}-{c.high:.2f}) {c.ready['run']} "
+        f"({x(c.ready['memory_x'])}{over(c)}) / {c.fixed['run']}"
+    )
