@@ -89,7 +89,7 @@ def simulate(
     waiting: list[dict[Link, deque[Message]]] = [{} for _ in arbiters]  # per receiving stage
     clock: list[tuple[float, int, Action | Message | Link]] = []  # a Link: its sender is done with a message
     outgoing: dict[Link, list[tuple[float, int, Message]]] = {}  # with transport: per link, by release time
-    carrying: set[Link] = set()  # with transport: links whose last message the receiver has not taken
+    carrying: set[Link] = set()  # with transport: links busy with a message (till the receiver took it, or the sender is done)
     seq = 0
 
     def push(at: float, item: Action | Message | Link) -> None:
