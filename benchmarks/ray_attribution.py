@@ -40,7 +40,8 @@ def ray_attribution_section(suite: Suite) -> list[str]:
     lines = ["## What readiness itself buys on Ray (measured, M = 4P)", ""]
     if not suite.runtime:
         return lines + [missing("runtime") + "."]
-    measured = {_key(c): c for c in attribute(RayRows(suite, key="measured_ms"))}
+    rows = RayRows(suite, key="measured_ms")
+    measured = {_key(c): c for c in attribute(rows)}
     simulated = {_key(c): c for c in attribute(RayRows(suite, key="sim_ms"))}
     families = [f.label for f in FAMILIES if any(key[0] == f.label for key in measured)]
     lines += [
@@ -52,7 +53,6 @@ def ray_attribution_section(suite: Suite) -> list[str]:
     ]
     header = ["scenario", "P"] + [f"{family}, cap {cap}" for family in families for cap in CAPS]
     body = []
-    rows = RayRows(suite, key="measured_ms")
     for scenario in rows.scenarios:
         for p in rows.stages:
             row: list[object] = [scenario, p]
