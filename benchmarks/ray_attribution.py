@@ -48,7 +48,8 @@ def ray_attribution_section(suite: Suite) -> list[str]:
         "The comparison of the section above on the Ray runtime part's rows: per family and cap the best "
         "readiness run over the best fixed schedule within the same memory (measured peaks), each side's "
         "mean over the seeds; *sim* the same comparison of the simulated makespans of the very same traces; "
-        "*seeds* the range of the measured per-seed ratio. The runtime part runs v=1 only.",
+        "*seeds* the range of the measured per-seed ratio. The runtime part runs the v=1 families and, on "
+        "the V placement, zbv against ready-zbv; a dash is a cell measured before it ran the V pair.",
         "",
     ]
     header = ["scenario", "P"] + [f"{family}, cap {cap}" for family in families for cap in CAPS]

@@ -286,9 +286,11 @@ def _buffer_cell(row: dict) -> str:
 
 
 def runtime_runs(*, rules: Sequence[str]) -> list[Run]:
-    """On Ray: the fixed baselines at 1x and 2x memory, v=2 interleaved, and the rules at caps 1x and 2x."""
+    """On Ray: the fixed baselines at 1x and 2x memory, v=2 interleaved, the rules at caps 1x and 2x,
+    and on the V placement zbv against ready-zbv at both caps."""
     fixed = [Run(name, 1, None) for name in ("1f1b", "1f1b-2x", "zb-h1", "zb-h2")] + [Run("interleaved", 2, None)]
-    return fixed + [Run(r, 1, cap) for r in rules for cap in READY_CAPS]
+    v_placed = [Run("zbv", 2, None)] + [Run("ready-zbv", 2, cap) for cap in READY_CAPS]
+    return fixed + [Run(r, 1, cap) for r in rules for cap in READY_CAPS] + v_placed
 
 
 def timed(*, part: str, make: Callable[[], Any], command: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from benchmarks.suite import Run, Scenario, figures, where
 from rrfp_ray.observe.telemetry import IterationReport, tp_summary
 from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.simulator import simulate
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,13 @@ def runtime_part(
     }
     part = RayPart(warmup=warmup, iterations=iterations)
     try:
-        for chunks in sorted({run.chunks for run in runs}):
-            group = [run for run in runs if run.chunks == chunks]
+        for (chunks, placement), group in by_layout(runs=runs, stages=stages, microbatches=microbatches).items():
             pipeline = PipelineConfig(
                 stages=stages, chunks=chunks, microbatches=microbatches, policy=group[0].policy, timeout_s=120.0
             )
             workloads = [(case, SyntheticWorkload(trace=traces[case[0].label, case[1]][chunks])) for case in cases]
-            drives = part.drive(name=f"P={stages} v={chunks}", pipeline=pipeline, group=group, workloads=workloads)
+            name = f"P={stages} v={chunks} {placement.value}"
+            drives = part.drive(name=name, pipeline=pipeline, group=group, workloads=workloads)
             for (spec, seed), reports in drives:
                 trace = traces[spec.label, seed][chunks]
                 for run in group:
@@ -128,6 +129,15 @@ def runtime_part(
     finally:
         ray.shutdown()
     return part.section()
+
+
+def by_layout(*, runs: Sequence[Run], stages: int, microbatches: int) -> dict[tuple[int, Placement], list[Run]]:
+    """The runs grouped by what a pipeline's stages are built for (chunks and placement), in that order."""
+    groups: dict[tuple[int, Placement], list[Run]] = {}
+    for run in runs:
+        placement = run.make(stages=stages, microbatches=microbatches).placement
+        groups.setdefault((run.chunks, placement), []).append(run)
+    return dict(sorted(groups.items(), key=lambda item: (item[0][0], item[0][1].value)))
 
 
 TP_RUNS = (Run("1f1b", 1, None), Run("bf", 1, Cap.parse("2x")), Run("bfw", 1, Cap.parse("2x")))

@@ -18,11 +18,12 @@ from benchmarks.claims import target_claim, target_rows, tp_claim
 from benchmarks.ray_attribution import ray_attribution_section
 from benchmarks.render import render, run_log
 from benchmarks.report import Suite, missing
-from benchmarks.suite import SCENARIOS, activation_peak, halved, kept_cells_mismatch, merge_cells
-from benchmarks.suite_ray import tp_figures, tp_workload
+from benchmarks.suite import SCENARIOS, activation_peak, halved, kept_cells_mismatch, merge_cells, runtime_runs
+from benchmarks.suite_ray import by_layout, tp_figures, tp_workload
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
@@ -469,3 +470,12 @@ def test_readiness_itself_on_ray_compares_the_measured_rows_and_their_simulation
     # at 2x: 1f1b-2x joins the fixed side and bf@2x the readiness side: 92 / 82 measured, 82 / 82 simulated
     assert "| **1.12x** (sim 1.00x; seeds 1.12-1.12) bf@2x (2.00x) / 1f1b-2x |" in text
     assert "not in this JSON" in "\n".join(ray_attribution_section(Suite({"meta": meta})))
+
+
+def test_the_runtime_part_builds_one_pipeline_per_chunks_and_placement() -> None:
+    """zbv's stages hold a V, interleaved's a loop: a pipeline is built for one of them, so each gets its own."""
+    groups = by_layout(runs=runtime_runs(rules=["bf"]), stages=4, microbatches=16)
+    assert list(groups) == [(1, Placement.LOOPED), (2, Placement.LOOPED), (2, Placement.V)]
+    assert [run.label for run in groups[2, Placement.V]] == ["zbv", "ready-zbv@1x", "ready-zbv@2x"]
+    for (chunks, placement), runs in groups.items():
+        assert {(run.make(stages=4, microbatches=16).placement, run.chunks) for run in runs} == {(placement, chunks)}
