@@ -338,12 +338,14 @@ def kept_cells_mismatch(*, data: dict[str, Any], cells: set[tuple[str, int]], se
     return None
 
 
-def code_version() -> str:
-    """The commit of this checkout, `+changes` if tracked files differ from it ("unknown" without git)."""
+def code_version(*, root: Path = ROOT) -> str:
+    """The commit of this checkout, `+changes` if tracked files outside docs/ (where the suite's own
+    outputs live) differ from it ("unknown" without git)."""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         changes = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"],
+            capture_output=True, text=True, check=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -18,7 +18,15 @@ from benchmarks.claims import target_claim, target_rows, tp_claim
 from benchmarks.ray_attribution import ray_attribution_section
 from benchmarks.render import render, run_log
 from benchmarks.report import Suite, missing
-from benchmarks.suite import SCENARIOS, activation_peak, halved, kept_cells_mismatch, merge_cells, runtime_runs
+from benchmarks.suite import (
+    SCENARIOS,
+    activation_peak,
+    code_version,
+    halved,
+    kept_cells_mismatch,
+    merge_cells,
+    runtime_runs,
+)
 from benchmarks.suite_ray import by_layout, tp_figures, tp_workload
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
 from rrfp_ray.policy.arbiter import Cap
@@ -479,3 +487,23 @@ def test_the_runtime_part_builds_one_pipeline_per_chunks_and_placement() -> None
     assert [run.label for run in groups[2, Placement.V]] == ["zbv", "ready-zbv@1x", "ready-zbv@2x"]
     for (chunks, placement), runs in groups.items():
         assert {(run.make(stages=4, microbatches=16).placement, run.chunks) for run in runs} == {(placement, chunks)}
+
+
+def test_the_code_version_names_changed_code_and_not_the_suites_own_outputs(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "code.py").write_text("a = 1\n")
+    (tmp_path / "docs" / "suite.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    clean = code_version(root=tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{7,}", clean)
+    (tmp_path / "docs" / "suite.json").write_text('{"runtime": {}}\n')  # a part's own output, written between parts
+    assert code_version(root=tmp_path) == clean
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert code_version(root=tmp_path) == clean + "+changes"
+    assert code_version(root=tmp_path / "not-a-repo") == "unknown"
