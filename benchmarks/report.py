@@ -55,7 +55,8 @@ class Suite:
         return [r for r in self.sim if r["scenario"] in wanted and where(r)]
 
     def ready(self, row: dict) -> bool:
-        return row["policy"] in self.rules
+        """A readiness run: an arbiter under a cap (a rule, or a ready-* list), not a fixed list."""
+        return row.get("cap") is not None
 
     def runtime_rows(self, *, scenario: str, stages: int | None = None) -> list[dict]:
         """One row per run at P=`stages` (default: the smallest measured), over the seeds (`over_seeds`)."""

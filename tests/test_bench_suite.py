@@ -244,6 +244,18 @@ def test_target_compares_our_best_within_2x_memory_with_pytorch_best(quick: Path
     assert "| multimodal+comm | 4 | 1200 | 1000 |" in text  # the side-by-side table, PyTorch 1f1b then zb-h1
 
 
+def test_a_ready_list_under_a_cap_is_a_readiness_run_and_its_fixed_list_is_not(quick: Path) -> None:
+    data = fake_runtime(json.loads(quick.read_text()), ours={"multimodal+comm": 1000.0}, theirs={"multimodal+comm": 1000.0})
+    template = data["runtime"]["rows"][0]
+    for run, cap, ms, memory in (("zbv", None, 950.0, 1.0), ("ready-zbv@1x", "1x", 900.0, 1.25)):
+        policy = run.partition("@")[0]
+        data["runtime"]["rows"].append({**template, "run": run, "policy": policy, "cap": cap, "measured_ms": ms,
+                                        "memory_x": memory})
+    (row,) = target_rows(Suite(data))
+    assert row["ours"]["run"] == "ready-zbv@1x" and row["ours_fixed"]["run"] == "zbv"
+    assert row["ratio"] == pytest.approx(0.9)
+
+
 def fake_tp(data: dict, *, common: float, worst: float, first: float) -> dict:
     """The quick JSON plus a tp section: coordination shares of the agreeing runs under each protocol;
     bf@2x on comm under common takes `worst`."""
