@@ -483,8 +483,15 @@ def test_readiness_itself_on_ray_compares_the_measured_rows_and_their_simulation
         for run, (memory, seeds) in runs.items()
         for seed, (measured, sim) in enumerate(seeds)
     ]
-    meta = {"scenarios": [{"label": "lognormal-0.6", "scenario": "lognormal", "params": {}}], "readiness_policies": ["bf"]}
+    rows += [  # a second scenario, measured at P=8 only
+        {"scenario": "none", "stages": 8, "run": run, "seed": 0, "measured_ms": 100.0, "sim_ms": 100.0, "memory_x": 1.0}
+        for run in ("1f1b", "bf@1x")
+    ]
+    labels = ("lognormal-0.6", "none")
+    meta = {"scenarios": [{"label": s, "scenario": s, "params": {}} for s in labels], "readiness_policies": ["bf"]}
     text = "\n".join(ray_attribution_section(Suite({"meta": meta, "runtime": {"rows": rows}})))
+    assert "| none | 8 | **1.00x**" in text
+    assert "| lognormal-0.6 | 8 |" not in text and "| none | 4 |" not in text  # cells not measured: no row
     # at 1x: means 105 / 105, per seed 100/104 and 110/106; simulated 95 / 95
     assert "| lognormal-0.6 | 4 | **1.00x** (sim 1.00x; seeds 0.96-1.04) bf@1x (1.00x) / 1f1b |" in text
     # at 2x: 1f1b-2x joins the fixed side and bf@2x the readiness side: 92 / 82 measured, 82 / 82 simulated
