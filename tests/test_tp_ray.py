@@ -31,7 +31,9 @@ def unsplit() -> tuple[list[float], float]:
     return losses, val
 
 
-@pytest.mark.parametrize(("protocol", "gather"), [("common", "tcp"), ("common", "collective")])
+@pytest.mark.parametrize(
+    ("protocol", "gather"), [("common", "tcp"), pytest.param("common", "collective", marks=pytest.mark.slow)]
+)
 def test_tensor_parallel_stages_on_ray_train_like_unsplit_ones(ray_session, unsplit, protocol, gather):
     """Over either carrier of the agreement's all-gather (TCP connections, the TP group's all-gather)."""
     losses, val, reports = _run(tp=2, protocol=protocol, gather=gather)

@@ -52,7 +52,7 @@ class _CapturingExecutor:
         return self.inner.finish(**kwargs)
 
 
-@pytest.mark.parametrize("links", ["gloo", "tcp"])
+@pytest.mark.parametrize("links", [pytest.param("gloo", marks=pytest.mark.slow), "tcp"])  # gloo: the slow tier, for time
 def test_gradients_on_ray_equal_the_unsplit_model(ray_session, links):
     ray = ray_session
     from ray.util.queue import Queue
