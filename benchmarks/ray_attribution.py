@@ -61,7 +61,7 @@ def ray_attribution_section(suite: Suite) -> list[str]:
                 for cap in CAPS:
                     c, s = measured.get((family, cap, scenario, p)), simulated.get((family, cap, scenario, p))
                     row.append("-" if c is None else _text(c, s))
-            if any(cell != "-" for cell in row[2:]):  # a (scenario, P) cell the runtime part has not measured
+            if any(cell != "-" for cell in row[2:]):  # no row for a (scenario, P) the part did not measure
                 body.append(row)
     return lines + table(header, body)
 
