@@ -84,7 +84,8 @@ def target_section(suite: Suite) -> list[str]:
         "rrfp-ray pays its transport after the latency and PyTorch within it). The last two columns: rrfp-ray held "
         "to fixed 1F1B's memory, "
         "and rrfp-ray running the fixed schedules itself (so the two runtimes' own overheads can be told apart "
-        "from the policies'). Other processes shared the 2 cores (load in the run log below).",
+        f"from the policies'). Both run their P processes on one machine ({suite.meta['machine']}); the run log "
+        "below gives the load while each part ran.",
     ]
     return lines
 

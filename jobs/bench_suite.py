@@ -25,7 +25,8 @@ each run is logged with the commit it ran, which RESULTS.md's run log shows.
    workload, --seeds traces per scenario (seeds 1000..): 1f1b, 1f1b-2x, zb-h1, zb-h2,
    interleaved, and the readiness rules at caps 1x and 2x; a warm-up and then --iterations
    timed iterations per run and seed, the runs taking turns; per seed the median, and the
-   simulator's prediction for the very same trace and cap.
+   simulator's prediction for the very same trace and cap. It prints the targets on the
+   measured cells beside the same targets on their simulation (benchmarks/ray_attribution.py).
 3. peers: PyTorch's Schedule1F1B, ScheduleInterleavedZeroBubble (zb-h1),
    ScheduleInterleaved1F1B, ScheduleZBVZeroBubble and ScheduleDualPipeV
    (benchmarks/peers/torch_pipelining.py) on the same traces, message latency a delivery delay
@@ -59,6 +60,7 @@ from typing import Any
 from benchmarks.attribution import attribution_lines
 from benchmarks.console import show_progress
 from benchmarks.fidelity import fidelity_part
+from benchmarks.ray_attribution import ray_target_lines
 from benchmarks.report import Suite
 from benchmarks.suite import (
     BUFFER_SCENARIO,
@@ -186,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             command=command,
         ))
         data["runtime"].update(stages=sorted({row["stages"] for row in data["runtime"]["rows"]}), **timing)
+        for line in ray_target_lines(Suite(data)):
+            print(line, flush=True)
     if "peers" in args.parts:
         data["peers"] = merge_cells(old=data.get("peers"), new=timed(
             part="peers",

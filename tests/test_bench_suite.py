@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.attribution import attribute, targets
+from benchmarks.attribution import attribute, heavy_notes, targets
 from benchmarks.claims import target_claim, target_rows, tp_claim
-from benchmarks.ray_attribution import ray_attribution_section
+from benchmarks.ray_attribution import ray_attribution_section, ray_target_lines
 from benchmarks.render import render, run_log
 from benchmarks.report import Suite, missing
 from benchmarks.suite import (
@@ -469,6 +469,29 @@ def test_re_measured_cells_replace_theirs_and_keep_the_others_with_both_runs_log
     assert "| runtime | `first` | first |" in logged and "| runtime | `second` | second |" in logged
 
 
+@pytest.mark.parametrize(("room", "reach"), [(1.05, "; out of reach;"), (1.30, ";")])
+def test_a_heavy_cell_short_of_the_target_says_how_much_room_the_lower_bound_left(room: float, reach: str) -> None:
+    rows = sim_rows(
+        {
+            "zb-h1": (1.0, 1.2, [80.0, 80.0]),
+            "zb-h2": (2.0, 1.2, [78.0, 78.0]),
+            "bfw@1x": (1.0, 1.3, [76.0, 76.0]),
+            "bfw@2x": (2.0, 1.3, [75.0, 75.0]),
+            "bfw@inf": (3.5, 1.4, [64.0, 64.0]),
+        }
+    )
+    next(r for r in rows if r["run"] == "zb-h1")["lb_ratio"] = room
+    suite = fake_sim(rows)
+    text = "\n".join(heavy_notes(suite, attribute(suite)))
+    assert f"{int(room < 1.10)} of these 1 cells have less than 1.10x of room" in text
+    assert (
+        f"- v=1, B/W split, lognormal-0.6, P=4: 1.053x at 1x; room {room:.3f}x (zb-h1 over the bound){reach} "
+        "1.04x at 2x (bfw@2x vs zb-h2); 1.25x with no cap (bfw@inf, 3.50x memory, over zb-h1 at 1x)."
+    ) in text
+    rows = sim_rows({"zb-h1": (1.0, 1.2, [80.0]), "bfw@1x": (1.0, 1.3, [70.0])})  # 1.14x: nothing to explain
+    assert heavy_notes(fake_sim(rows), attribute(fake_sim(rows))) == []
+
+
 def test_readiness_itself_on_ray_compares_the_measured_rows_and_their_simulation() -> None:
     """Per seed a runtime row; the section takes each side's mean over the seeds, measured and simulated."""
     runs = {  # run: (memory, [(measured, simulated) per seed])
@@ -496,6 +519,14 @@ def test_readiness_itself_on_ray_compares_the_measured_rows_and_their_simulation
     assert "| lognormal-0.6 | 4 | **1.00x** (sim 1.00x; seeds 0.96-1.04) bf@1x (1.00x) / 1f1b |" in text
     # at 2x: 1f1b-2x joins the fixed side and bf@2x the readiness side: 92 / 82 measured, 82 / 82 simulated
     assert "| **1.12x** (sim 1.00x; seeds 1.12-1.12) bf@2x (2.00x) / 1f1b-2x |" in text
+    # the targets at 1x, measured and simulated: 1.00x is not slower, but short of 1.10x on both sides
+    assert (
+        "| v=1, whole backward | at least 1.10x on lognormal-0.6, straggler, multimodal+comm | **no**: "
+        "lognormal-0.6 P=4 1.000x (bf@1x vs 1f1b) | **no**: lognormal-0.6 P=4 1.000x (bf@1x vs 1f1b) |"
+    ) in text
+    assert "| v=1, whole backward | never slower than the best fixed schedule on a variability scenario | met | met |" in text
+    assert "target on Ray v=1, whole backward, cap 1x, with no variability within 2% of it: measured met; " \
+        "simulated met" in ray_target_lines(Suite({"meta": meta, "runtime": {"rows": rows}}))
     assert "not in this JSON" in "\n".join(ray_attribution_section(Suite({"meta": meta})))
 
 
