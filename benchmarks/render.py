@@ -196,6 +196,21 @@ def tp_section(suite: Suite) -> list[str]:
     return lines + table(header, body)
 
 
+def _contention(rows: list[dict], suite: Suite) -> str:
+    """How much longer the same ops took under each readiness policy than under 1f1b, per P."""
+    ratios = []
+    for r in rows:
+        base = next((b for b in rows if (b["stages"], b["policy"]) == (r["stages"], "1f1b")), None)
+        if base is not None and r is not base:
+            ratios.append(f"{r['op_ms_mean'] / base['op_ms_mean'] - 1:+.0%} under {r['policy']} at P={r['stages']}")
+    return (
+        f"The P stage threads share one interpreter and the machine's CPUs ({suite.meta['machine']}), so ops "
+        "that run at the same time slow each other: the same ops took "
+        + (", ".join(ratios) or "-")
+        + " against 1f1b, and the *vs 1f1b* column carries that contention as well as the order."
+    )
+
+
 def fidelity_section(suite: Suite) -> list[str]:
     section = suite.data.get("fidelity")
     if not section:
@@ -208,8 +223,7 @@ def fidelity_section(suite: Suite) -> list[str]:
         "iterations per policy, M = 4P, medians. Each timed iteration's ops' measured durations and messages' "
         "measured transits make a trace (`rrfp_ray/sim/replay.py`; `python jobs/replay.py TELEMETRY` does the "
         "same for any run's telemetry); the simulator runs the same policy and cap on it. *measured* leaves the "
-        "optimizer step out, as the simulator does; *iteration* has it. The 2 cores are shared with the other "
-        "stages' threads and other processes, so the real compute per op and the bf / 1f1b figure carry that noise.",
+        "optimizer step out, as the simulator does; *iteration* has it. " + _contention(section["rows"], suite),
         "",
     ]
     body = []

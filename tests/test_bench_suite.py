@@ -443,6 +443,7 @@ def test_the_fidelity_section_shows_replayed_against_measured(quick: Path) -> No
     assert "## Fidelity on real ops" in text
     assert "| 2 | 1f1b | 110 | 100 | 98 | 0.980 | 3.0 | 1.00x |" in text
     assert "| 2 | bf | 100 | 90 | 90 | 1.000 | 3.0 | 1.10x |" in text
+    assert "the same ops took +0% under bf at P=2 against 1f1b" in text  # equal ms per op: no contention shown
 
 
 def _section(cells: list[tuple[str, int]], *, command: str, seeds: list[int]) -> dict:
