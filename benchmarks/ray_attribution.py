@@ -68,7 +68,8 @@ def ray_attribution_section(suite: Suite) -> list[str]:
         "The suite's three targets on the measured cells (P="
         + "/".join(map(str, rows.stages))
         + "), beside the same targets on the simulated makespans of the very same traces: where both miss, "
-        "the traces leave the family no more at 1x; where only the measurement misses, the runtime lost it.",
+        "the policy misses it on these traces and the runtime is not what loses it; where only the measurement "
+        "misses, the runtime lost it.",
         "",
     ]
     body = [[family, mine.text, _verdict(mine), _verdict(sim)] for family, mine, sim in ray_targets(suite)]
