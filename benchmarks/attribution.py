@@ -239,16 +239,20 @@ def over(c: Attribution) -> str:
     return f", over the {x(c.budget)} budget" if c.ready_over_budget else ""
 
 
+def at_2x(c: Attribution, cells: list[Attribution]) -> Attribution | None:
+    """The same family, scenario and P with 2x memory on both sides."""
+    return next(
+        (d for d in cells if (d.family, d.cap, d.scenario, d.stages) == (c.family, "2x", c.scenario, c.stages)), None
+    )
+
+
 def shortfall_notes(cells: list[Attribution]) -> list[str]:
     """Why a cell at 1x falls short, from the data: what the same family reaches with 2x memory on both sides."""
     notes = []
     for c in cells:
         if c.cap != "1x" or c.scenario == "none" or c.speedup >= 1.0:
             continue
-        twice = next(
-            (d for d in cells if (d.family, d.cap, d.scenario, d.stages) == (c.family, "2x", c.scenario, c.stages)),
-            None,
-        )
+        twice = at_2x(c, cells)
         if twice is not None:
             notes.append(
                 f"- {c.family}, {c.scenario}, P={c.stages}: {x(c.speedup)} at 1x, {x(twice.speedup)} at 2x "
@@ -274,11 +278,8 @@ def heavy_notes(suite: Suite, cells: list[Attribution]) -> list[str]:
             continue
         room = c.fixed["lb_ratio"]
         out_of_reach += room < HEAVY_AT_LEAST
-        more = [
-            f"{x(d.speedup)} at 2x ({d.ready['run']} vs {d.fixed['run']})"
-            for d in cells
-            if (d.family, d.cap, d.scenario, d.stages) == (c.family, "2x", c.scenario, c.stages)
-        ]
+        twice = at_2x(c, cells)
+        more = [] if twice is None else [f"{x(twice.speedup)} at 2x ({twice.ready['run']} vs {twice.fixed['run']})"]
         family = next(f for f in FAMILIES if f.label == c.family)
         unbounded = [
             r

@@ -1,5 +1,5 @@
-"""Each paper claim checked against the suite's JSON: one `Claim` row per claim, and the target's
-side-by-side rows (rrfp-ray vs PyTorch), for the report jobs/results.py renders."""
+"""Each paper claim checked against the suite's JSON: one `Claim` row per claim, for the report
+jobs/results.py renders."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks.attribution import FAMILIES, attribute, targets
-from benchmarks.ray_attribution import ray_targets
-from benchmarks.report import FIXED_COLORS, SUITE, Suite, missing, pct, seed_spread, span, x
+from benchmarks.pytorch_target import target_rows
+from benchmarks.ray_attribution import ray_cells, ray_targets
+from benchmarks.report import FIXED_COLORS, MEMORY_LIMIT, SUITE, Suite, missing, pct, span, x
 
 LLM = ("lognormal-0.3", "lognormal-0.6", "straggler", "comm")
 JITTER = ("lognormal-0.3", "lognormal-0.6", "straggler")
 MULTIMODAL = ("multimodal", "multimodal+comm")
-
-MEMORY_LIMIT = 2.0 + 1e-9  # "no more than 2x 1F1B's activation memory"
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ def itself_claim(suite: Suite) -> Claim:
                 parts.append(f"{family.label} at {cap}: {span([c.speedup for c in mine])}")
         for target in targets(cells, family=family.label):
             met, total = met + target.met, total + 1
-    on_ray = [mine for _, mine, _ in ray_targets(suite)]
+    on_ray = [mine for _, mine, _ in ray_targets(**ray_cells(suite))]
     ray_met = sum(t.met for t in on_ray)
     if met == total and ray_met == len(on_ray):
         verdict = "**yes**"
@@ -377,42 +376,6 @@ def closest_claim(suite: Suite) -> Claim:
     )
     verdict = "**yes**" if wins == total else ("**mostly**" if wins >= total / 2 else "**no**")
     return Claim(claim, measures, where, result, verdict)
-
-
-def target_rows(suite: Suite) -> list[dict]:
-    """Per scenario and P on Ray: rrfp-ray's best readiness run at <= 2x memory vs PyTorch's best schedule,
-    each the median over seeds; `spread` is the least and most per-seed ratio of those two."""
-    out = []
-    for scenario, p in ((s, p) for p in suite.ray_stages for s in suite.scenarios):
-        measured = suite.runtime_rows(scenario=scenario, stages=p)
-        ours = [r for r in measured if suite.ready(r) and r["memory_x"] <= MEMORY_LIMIT]
-        theirs = suite.peer_rows(scenario=scenario, stages=p)
-        if not ours or not theirs:
-            continue
-        best = min(ours, key=lambda r: r["measured_ms"])
-        peer = min(theirs, key=lambda r: r["measured_ms"])
-        at_1x = [r for r in ours if r["memory_x"] <= 1.0 + 1e-9]
-        fixed = [r for r in measured if not suite.ready(r)]
-        ideal = min(theirs, key=lambda r: r["ideal_ms"])
-        ratio = best["measured_ms"] / peer["measured_ms"]
-        holds = ratio <= 1.02 if scenario == "none" else ratio < 1.0
-        out.append(
-            {
-                "scenario": scenario,
-                "stages": p,
-                "spread": seed_spread(best, peer),
-                "peers": {r["schedule"]: r for r in theirs},
-                "ours": best,
-                "peer": peer,
-                "ratio": ratio,
-                "holds": holds,
-                "ideal": ideal,
-                "ideal_ratio": best["measured_ms"] / ideal["ideal_ms"],
-                "ours_1x": min(at_1x, key=lambda r: r["measured_ms"], default=None),
-                "ours_fixed": min(fixed, key=lambda r: r["measured_ms"], default=None),
-            }
-        )
-    return out
 
 
 def target_claim(suite: Suite) -> Claim:

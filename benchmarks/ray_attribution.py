@@ -41,8 +41,9 @@ def ray_attribution_section(suite: Suite) -> list[str]:
     if not suite.runtime:
         return lines + [missing("runtime") + "."]
     rows = RayRows(suite, key="measured_ms")
-    measured = {_key(c): c for c in attribute(rows)}
-    simulated = {_key(c): c for c in attribute(RayRows(suite, key="sim_ms"))}
+    cells = ray_cells(suite)
+    measured = {_key(c): c for c in cells["measured"]}
+    simulated = {_key(c): c for c in cells["simulated"]}
     families = [f.label for f in FAMILIES if any(key[0] == f.label for key in measured)]
     lines += [
         "The comparison of the section above on the Ray runtime part's rows: per family and cap the best "
@@ -72,15 +73,22 @@ def ray_attribution_section(suite: Suite) -> list[str]:
         "misses, the runtime lost it.",
         "",
     ]
-    body = [[family, mine.text, _verdict(mine), _verdict(sim)] for family, mine, sim in ray_targets(suite)]
+    body = [[family, mine.text, _verdict(mine), _verdict(sim)] for family, mine, sim in ray_targets(**cells)]
     return lines + table(("family", "target", "measured", "simulated, same traces"), body)
 
 
-def ray_targets(suite: Suite) -> list[tuple[str, Target, Target]]:
-    """Per family at cap 1x: each target on the measured runtime rows and on their simulation."""
+def ray_cells(suite: Suite) -> dict[str, list[Attribution]]:
+    """The runtime part's cells, measured and simulated: `ray_targets`' arguments."""
     if not suite.runtime:
-        return []
-    measured, simulated = attribute(RayRows(suite, key="measured_ms")), attribute(RayRows(suite, key="sim_ms"))
+        return {"measured": [], "simulated": []}
+    return {
+        "measured": attribute(RayRows(suite, key="measured_ms")),
+        "simulated": attribute(RayRows(suite, key="sim_ms")),
+    }
+
+
+def ray_targets(*, measured: list[Attribution], simulated: list[Attribution]) -> list[tuple[str, Target, Target]]:
+    """Per family at cap 1x: each target on the measured runtime cells and on their simulation."""
     out = []
     for family in FAMILIES:
         sims = {t.text: t for t in targets(simulated, family=family.label)}
@@ -93,7 +101,7 @@ def ray_target_lines(suite: Suite) -> list[str]:
     return [
         f"target on Ray {family}, cap 1x, {mine.text}: measured {_verdict(mine, no='NOT met')}; "
         f"simulated {_verdict(sim, no='NOT met')}"
-        for family, mine, sim in ray_targets(suite)
+        for family, mine, sim in ray_targets(**ray_cells(suite))
     ]
 
 

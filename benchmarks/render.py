@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.attribution import attribution_section, seed_text
-from benchmarks.claims import claims, target_rows
+from benchmarks.claims import claims
+from benchmarks.pytorch_target import target_section
 from benchmarks.ray_attribution import ray_attribution_section
 from benchmarks.report import ROOT, SUITE, Suite, missing, pct, table, x
 
@@ -22,72 +23,6 @@ def claims_section(suite: Suite) -> list[str]:
         "",
         *table(("claim", "what rrfp-ray measures", "where", "result", "reproduces?"), rows),
     ]
-
-
-def target_section(suite: Suite) -> list[str]:
-    lines = ["## Target: rrfp-ray vs PyTorch's schedules, side by side (M = 4P, t_f=20 ms)", ""]
-    rows = target_rows(suite)
-    if not rows:
-        return lines + [missing("runtime and peers") + "."]
-    section = suite.data.get("peers", {})
-    seeds = sorted({r.get("seed", 0) for r in suite.peers})
-    lines += [
-        f"Iteration wall time (ms): per seed the median of {section.get('iterations', '?')} timed iterations after "
-        f"{section.get('warmup', '?')} warm-up, then the median over seeds {', '.join(map(str, seeds))}; in "
-        "parentheses the least and most per-seed ratio. PyTorch: `torch.distributed.pipelining` in P processes "
-        "over gloo (`benchmarks/peers/torch_pipelining.py`); rrfp-ray: P Ray stage actors over TCP links. Both "
-        "sleep the same traces. rrfp-ray's best is the fastest readiness run with peak activation memory <= 2x "
-        "fixed 1F1B's. *ideal* is the simulated makespan of the order PyTorch ran, in our model (no transport "
-        "cost, message latency overlapped with compute).",
-        "",
-    ]
-    schedules = list(dict.fromkeys(s for r in rows for s in r["peers"]))
-    header = [
-        "scenario",
-        "P",
-        *(f"PyTorch {s}" for s in schedules),
-        "rrfp-ray best (memory)",
-        "rrfp / PyTorch best",
-        "holds?",
-        "rrfp / PyTorch ideal",
-        "rrfp-ray best at 1x memory / PyTorch best",
-        "rrfp-ray best fixed / PyTorch best",
-    ]
-
-    def versus(row: dict | None, peer: dict) -> str:
-        return "-" if row is None else f"{x(row['measured_ms'] / peer['measured_ms'])} ({row['run']})"
-
-    body = []
-    for r in rows:
-        cells = [f"{r['peers'][s]['measured_ms']:.0f}" if s in r["peers"] else "-" for s in schedules]
-        ours = r["ours"]
-        low, high = r["spread"]
-        body.append(
-            [
-                r["scenario"],
-                r["stages"],
-                *cells,
-                f"{ours['measured_ms']:.0f} {ours['run']} ({x(ours['memory_x'])})",
-                f"{x(r['ratio'])} ({low:.2f}-{high:.2f})",
-                "yes" if r["holds"] else "**no**",
-                f"{x(r['ideal_ratio'])} ({r['ideal']['schedule']} {r['ideal']['ideal_ms']:.0f})",
-                versus(r["ours_1x"], r["peer"]),
-                versus(r["ours_fixed"], r["peer"]),
-            ]
-        )
-    lines += table(header, body)
-    lines += [
-        "",
-        "How to read it: message latency is a delivery delay in both. rrfp-ray's sender thread holds a message its "
-        "latency after the op that made it, then sends it; PyTorch's sleep module stamps each message with the time "
-        "its op ended, and the consumer sleeps only what is left of the latency (the message travels meanwhile, so "
-        "rrfp-ray pays its transport after the latency and PyTorch within it). The last two columns: rrfp-ray held "
-        "to fixed 1F1B's memory, "
-        "and rrfp-ray running the fixed schedules itself (so the two runtimes' own overheads can be told apart "
-        f"from the policies'). Both run their P processes on one machine ({suite.meta['machine']}); the run log "
-        "below gives the load while each part ran.",
-    ]
-    return lines
 
 
 def runtime_section(suite: Suite) -> list[str]:
@@ -196,11 +131,16 @@ def tp_section(suite: Suite) -> list[str]:
     return lines + table(header, body)
 
 
+def _fixed_1f1b(row: dict, rows: list[dict]) -> dict | None:
+    """The fidelity part's 1f1b row at the same P."""
+    return next((b for b in rows if (b["stages"], b["policy"]) == (row["stages"], "1f1b")), None)
+
+
 def _contention(rows: list[dict], suite: Suite) -> str:
     """How much longer the same ops took under each readiness policy than under 1f1b, per P."""
     ratios = []
     for r in rows:
-        base = next((b for b in rows if (b["stages"], b["policy"]) == (r["stages"], "1f1b")), None)
+        base = _fixed_1f1b(r, rows)
         if base is not None and r is not base:
             ratios.append(f"{r['op_ms_mean'] / base['op_ms_mean'] - 1:+.0%} under {r['policy']} at P={r['stages']}")
     return (
@@ -228,7 +168,7 @@ def fidelity_section(suite: Suite) -> list[str]:
     ]
     body = []
     for r in section["rows"]:
-        base = next((b for b in section["rows"] if (b["stages"], b["policy"]) == (r["stages"], "1f1b")), None)
+        base = _fixed_1f1b(r, section["rows"])
         body.append(
             [
                 r["stages"],

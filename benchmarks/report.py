@@ -14,6 +14,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {"json": ROOT / "docs/results/suite.json", "out": ROOT / "docs/RESULTS.md", "plots": ROOT / "docs/results"}
 SUITE = "python jobs/bench_suite.py"
+MEMORY_LIMIT = 2.0 + 1e-9  # "no more than 2x 1F1B's activation memory"
 FIXED_COLORS = {
     "gpipe": "tab:gray",
     "1f1b": "black",

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.attribution import attribute, heavy_notes, targets
-from benchmarks.claims import target_claim, target_rows, tp_claim
+from benchmarks.claims import target_claim, tp_claim
+from benchmarks.pytorch_target import target_rows
 from benchmarks.ray_attribution import ray_attribution_section, ray_target_lines
 from benchmarks.render import render, run_log
 from benchmarks.report import Suite, missing
