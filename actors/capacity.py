@@ -65,12 +65,16 @@ def check_capacity(*, demand: Demand, nodes: Sequence[Mapping[str, float]], grow
     group = demand.group()
     if not any(fits(group, node) for node in nodes):
         offered = sorted({json.dumps(_shown(node), sort_keys=True) for node in nodes})
-        what = f"a stage's bundle {shape(group)}" if demand.tp == 1 else f"a stage's {demand.tp} TP ranks ({shape(group)})"
+        what = (
+            f"a stage's bundle {shape(group)}" if demand.tp == 1 else f"a stage's {demand.tp} TP ranks ({shape(group)})"
+        )
         raise CapacityError(f"no node can ever hold {what}: {source} offer {'; '.join(offered) or 'nothing'}")
     if grows:
         return
     total = {name: sum(node.get(name, 0.0) for node in nodes) for name in demand.bundle}
-    short = {name: demand.actors * amount for name, amount in demand.bundle.items() if demand.actors * amount > total[name]}
+    short = {
+        name: demand.actors * amount for name, amount in demand.bundle.items() if demand.actors * amount > total[name]
+    }
     if short:
         need = ", ".join(f"{amount:g} {name}" for name, amount in short.items())
         have = ", ".join(f"{total[name]:g} {name}" for name in short)

@@ -64,18 +64,14 @@ class _SetupTable:
     def take_hosted(self, *, name: str) -> dist.TCPStore:
         with self.lock:
             if name not in self.hosted:
-                raise ValueError(
-                    f"name={name!r}: rank 0 must call host_group in this process before join_group"
-                )
+                raise ValueError(f"name={name!r}: rank 0 must call host_group in this process before join_group")
             return self.hosted.pop(name)
 
     def drop_hosted(self, *, name: str) -> None:
         with self.lock:
             self.hosted.pop(name, None)
 
-    def put_connected(
-        self, *, name: str, group: dist.ProcessGroupGloo, store: dist.TCPStore
-    ) -> None:
+    def put_connected(self, *, name: str, group: dist.ProcessGroupGloo, store: dist.TCPStore) -> None:
         with self.lock:
             self.connected[name] = (group, store)
 
@@ -136,9 +132,7 @@ class GlooGroup(BaseGroup):
     def broadcast(self, tensor, broadcast_options=types.BroadcastOptions()) -> None:
         raise NotImplementedError(f"{GLOO_BACKEND} has no broadcast; use send/recv")
 
-    def reducescatter(
-        self, tensor, tensor_list, reducescatter_options=types.ReduceScatterOptions()
-    ) -> None:
+    def reducescatter(self, tensor, tensor_list, reducescatter_options=types.ReduceScatterOptions()) -> None:
         raise NotImplementedError(f"{GLOO_BACKEND} has no reducescatter; use allreduce")
 
 
@@ -190,7 +184,9 @@ def agree_on_backend(*, choices: dict[str, LinkBackend]) -> LinkBackend:
         f"{backend.value} on {', '.join(label for label, b in choices.items() if b is backend)}"
         for backend in sorted(found, key=lambda b: b.value)
     )
-    raise RuntimeError(f"the stages resolved different link backends ({sides}): give every stage a GPU, or pass backend tcp or gloo")
+    raise RuntimeError(
+        f"the stages resolved different link backends ({sides}): give every stage a GPU, or pass backend tcp or gloo"
+    )
 
 
 def host_group(*, name: str) -> str:
@@ -215,9 +211,7 @@ def host_group(*, name: str) -> str:
     return f"{host}:{store.port}"
 
 
-def join_group(
-    *, name: str, address: str, rank: int, world_size: int, backend: LinkBackend, timeout_s: float
-) -> None:
+def join_group(*, name: str, address: str, rank: int, world_size: int, backend: LinkBackend, timeout_s: float) -> None:
     """On every rank (0 included): join group ``name``; blocks until all ranks join (gloo).
 
     ``address`` is rank 0's ``host_group`` answer; NCCL ignores it (Ray's NCCL group
@@ -245,9 +239,7 @@ def join_group(
     timeout = timedelta(seconds=timeout_s)
     options = dist.ProcessGroupGloo._Options()
     # The node's Ray address, not the hostname gloo would guess (may be loopback).
-    options._devices = [
-        dist.ProcessGroupGloo.create_device(hostname=ray.util.get_node_ip_address())
-    ]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=ray.util.get_node_ip_address())]
     options._timeout = timeout
     try:
         if rank == 0:

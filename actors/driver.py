@@ -54,7 +54,9 @@ class PipelineDriver:
         started = time.perf_counter()
         ties = tuple(dict.fromkeys(tie.stages for tie in getattr(workload, "ties", ())))
         fabric = RayStages(pipeline=pipeline, placement=placement or StagePlacement(), ties=ties)
-        self.group = StageGroup(fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero))
+        self.group = StageGroup(
+            fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
+        )
         self.group.set_workload(workload=workload)
         self.startup_s = time.perf_counter() - started
 
@@ -149,7 +151,9 @@ class RayStages:
         tp = self.pipeline.tp
         demand = self.placement.demand(dp=self.pipeline.dp, stages=self.pipeline.stages, tp=tp)
         labels = [self._label(g * tp) for g in range(demand.groups)]
-        self._pgs = place(demand=demand, timeout_s=self.placement.timeout_s, labels=labels)  # logs its waiting and its end
+        self._pgs = place(
+            demand=demand, timeout_s=self.placement.timeout_s, labels=labels
+        )  # logs its waiting and its end
         spawn_s = max(self.timeout_s, _SPAWN_S)
         waited = time.perf_counter()
         run = run_tag()  # fresh names: a restart's old actors may not have released theirs
@@ -181,9 +185,15 @@ class RayStages:
             )
             for s in range(stages)
         ]
-        self.pids = dict(self.wait([a.process.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s))
-        logger.info("%d stage actors up in %.1f s (pids %s)", stages, time.perf_counter() - waited, list(self.pids.values()))
-        choices = self.wait([a.resolve_backend.remote(backend=self.pipeline.backend) for a in self.stages], what="link backends")
+        self.pids = dict(
+            self.wait([a.process.remote() for a in self.stages], what="stage actors to start", timeout_s=spawn_s)
+        )
+        logger.info(
+            "%d stage actors up in %.1f s (pids %s)", stages, time.perf_counter() - waited, list(self.pids.values())
+        )
+        choices = self.wait(
+            [a.resolve_backend.remote(backend=self.pipeline.backend) for a in self.stages], what="link backends"
+        )
         try:
             self.backend = collective.agree_on_backend(choices={self._label(i): c for i, c in enumerate(choices)})
         except RuntimeError:
@@ -262,13 +272,17 @@ class RayStages:
         self.wait(
             [
                 a.connect.remote(
-                    groups={} if tcp_links else {link: name for (link, t, d), name in links.items() if (t, d) == (i % tp, i // tp // stages)},
+                    groups={}
+                    if tcp_links
+                    else {link: name for (link, t, d), name in links.items() if (t, d) == (i % tp, i // tp // stages)},
                     tcp_links=dialed[i],
                     everyone=everyone,
                     tp_group=tp_groups.get(i // tp),
                     dp_group=dp_groups.get((i // tp % stages, i % tp)),
                     chunks=self.layout.chunks,
-                    tie_groups={owners: name for (owners, t, d), name in ties.items() if (t, d) == (i % tp, i // tp // stages)},
+                    tie_groups={
+                        owners: name for (owners, t, d), name in ties.items() if (t, d) == (i % tp, i // tp // stages)
+                    },
                     agreement=agreement[i - i % tp : i - i % tp + tp] if tcp else None,
                 )
                 for i, a in enumerate(self.stages)
@@ -321,7 +335,9 @@ class RayStages:
                 ray.get(done[0])
             except RayActorError as error:
                 pid = f" (pid {self.pids[error.actor_id]})" if error.actor_id in self.pids else ""
-                failures.append((False, f"{owners[done[0]]} died during {what}: {error}", f"{owners[done[0]]}{pid} died"))
+                failures.append(
+                    (False, f"{owners[done[0]]} died during {what}: {error}", f"{owners[done[0]]}{pid} died")
+                )
             except RayError as error:
                 failures.append((True, f"{owners[done[0]]} failed during {what}: {error}", f"{owners[done[0]]} failed"))
             if failures:

@@ -57,5 +57,9 @@ def stage_placement(parser: argparse.ArgumentParser, *, args: argparse.Namespace
             gpus_per_stage=gpus_per_stage(args), resources=args.stage_resources, timeout_s=args.placement_timeout
         )
     except ValidationError as error:
-        flags = {"gpus_per_stage": "--gpus-per-stage", "resources": "--stage-resources", "timeout_s": "--placement-timeout"}
+        flags = {
+            "gpus_per_stage": "--gpus-per-stage",
+            "resources": "--stage-resources",
+            "timeout_s": "--placement-timeout",
+        }
         config_error(parser, error, flags=flags)

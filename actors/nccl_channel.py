@@ -46,7 +46,9 @@ class OneThread:
         if self._owner is None:
             self._owner = me
         elif self._owner != me:
-            raise RuntimeError(f"{self.what}: ops from a second thread ({threading.current_thread().name}); one thread per communicator")
+            raise RuntimeError(
+                f"{self.what}: ops from a second thread ({threading.current_thread().name}); one thread per communicator"
+            )
 
 
 def transfer(*, handle, op: str, tensor: torch.Tensor, peer: int, timeout_s: float, where: str) -> None:

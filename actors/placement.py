@@ -59,7 +59,9 @@ class StagePlacement(BaseModel):
         return value
 
     def demand(self, *, dp: int, stages: int, tp: int) -> Demand:
-        return Demand(bundle=stage_bundle(gpus=self.gpus_per_stage, resources=self.resources), dp=dp, stages=stages, tp=tp)
+        return Demand(
+            bundle=stage_bundle(gpus=self.gpus_per_stage, resources=self.resources), dp=dp, stages=stages, tp=tp
+        )
 
 
 def check(demand: Demand) -> None:
@@ -69,7 +71,12 @@ def check(demand: Demand) -> None:
     alive = [dict(node["Resources"]) for node in nodes if node["Alive"]]
     node_types = _published_node_types()
     if node_types is not None:
-        check_capacity(demand=demand, nodes=alive + node_types, grows=True, source="the alive nodes and the autoscaler's node types")
+        check_capacity(
+            demand=demand,
+            nodes=alive + node_types,
+            grows=True,
+            source="the alive nodes and the autoscaler's node types",
+        )
     elif _v1_autoscaler_status(nodes=nodes) is None:
         check_capacity(demand=demand, nodes=alive, grows=False, source="the alive nodes (no autoscaler runs)")
 
@@ -109,7 +116,9 @@ def place(*, demand: Demand, timeout_s: float, labels: list[str]) -> list[Placem
 
 def progress(*, groups: list[PlacementGroup], demand: Demand, pending: list[str]) -> str:
     """`waiting for 8 x {CPU: 1, GPU: 1}: 3 placed (pending: stage 1, ...); the autoscaler is adding ...; see ray status`."""
-    placed = sum(1 for group in groups for node in placement_group_table(group).get("bundles_to_node_id", {}).values() if node)
+    placed = sum(
+        1 for group in groups for node in placement_group_table(group).get("bundles_to_node_id", {}).values() if node
+    )
     line = f"waiting for {demand}: {placed} placed (pending: {', '.join(pending)})"
     status = _v1_autoscaler_status(nodes=ray.nodes())
     if status is not None:

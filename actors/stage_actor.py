@@ -75,7 +75,9 @@ class StageActor:
         self._metrics = StageMetrics(stage=stage)
         # The TP, tie and all-stages groups' collectives: on the compute thread only (a DP group's
         # on the reduction thread, its only user).
-        self._compute_thread = nccl_channel.OneThread(what=f"stage {stage} TP rank {tp_rank}: the TP, tie and all-stages groups")
+        self._compute_thread = nccl_channel.OneThread(
+            what=f"stage {stage} TP rank {tp_rank}: the TP, tie and all-stages groups"
+        )
         logger.info("replica %d stage %d TP rank %d of %d: actor started", replica, stage, tp_rank, tp_size)
 
     def resolve_backend(self, *, backend: LinkBackend) -> LinkBackend:
@@ -150,6 +152,7 @@ class StageActor:
         if dp_group is not None:
             if self._dp_spec is None:
                 raise RuntimeError(f"stage {self.stage}: a DP group given to an actor started without dp")
+
             def group_sum(tensor: torch.Tensor) -> torch.Tensor:
                 return self._group_sum(group=dp_group, tensor=tensor)
 
@@ -343,6 +346,7 @@ class RayStageHandle:
 
     def chunk_states(self) -> ray.ObjectRef:
         return self.actor.chunk_states.remote()
+
 
 def rss_bytes() -> int:
     """This process's resident memory."""

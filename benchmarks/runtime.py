@@ -85,7 +85,9 @@ def checked(
     if args.grad_mb <= 0:
         parser.error(f"--grad-mb must be > 0, got {args.grad_mb:g}")
     if not 1 <= args.grad_layers <= int(args.grad_mb * 2**20) // 4:
-        parser.error(f"--grad-layers must be >= 1 and at most the --grad-mb payload's float32 elements, got {args.grad_layers}")
+        parser.error(
+            f"--grad-layers must be >= 1 and at most the --grad-mb payload's float32 elements, got {args.grad_layers}"
+        )
     if args.reduce_mb_per_s is not None and not args.reduce_mb_per_s > 0:
         parser.error(f"--reduce-mb-per-s must be > 0, got {args.reduce_mb_per_s:g}")
     if args.reduce_latency_ms < 0:
@@ -173,7 +175,9 @@ def message_cost_ms(*, reports: dict[str, list[IterationReport]], pipeline: Pipe
         layout = layout_for(policy=policy, trace=trace)
         for report in runs:
             delays += _message_delays(report=report, layout=layout, trace=trace, placement=policy.placement)
-    wakeup = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[Phase.WAKEUP][0]
+    wakeup = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[Phase.WAKEUP][
+        0
+    ]
     return statistics.median(delays) + (0.0 if math.isnan(wakeup) else wakeup / 1e3)
 
 
@@ -267,13 +271,17 @@ def compare(
         message_ms = message_cost_ms(reports=reports, pipeline=pipeline, trace=trace)
     send_ms = None
     if backend is LinkBackend.TCP:
-        send_us = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[Phase.SEND][0]
+        send_us = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[
+            Phase.SEND
+        ][0]
         send_ms = min(message_ms, 0.0 if math.isnan(send_us) else send_us / 1e3)
     transport = TransportModel(message_ms=message_ms, send_ms=send_ms)
     with_transport = simulated_ms(pipeline=pipeline, trace=trace, names=names, transport=transport)
     results = summarize(reports=reports, simulated=simulated, with_transport=with_transport, baseline=names[0])
     if pipeline.dp > 1:
-        for name, figures in predict_exposed(pipeline=pipeline, trace=trace, names=names, reports=reports, args=args).items():
+        for name, figures in predict_exposed(
+            pipeline=pipeline, trace=trace, names=names, reports=reports, args=args
+        ).items():
             results[name].update(figures)
     return results, transport
 

@@ -324,7 +324,9 @@ def merge_cells(*, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str,
     return merged
 
 
-def kept_cells_mismatch(*, data: dict[str, Any], cells: set[tuple[str, int]], seeds: Sequence[int], iterations: int) -> str | None:
+def kept_cells_mismatch(
+    *, data: dict[str, Any], cells: set[tuple[str, int]], seeds: Sequence[int], iterations: int
+) -> str | None:
     """Why the cells of `data`'s measured parts that a run of `cells` keeps (`merge_cells`) do not
     match its --seeds and --iterations (None: they do, or it keeps none)."""
     wanted = {"seeds": list(seeds), "iterations": iterations}
@@ -334,7 +336,9 @@ def kept_cells_mismatch(*, data: dict[str, Any], cells: set[tuple[str, int]], se
             continue
         differs = {k: section[k] for k, v in wanted.items() if k in section and section[k] != v}
         if differs:
-            return f"its {part} cells were measured with {differs}; re-measure them with the same --seeds and --iterations"
+            return (
+                f"its {part} cells were measured with {differs}; re-measure them with the same --seeds and --iterations"
+            )
     return None
 
 
@@ -342,10 +346,14 @@ def code_version(*, root: Path = ROOT) -> str:
     """The commit of this checkout, `+changes` if tracked files outside docs/ (where the suite's own
     outputs live) differ from it ("unknown" without git)."""
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
         changes = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -67,11 +67,15 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         pipe.add_argument(f"--{name}", type=int, default=None, help=help)
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
     pipe.add_argument(
-        "--backend", default="auto", help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl"
+        "--backend",
+        default="auto",
+        help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
     )
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
-    pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")
+    pipe.add_argument(
+        "--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective"
+    )
     pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the whole pipeline")
     pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
     pipe.add_argument(
@@ -116,7 +120,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         help="the simulator's transport model: ms a message costs (default: measured in this run)",
     )
     bench.add_argument("--json", default=None, metavar="OUT", help="write the per-policy figures here")
-    bench.add_argument("--out", default=None, metavar="DIR", help="write a Perfetto trace and a diagram per policy here")
+    bench.add_argument(
+        "--out", default=None, metavar="DIR", help="write a Perfetto trace and a diagram per policy here"
+    )
     add_scenario_flags(parser, default="lognormal")
     add_log_level_flag(parser)
     args = parser.parse_args(argv)
@@ -160,7 +166,12 @@ def main(argv: list[str] | None = None) -> dict:
         write_pictures(out=Path(args.out), runs=reports)
     lines = runtime.report_lines(results=results, reports=reports, pipeline=pipeline, transport=transport, args=args)
     print("\n".join(lines))
-    summary = {"policies": results, "message_ms": transport.message_ms, "send_ms": transport.send_ms, "links": backend.value}
+    summary = {
+        "policies": results,
+        "message_ms": transport.message_ms,
+        "send_ms": transport.send_ms,
+        "links": backend.value,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"wrote {args.json}")

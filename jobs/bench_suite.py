@@ -179,25 +179,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(line, flush=True)
     if "runtime" in args.parts:
         runs = runtime_runs(rules=rules)
-        data["runtime"] = merge_cells(old=data.get("runtime"), new=timed(
-            part="runtime",
-            make=lambda: each_depth(
-                args.ray_stages,
-                lambda p: runtime_part(scenarios=scenarios, runs=runs, stages=p, microbatches=4 * p, **timing),
+        data["runtime"] = merge_cells(
+            old=data.get("runtime"),
+            new=timed(
+                part="runtime",
+                make=lambda: each_depth(
+                    args.ray_stages,
+                    lambda p: runtime_part(scenarios=scenarios, runs=runs, stages=p, microbatches=4 * p, **timing),
+                ),
+                command=command,
             ),
-            command=command,
-        ))
+        )
         data["runtime"].update(stages=sorted({row["stages"] for row in data["runtime"]["rows"]}), **timing)
         for line in ray_target_lines(Suite(data)):
             print(line, flush=True)
     if "peers" in args.parts:
-        data["peers"] = merge_cells(old=data.get("peers"), new=timed(
-            part="peers",
-            make=lambda: each_depth(
-                args.ray_stages, lambda p: peers_part(scenarios=scenarios, stages=p, microbatches=4 * p, **timing)
+        data["peers"] = merge_cells(
+            old=data.get("peers"),
+            new=timed(
+                part="peers",
+                make=lambda: each_depth(
+                    args.ray_stages, lambda p: peers_part(scenarios=scenarios, stages=p, microbatches=4 * p, **timing)
+                ),
+                command=command,
             ),
-            command=command,
-        ))
+        )
         data["peers"].update(stages=sorted({row["stages"] for row in data["peers"]["rows"]}), **timing)
     if "tp" in args.parts:
         tp_shape = {"stages": 2, "microbatches": 8, "warmup": 1, "iterations": args.iterations}

@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     baseline = "1f1b" if trace.chunks == 1 else "interleaved"
     hint = checked(parser, "--hint", lambda: load_hint(args.hint, trace)) if args.hint else None
     if args.policies:
-        policies = [checked(parser, "--policies", lambda n=n: policy(n, trace, hint=hint)) for n in args.policies.split(",")]
+        policies = [
+            checked(parser, "--policies", lambda n=n: policy(n, trace, hint=hint)) for n in args.policies.split(",")
+        ]
     else:
         policies = default_policies(trace)
     reference = checked(parser, "--microbatches", lambda: policy(baseline, trace))
@@ -80,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--policies", help="comma-separated (default gpipe,1f1b,zb-h1,bf,bfw; interleaved,bf,bfw when v > 1)"
     )
-    parser.add_argument("--hint", help="JSON {stage: [\"0F0\", ...]} or torch's CSV schedule: the order for policies hint / ready-hint")
+    parser.add_argument(
+        "--hint", help='JSON {stage: ["0F0", ...]} or torch\'s CSV schedule: the order for policies hint / ready-hint'
+    )
     parser.add_argument("--cap", default="2x", help="in-flight cap: 1x, 2x, 1.5x, a count, or inf (default 2x)")
     parser.add_argument("--json", help="write {policies: {name: {makespan_ms, ...}}} here")
     parser.add_argument("--out", help="write a Perfetto trace and a pipeline diagram per policy into this directory")

@@ -47,17 +47,33 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         help="a schedule (gpipe, 1f1b, interleaved, looped-bfs, zb-h1, 1f1b-2x, zb-h2, zb-interleaved, zbv, "
         "dualpipev), ready-<schedule>, bf, bfw or cpw",
     )
-    pipe.add_argument("--hint", default=None, help="JSON {stage: [\"0F0\", ...]} or torch's CSV schedule: the order for policies hint / ready-hint")
+    pipe.add_argument(
+        "--hint",
+        default=None,
+        help='JSON {stage: ["0F0", ...]} or torch\'s CSV schedule: the order for policies hint / ready-hint',
+    )
     pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
-    pipe.add_argument("--backend", default="auto", help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl")
+    pipe.add_argument(
+        "--backend",
+        default="auto",
+        help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
+    )
     pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
     pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
-    pipe.add_argument("--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective")
+    pipe.add_argument(
+        "--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective"
+    )
     pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (--microbatches each)")
     pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
-    pipe.add_argument("--no-overlap", action="store_true", help="with --dp: reduce gradients after every stage's last op")
     pipe.add_argument(
-        "--zero", type=int, default=0, choices=(0, 1), help="1: shard the optimizer state over the --dp replicas (ZeRO-1)"
+        "--no-overlap", action="store_true", help="with --dp: reduce gradients after every stage's last op"
+    )
+    pipe.add_argument(
+        "--zero",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="1: shard the optimizer state over the --dp replicas (ZeRO-1)",
     )
     pipe.add_argument(
         "--dp-check",
@@ -67,14 +83,17 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     )
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
     pipe.add_argument(
-        "--gpus-per-stage", type=float, default=0.0, help="GPUs per stage actor; a fraction shares one GPU (TCP or gloo links)"
+        "--gpus-per-stage",
+        type=float,
+        default=0.0,
+        help="GPUs per stage actor; a fraction shares one GPU (TCP or gloo links)",
     )
     pipe.add_argument(
         "--stage-resources",
         type=json.loads,
         default={},
         metavar="JSON",
-        help='Ray resources added to every stage\'s bundle, aiming stages at a node type: \'{"accelerator_type:A10G": 0.001}\'',
+        help="Ray resources added to every stage's bundle, aiming stages at a node type: '{\"accelerator_type:A10G\": 0.001}'",
     )
     pipe.add_argument(
         "--placement-timeout",
@@ -114,11 +133,17 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     train.add_argument(
         "--out", default=None, help="output directory (default: runs/train_gpt; on a cluster ~/rrfp-runs/START_TIME)"
     )
-    train.add_argument("--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)")
-    train.add_argument("--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)")
+    train.add_argument(
+        "--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)"
+    )
+    train.add_argument(
+        "--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)"
+    )
     train.add_argument("--checkpoint-every", type=int, default=0, help="iterations between checkpoints (0: none)")
     train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    train.add_argument("--max-restarts", type=int, default=0, help="rebuild from the last checkpoint after a lost stage")
+    train.add_argument(
+        "--max-restarts", type=int, default=0, help="rebuild from the last checkpoint after a lost stage"
+    )
     add_scenario_flags(parser, default="multimodal")
     add_log_level_flag(parser)
     parser.set_defaults(t_f=10.0)

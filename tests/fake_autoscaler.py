@@ -98,9 +98,18 @@ class FakeCluster:
             "available_node_types": node_types,
             "head_node_type": "ray.head.default",
             "file_mounts": {},
-            **{key: [] for key in ("cluster_synced_files", "initialization_commands",
-                                   "setup_commands", "head_setup_commands", "worker_setup_commands",
-                                   "head_start_ray_commands", "worker_start_ray_commands")},
+            **{
+                key: []
+                for key in (
+                    "cluster_synced_files",
+                    "initialization_commands",
+                    "setup_commands",
+                    "head_setup_commands",
+                    "worker_setup_commands",
+                    "head_start_ray_commands",
+                    "worker_start_ray_commands",
+                )
+            },
         }
         (temp_dir / "autoscaling.yaml").write_text(yaml.safe_dump(config))
         venv_bin = str(Path(sys.executable).parent)
@@ -142,7 +151,11 @@ class FakeCluster:
         env.pop("RAY_FAKE_CLUSTER")
         url = f"http://{ip}:{dashboard_port}"
         return cls(
-            temp_dir=temp_dir, gcs_address=gcs_address, dashboard_url=url, env=env | {"RAY_ADDRESS": gcs_address}, home=home
+            temp_dir=temp_dir,
+            gcs_address=gcs_address,
+            dashboard_url=url,
+            env=env | {"RAY_ADDRESS": gcs_address},
+            home=home,
         )
 
     def pids(self) -> list[int]:
@@ -154,7 +167,9 @@ class FakeCluster:
     def ray(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """The `ray` CLI against this cluster."""
         ray = Path(sys.executable).parent / "ray"
-        return subprocess.run([str(ray), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [str(ray), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def worker_nodes(self) -> tuple[int, int]:
         """Worker nodes (besides the head) alive now, and ever registered (from the GCS)."""
@@ -207,4 +222,3 @@ ray.init(address="auto", log_to_driver=False)
 workers = [n for n in ray.nodes() if n["NodeID"] != "{HEAD_NODE_ID}"]
 print(sum(1 for n in workers if n["Alive"]), len(workers))
 """
-

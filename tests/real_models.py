@@ -110,7 +110,9 @@ def token_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 def token_sum_count(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Token-weighted: the summed loss and how many tokens it counts."""
-    total = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100, reduction="sum")
+    total = nn.functional.cross_entropy(
+        logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100, reduction="sum"
+    )
     return total, (targets != -100).sum()
 
 

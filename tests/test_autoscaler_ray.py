@@ -58,7 +58,9 @@ def test_a_job_scales_the_cluster_from_zero_and_another_resumes_after_its_nodes_
     assert json.loads((Path(out) / "summary.json").read_text())["iterations"] == 2
     _, ever = fake_cluster.worker_nodes()
     assert ever >= 1  # the autoscaler added stand-ins for the demand
-    fake_cluster.wait_for(lambda: fake_cluster.worker_nodes()[0] == 0, what="the worker nodes to idle out", timeout_s=240)
+    fake_cluster.wait_for(
+        lambda: fake_cluster.worker_nodes()[0] == 0, what="the worker nodes to idle out", timeout_s=240
+    )
 
     second = _submit(fake_cluster, "--iterations", "3", "--checkpoint-dir", str(checkpoints), "--resume")
     assert "resumed from the checkpoint of iteration 2" in second, second[-4000:]

@@ -21,10 +21,11 @@ def test_the_framing_benchmark_prints_every_row(capsys) -> None:
     assert all(float(value) > 0 for row in rows for value in row[-3:])
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--payload-elems", "x"), ("--payload-elems", "0"), ("--messages", "0"), ("--repeats", "0")])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--payload-elems", "x"), ("--payload-elems", "0"), ("--messages", "0"), ("--repeats", "0")]
+)
 def test_bad_flags_are_named(flag: str, value: str, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         bench_framing.main([flag, value])
     assert exited.value.code == 2
     assert flag in capsys.readouterr().err
-

@@ -88,7 +88,9 @@ def test_an_unreadable_trace_is_named(tmp_path: Path, capsys) -> None:
 
 
 def test_v_policies_share_a_v_pipeline_with_the_zbv_baseline() -> None:
-    _, pipeline, _, names = bench_runtime.parse(["--chunks", "2", "--microbatches", "8", "--policies", "ready-zbv,dualpipev"])
+    _, pipeline, _, names = bench_runtime.parse(
+        ["--chunks", "2", "--microbatches", "8", "--policies", "ready-zbv,dualpipev"]
+    )
     assert names == ["zbv", "ready-zbv", "dualpipev"]
     assert pipeline.layout.placement.value == "v" and pipeline.layout.loss_stage == 0
     _, looped, _, names = bench_runtime.parse(["--chunks", "2", "--policies", "zb-interleaved,bf"])
@@ -101,7 +103,12 @@ def test_the_dp_table_prints_the_bytes_summed_and_received_beside_the_exposed_sh
     figures = dict.fromkeys(
         ["measured_ms", "step_ms", "sim_ms", "ratio", "sim_transport_ms", "ratio_transport", "speedup_measured"], 1.0
     )
-    figures |= {"speedup_predicted": 1.0, "dp_reduce_ms": 40.0, "dp_exposed_fraction": 0.125, "dp_exposed_own_fraction": 0.5}
+    figures |= {
+        "speedup_predicted": 1.0,
+        "dp_reduce_ms": 40.0,
+        "dp_exposed_fraction": 0.125,
+        "dp_exposed_own_fraction": 0.5,
+    }
     figures |= {"sim_dp_exposed_fraction": 0.25, "dp_reduce_bytes": 4 * 2**20, "dp_received_bytes": 2 * 2**20}
     header, row = table(results={"bfw": figures}, tp=False, dp=True)
     assert header.endswith("sim exp  sum MB recv MB")

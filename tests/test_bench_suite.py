@@ -246,12 +246,15 @@ def test_target_compares_our_best_within_2x_memory_with_pytorch_best(quick: Path
 
 
 def test_a_ready_list_under_a_cap_is_a_readiness_run_and_its_fixed_list_is_not(quick: Path) -> None:
-    data = fake_runtime(json.loads(quick.read_text()), ours={"multimodal+comm": 1000.0}, theirs={"multimodal+comm": 1000.0})
+    data = fake_runtime(
+        json.loads(quick.read_text()), ours={"multimodal+comm": 1000.0}, theirs={"multimodal+comm": 1000.0}
+    )
     template = data["runtime"]["rows"][0]
     for run, cap, ms, memory in (("zbv", None, 950.0, 1.0), ("ready-zbv@1x", "1x", 900.0, 1.25)):
         policy = run.partition("@")[0]
-        data["runtime"]["rows"].append({**template, "run": run, "policy": policy, "cap": cap, "measured_ms": ms,
-                                        "memory_x": memory})
+        data["runtime"]["rows"].append(
+            {**template, "run": run, "policy": policy, "cap": cap, "measured_ms": ms, "memory_x": memory}
+        )
     (row,) = target_rows(Suite(data))
     assert row["ours"]["run"] == "ready-zbv@1x" and row["ours_fixed"]["run"] == "zbv"
     assert row["ratio"] == pytest.approx(0.9)
@@ -457,7 +460,12 @@ def test_re_measured_cells_replace_theirs_and_keep_the_others_with_both_runs_log
     first = _section([("none", 4), ("comm", 4), ("none", 8)], command="first", seeds=[1000])
     second = _section([("none", 8), ("comm", 8)], command="second", seeds=[1000])
     merged = merge_cells(old=first, new=second)
-    assert sorted((r["scenario"], r["stages"]) for r in merged["rows"]) == [("comm", 4), ("comm", 8), ("none", 4), ("none", 8)]
+    assert sorted((r["scenario"], r["stages"]) for r in merged["rows"]) == [
+        ("comm", 4),
+        ("comm", 8),
+        ("none", 4),
+        ("none", 8),
+    ]
     assert [r["command"] for r in merged["log"]] == ["first", "second"] and merged["wall_s"] == 20.0
     assert merged["errors"] == ["first failed once", "second failed once"]
     again = _section([("none", 4), ("comm", 4), ("none", 8)], command="again", seeds=[1000])
@@ -466,7 +474,10 @@ def test_re_measured_cells_replace_theirs_and_keep_the_others_with_both_runs_log
     assert kept_cells_mismatch(data=data, cells={("none", 8)}, seeds=[1000], iterations=5) is None
     why = kept_cells_mismatch(data=data, cells={("none", 8)}, seeds=[1000, 1001], iterations=5)
     assert why is not None and "runtime" in why and "seeds" in why
-    assert kept_cells_mismatch(data=data, cells={("none", 4), ("comm", 4), ("none", 8)}, seeds=[1000, 1001], iterations=5) is None
+    assert (
+        kept_cells_mismatch(data=data, cells={("none", 4), ("comm", 4), ("none", 8)}, seeds=[1000, 1001], iterations=5)
+        is None
+    )
     logged = "\n".join(run_log(Suite({"meta": {"scenarios": [], "readiness_policies": []}, "runtime": merged})))
     assert "| runtime | `first` | first |" in logged and "| runtime | `second` | second |" in logged
 
@@ -503,8 +514,15 @@ def test_readiness_itself_on_ray_compares_the_measured_rows_and_their_simulation
         "bf@2x": (2.0, [(80.0, 80.0), (84.0, 84.0)]),
     }
     rows = [
-        {"scenario": "lognormal-0.6", "stages": 4, "run": run, "seed": seed, "measured_ms": measured, "sim_ms": sim,
-         "memory_x": memory}
+        {
+            "scenario": "lognormal-0.6",
+            "stages": 4,
+            "run": run,
+            "seed": seed,
+            "measured_ms": measured,
+            "sim_ms": sim,
+            "memory_x": memory,
+        }
         for run, (memory, seeds) in runs.items()
         for seed, (measured, sim) in enumerate(seeds)
     ]
@@ -526,9 +544,14 @@ def test_readiness_itself_on_ray_compares_the_measured_rows_and_their_simulation
         "| v=1, whole backward | at least 1.10x on lognormal-0.6, straggler, multimodal+comm | **no**: "
         "lognormal-0.6 P=4 1.000x (bf@1x vs 1f1b) | **no**: lognormal-0.6 P=4 1.000x (bf@1x vs 1f1b) |"
     ) in text
-    assert "| v=1, whole backward | never slower than the best fixed schedule on a variability scenario | met | met |" in text
-    assert "target on Ray v=1, whole backward, cap 1x, with no variability within 2% of it: measured met; " \
+    assert (
+        "| v=1, whole backward | never slower than the best fixed schedule on a variability scenario | met | met |"
+        in text
+    )
+    assert (
+        "target on Ray v=1, whole backward, cap 1x, with no variability within 2% of it: measured met; "
         "simulated met" in ray_target_lines(Suite({"meta": meta, "runtime": {"rows": rows}}))
+    )
     assert "not in this JSON" in "\n".join(ray_attribution_section(Suite({"meta": meta})))
 
 
@@ -543,8 +566,11 @@ def test_the_runtime_part_builds_one_pipeline_per_chunks_and_placement() -> None
 
 def test_the_code_version_names_changed_code_and_not_the_suites_own_outputs(tmp_path: Path) -> None:
     def git(*args: str) -> None:
-        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True,
+            capture_output=True,
+        )
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "code.py").write_text("a = 1\n")

@@ -13,7 +13,12 @@ FP = fingerprint("model", 2, 1)
 
 
 def _checkpoint(directory, iteration, stages=2):
-    files = {s: save_stage(directory=directory, iteration=iteration, stage=s, state={"w": torch.full((3,), float(iteration + s))}) for s in range(stages)}
+    files = {
+        s: save_stage(
+            directory=directory, iteration=iteration, stage=s, state={"w": torch.full((3,), float(iteration + s))}
+        )
+        for s in range(stages)
+    }
     commit(directory=directory, manifest=Manifest(iteration=iteration, fingerprint=FP, files=files))
 
 

@@ -180,13 +180,9 @@ def test_bad_arguments_name_the_field():
     with pytest.raises(TypeError, match="backend"):
         collective.resolve_backend(backend="gloo")
     with pytest.raises(ValueError, match="backend"):
-        collective.join_group(
-            name="g", address="h:1", rank=0, world_size=2, backend=LinkBackend.AUTO, timeout_s=1.0
-        )
+        collective.join_group(name="g", address="h:1", rank=0, world_size=2, backend=LinkBackend.AUTO, timeout_s=1.0)
     with pytest.raises(ValueError, match="rank"):
-        collective.join_group(
-            name="g", address="h:1", rank=2, world_size=2, backend=LinkBackend.GLOO, timeout_s=1.0
-        )
+        collective.join_group(name="g", address="h:1", rank=2, world_size=2, backend=LinkBackend.GLOO, timeout_s=1.0)
     with pytest.raises(ValueError, match="timeout_s"):
         Channel(group="g", peer=1, timeout_s=0.0, name="activations 0->1")
 
@@ -248,9 +244,7 @@ def test_peer_killed_mid_recv_is_an_error_not_a_timeout(pair):
     a, _ = pair
     doomed = Peer.remote()
     wire([("doomed", [doomed, a])])
-    pending = a.recv_error.remote(
-        group="doomed", peer=0, timeout_s=TIMEOUT_S, name="gradients 2->1"
-    )
+    pending = a.recv_error.remote(group="doomed", peer=0, timeout_s=TIMEOUT_S, name="gradients 2->1")
     time.sleep(0.5)
     ray.kill(doomed)
     kind, message, elapsed = ray.get(pending, timeout=HANG_GUARD_S)

@@ -57,12 +57,16 @@ def test_the_library_imports_without_the_extras():
         "from actors.backend import RayBackend\n"
         "import rrfp_ray.observe.diagram\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_an_older_ray_is_refused_at_import_naming_the_floor():
     code = "import ray\nray.__version__ = '2.55.1'\nimport actors.collective\n"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode != 0
     assert "actors.collective needs ray >= 2.56, found 2.55.1" in done.stderr

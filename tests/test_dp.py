@@ -48,7 +48,9 @@ def test_every_replicas_gradients_equal_the_unsplit_models_on_the_global_batch(p
     loss = sum(nn.functional.mse_loss(model(x), y) for x, y in batches) / len(batches)
     loss.backward()
     parts = partition(n_layers=len(model), parts=2 * chunks)
-    expected = [[w.grad for c in range(chunks) for i in parts[c * 2 + s] for w in model[i].parameters()] for s in range(2)]
+    expected = [
+        [w.grad for c in range(chunks) for i in parts[c * 2 + s] for w in model[i].parameters()] for s in range(2)
+    ]
     assert report.loss == pytest.approx(float(loss.detach()), rel=1e-5)
     assert len(captures) == 4  # 2 replicas x 2 stages
     for index, capture in enumerate(captures):
@@ -128,7 +130,9 @@ def test_bad_dp_config_names_the_field(overrides, expected):
 
 def test_a_data_source_not_holding_dp_x_m_microbatches_is_refused_naming_both():
     config = PipelineConfig(stages=2, microbatches=M, dp=2)
-    with pytest.raises(ValueError, match=r"data.microbatches = 2 differs from the pipeline's dp x microbatches = 2 x 2 = 4"):
+    with pytest.raises(
+        ValueError, match=r"data.microbatches = 2 differs from the pipeline's dp x microbatches = 2 x 2 = 4"
+    ):
         Trainer(model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=M), pipeline=config)
 
 

@@ -32,7 +32,10 @@ def _replicas(*, parts: list[list[int]], owners: list[int | None] | None, betwee
     Returns each replica's gradients after the reduction and the sizes every all-reduce summed."""
     group = ThreadAllGather(parties=2, timeout_s=10)
     seen: list[list[int]] = [[], []]
-    grads = [[torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i)) for i, n in enumerate(SIZES)] for r in range(2)]
+    grads = [
+        [torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i)) for i, n in enumerate(SIZES)]
+        for r in range(2)
+    ]
 
     def reducer(rank: int) -> GradReducer:
         def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -52,7 +55,9 @@ def _replicas(*, parts: list[list[int]], owners: list[int | None] | None, betwee
         reduce.begin()
         for index, run in enumerate(parts):
             tensors = [grads[rank][i] for i in run]
-            reduce.add(key=0, part=ChunkGradients(tensors=tensors, owners=None if owners is None else [owners[i] for i in run]))
+            reduce.add(
+                key=0, part=ChunkGradients(tensors=tensors, owners=None if owners is None else [owners[i] for i in run])
+            )
             if between is not None and index < len(parts) - 1:
                 between(rank, seen[rank])
         reduce.complete(key=0)
@@ -159,7 +164,9 @@ class _Parts:
 
 
 def _trainer(*, overlap: bool, policy: str) -> Trainer:
-    config = PipelineConfig(stages=2, microbatches=2, policy=policy, dp=2, dp_overlap=overlap, dp_bucket_mb=1e-4, timeout_s=30)
+    config = PipelineConfig(
+        stages=2, microbatches=2, policy=policy, dp=2, dp_overlap=overlap, dp_bucket_mb=1e-4, timeout_s=30
+    )
     return Trainer(
         model=mlp,
         loss_fn=nn.functional.mse_loss,
@@ -187,4 +194,6 @@ def test_the_model_releases_a_chunks_gradients_in_parts_and_trains_to_the_bits_o
         assert len(recorder.runs) == 3  # one last weight-gradient op an iteration (one chunk)
         for parts, grads in recorder.runs:
             assert len(parts) > 1  # released during the op, not all at its end
-            assert [id(t) for part in parts for t in part] == [id(t) for t in grads]  # they make up the chunk's, in order
+            assert [id(t) for part in parts for t in part] == [
+                id(t) for t in grads
+            ]  # they make up the chunk's, in order

@@ -136,6 +136,8 @@ def test_a_stalled_tp_rank_of_a_dp_replica_is_named_with_the_links_and_ops_its_n
     assert "no answer within 6 s from replica 1 stage 1 TP rank 0" in message  # the stalled one
     lines = {line.split(" failed during iteration 0: ")[0]: line for line in message.splitlines()}
     assert "(needs gradients 1->0 for microbatch" in lines["replica 1 stage 0 TP rank 0"]  # its pipeline link
-    assert "TP agreement of replica 1 stage 1: TP rank 1 waited 1 s for TP rank 0" in lines["replica 1 stage 1 TP rank 1"]
+    assert (
+        "TP agreement of replica 1 stage 1: TP rank 1 waited 1 s for TP rank 0" in lines["replica 1 stage 1 TP rank 1"]
+    )
     for rank in (0, 1):  # its DP group: the same stage and TP rank in replica 0
         assert "the DP reduction" in lines[f"replica 0 stage 1 TP rank {rank}"]

@@ -71,7 +71,10 @@ class _AtenOps(TorchDispatchMode):
 @pytest.mark.parametrize("kind", ["host", "device"])
 def test_host_frames_are_built_and_read_without_an_op_that_gives_up_the_gil(kind: str) -> None:
     channel = LocalChannel(name="frames", timeout_s=5)
-    writer, reader = MessageWriter(channel=channel, frames=KINDS[kind]), MessageReader(channel=channel, frames=KINDS[kind])
+    writer, reader = (
+        MessageWriter(channel=channel, frames=KINDS[kind]),
+        MessageReader(channel=channel, frames=KINDS[kind]),
+    )
     payload = torch.randn(64, 64)
     _send_all(writer, [payload])  # the link's first message: header and body apart; then one frame each
     reader.recv()

@@ -29,7 +29,11 @@ class _InfOnce:
 def test_an_inf_gradient_skips_the_step_on_every_stage_and_training_continues():
     pipeline = PipelineConfig(stages=3, microbatches=4, policy="bf", timeout_s=30)
     with Trainer(
-        model=mlp, loss_fn=nn.functional.mse_loss, data=_InfOnce(), pipeline=pipeline, optimizer=Optim(lr=1e-2, warmup=0)
+        model=mlp,
+        loss_fn=nn.functional.mse_loss,
+        data=_InfOnce(),
+        pipeline=pipeline,
+        optimizer=Optim(lr=1e-2, warmup=0),
     ) as trainer:
         first = trainer.step()
         before = [[p.detach().clone() for p in e.runner.parameters()] for e in trainer.backend.executors]

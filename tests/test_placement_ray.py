@@ -64,7 +64,9 @@ def test_the_tp_ranks_of_each_stage_share_a_node(cluster):
     fabric = RayStages(pipeline=pipeline, placement=StagePlacement(timeout_s=60))
     fabric.start()
     try:
-        where = ray.get([a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in fabric.stages])
+        where = ray.get(
+            [a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in fabric.stages]
+        )
     finally:
         fabric.stop(graceful=True)
     assert where[0] == where[1] and where[2] == where[3]  # actor index = stage x 2 + rank
@@ -75,13 +77,23 @@ def test_the_tp_ranks_of_each_stage_share_a_node(cluster):
 def test_capacity_names_the_demand_and_an_autoscaler_lifts_the_total_check():
     demand = Demand(bundle={"CPU": 1}, dp=2, stages=4, tp=2)
     nodes = [{"CPU": 4.0}, {"CPU": 4.0}]
-    with pytest.raises(CapacityError, match=r"dp x stages x tp = 2 x 4 x 2 = 16 stage actors of \{CPU: 1\} need 16 CPU; "
-                       r"the cluster has 8 CPU and no autoscaler is configured"):
+    with pytest.raises(
+        CapacityError,
+        match=r"dp x stages x tp = 2 x 4 x 2 = 16 stage actors of \{CPU: 1\} need 16 CPU; "
+        r"the cluster has 8 CPU and no autoscaler is configured",
+    ):
         check_capacity(demand=demand, nodes=nodes, grows=False, source="the alive nodes")
     check_capacity(demand=demand, nodes=nodes, grows=True, source="node types")
     check_capacity(demand=demand, nodes=nodes * 2, grows=False, source="the alive nodes")
-    with pytest.raises(CapacityError, match=r"no node can ever hold a stage's 2 TP ranks \(\{CPU: 2, GPU: 2\}\): node types"):
-        check_capacity(demand=Demand(bundle={"CPU": 1, "GPU": 1}, tp=2), nodes=[{"CPU": 8.0, "GPU": 1.0}], grows=True, source="node types")
+    with pytest.raises(
+        CapacityError, match=r"no node can ever hold a stage's 2 TP ranks \(\{CPU: 2, GPU: 2\}\): node types"
+    ):
+        check_capacity(
+            demand=Demand(bundle={"CPU": 1, "GPU": 1}, tp=2),
+            nodes=[{"CPU": 8.0, "GPU": 1.0}],
+            grows=True,
+            source="node types",
+        )
     assert str(Demand(bundle={"CPU": 1, "GPU": 1}, dp=2, stages=4)) == "8 x {CPU: 1, GPU: 1}"
     assert str(Demand(bundle={"CPU": 1}, stages=4, tp=2)) == "4 x (2 x {CPU: 1} on one node)"
 
@@ -90,7 +102,13 @@ def test_a_pipeline_bigger_than_the_local_ray_is_refused_before_any_actor_starts
     pipeline = PipelineConfig(stages=2, microbatches=2, policy="1f1b", dp=9)  # 18 actors; the session's Ray has 16 CPUs
     backend = RayBackend()
     with pytest.raises(CapacityError, match=r"9 x 2 x 1 = 18 stage actors .* need 18 CPU; the cluster has 16 CPU"):
-        Trainer(model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=18), pipeline=pipeline, backend=backend)
+        Trainer(
+            model=mlp,
+            loss_fn=nn.functional.mse_loss,
+            data=Regression(microbatches=18),
+            pipeline=pipeline,
+            backend=backend,
+        )
     assert backend.driver is None
 
 
@@ -102,7 +120,9 @@ def test_train_gpt_names_the_flags_when_no_node_can_ever_hold_a_stage(cluster, m
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # attached: its GPUs are the cluster's to have
     tiny = ["--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--seq-len", "16"]
     with pytest.raises(SystemExit) as exit_info:
-        train_gpt.main(["--stages", "2", "--gpus-per-stage", "4", "--data", str(ROOT / "README.md"), "--out", str(tmp_path), *tiny])
+        train_gpt.main(
+            ["--stages", "2", "--gpus-per-stage", "4", "--data", str(ROOT / "README.md"), "--out", str(tmp_path), *tiny]
+        )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--gpus-per-stage/--stage-resources: no node can ever hold a stage's bundle {CPU: 1, GPU: 4}" in err
@@ -125,7 +145,8 @@ def test_a_demand_that_fits_but_is_not_free_waits_for_the_timeout(cluster):
     ray.get(blocker.ready(), timeout=60)
     try:
         with pytest.raises(
-            PlacementError, match=r"timed out after 2 s waiting for 2 x \{CPU: 1\}: 0 placed \(pending: stage 0, stage 1\); see ray status"
+            PlacementError,
+            match=r"timed out after 2 s waiting for 2 x \{CPU: 1\}: 0 placed \(pending: stage 0, stage 1\); see ray status",
         ):
             place(demand=Demand(bundle={"CPU": 1}, stages=2), timeout_s=2, labels=["stage 0", "stage 1"])
     finally:
@@ -138,7 +159,9 @@ def test_auto_is_resolved_by_the_stage_where_its_gpu_is(cluster):
     from actors import collective
 
     assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.TCP  # here: no CUDA
-    on_gpu = StageActor.options(num_cpus=1, num_gpus=1).remote(stage=0, tp_rank=0, tp_size=1, timeout_s=10, link_timeout_s=10)
+    on_gpu = StageActor.options(num_cpus=1, num_gpus=1).remote(
+        stage=0, tp_rank=0, tp_size=1, timeout_s=10, link_timeout_s=10
+    )
     on_cpu = StageActor.options(num_cpus=1, resources={"plain": 1}).remote(
         stage=1, tp_rank=0, tp_size=1, timeout_s=10, link_timeout_s=10
     )

@@ -22,8 +22,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("model", "loss_fn", "policy", "stages", "chunks"), CASES, ids=["tuple", "dict", "tied-counted"])
-def test_ray_trains_trees_ties_and_counted_losses_like_the_local_backend(ray_session, model, loss_fn, policy, stages, chunks):
+@pytest.mark.parametrize(
+    ("model", "loss_fn", "policy", "stages", "chunks"), CASES, ids=["tuple", "dict", "tied-counted"]
+)
+def test_ray_trains_trees_ties_and_counted_losses_like_the_local_backend(
+    ray_session, model, loss_fn, policy, stages, chunks
+):
     def losses(backend):
         pipeline = PipelineConfig(stages=stages, chunks=chunks, microbatches=4, policy=policy, timeout_s=60)
         with Trainer(

@@ -44,7 +44,9 @@ def _final_states(trainer) -> list[dict]:
     trainer.save()
     manifest = latest(directory=Path(trainer.checkpoints.directory), fingerprint=trainer.fingerprint)
     assert manifest.iteration == ITERATIONS
-    return [load_stage(directory=Path(trainer.checkpoints.directory), file=f) for _, f in sorted(manifest.files.items())]
+    return [
+        load_stage(directory=Path(trainer.checkpoints.directory), file=f) for _, f in sorted(manifest.files.items())
+    ]
 
 
 def _live_actors() -> int:
@@ -124,4 +126,6 @@ def test_a_killed_actor_in_replica_1_rebuilds_the_whole_dp_zero_group(ray_sessio
             torch.testing.assert_close(value, want, msg=f"parameter {name}")
         for key, want in want_stage["optimizer"]["state"].items():  # this replica's shard of the moments
             for field, tensor in want.items():
-                torch.testing.assert_close(got_stage["optimizer"]["state"][key][field], tensor, msg=f"state {key} {field}")
+                torch.testing.assert_close(
+                    got_stage["optimizer"]["state"][key][field], tensor, msg=f"state {key} {field}"
+                )

@@ -59,7 +59,9 @@ def _compute_only(pipeline_order: dict[int, list], *, stages: int) -> dict[int, 
                 continue
             kind = _KINDS[action.computation_type.value]
             vs, microbatch = action.stage_index, action.microbatch_index
-            order[rank].append(Placement.LOOPED.action(kind=kind, virtual_stage=vs, microbatch=microbatch, stages=stages))
+            order[rank].append(
+                Placement.LOOPED.action(kind=kind, virtual_stage=vs, microbatch=microbatch, stages=stages)
+            )
     return order
 
 
@@ -284,12 +286,21 @@ def test_duplicated_action_marks_the_second_copy() -> None:
 @pytest.mark.parametrize(
     "text,layout,expected",
     [
-        ({0: "0F0 0F1 0B0 0B1", 1: "1F0 1F1 1B0 0B1"}, Layout(stages=2, chunks=1, microbatches=2),
-         "stage 1 lists 0B1, which belongs to stage 0"),
-        ({0: "0F0 0F1 0B0 0B1 0W1", 1: "1F0 1F1 1B0 1B1"}, Layout(stages=2, chunks=1, microbatches=2),
-         "does not split B"),
-        ({0: "0F0 0F1 0B0 0B1 0F2", 1: "1F0 1F1 1B0 1B1"}, Layout(stages=2, chunks=1, microbatches=2),
-         "0F2, which is out of range"),
+        (
+            {0: "0F0 0F1 0B0 0B1", 1: "1F0 1F1 1B0 0B1"},
+            Layout(stages=2, chunks=1, microbatches=2),
+            "stage 1 lists 0B1, which belongs to stage 0",
+        ),
+        (
+            {0: "0F0 0F1 0B0 0B1 0W1", 1: "1F0 1F1 1B0 1B1"},
+            Layout(stages=2, chunks=1, microbatches=2),
+            "does not split B",
+        ),
+        (
+            {0: "0F0 0F1 0B0 0B1 0F2", 1: "1F0 1F1 1B0 1B1"},
+            Layout(stages=2, chunks=1, microbatches=2),
+            "0F2, which is out of range",
+        ),
     ],
 )
 def test_foreign_action(text: dict[int, str], layout: Layout, expected: str) -> None:
@@ -358,8 +369,6 @@ def test_deadlock_marks_only_the_wait_cycle() -> None:
 def test_format_grid_places_actions_at_given_steps() -> None:
     order = _order({0: "0F0 0B0", 1: "1F0 1B0"})
     assert format_grid(order, columns={0: [0, 3], 1: [1, 2]}, marks={(1, 1)}) == (
-        "step     0    1    2      3\n"
-        "stage 0  0F0              0B0\n"
-        "stage 1       1F0  >1B0<"
+        "step     0    1    2      3\nstage 0  0F0              0B0\nstage 1       1F0  >1B0<"
     )
     assert format_grid(order).splitlines()[0] == "pos      0    1"

@@ -31,13 +31,17 @@ def test_one_bucket_after_the_last_op_is_fully_exposed_and_an_early_chunk_hides_
     assert first.reduce_ms == pytest.approx(12.0) and first.reduce_bytes == 1000
     assert first.reduce_exposed_ms == pytest.approx(12.0)  # all of it after the last op
     assert first.reduce_end_ms == pytest.approx(reduced.makespan_ms + 12.0)
-    assert last.last_op_ms == pytest.approx(reduced.makespan_ms - 2 * T_F)  # its last backward ends one backward earlier
+    assert last.last_op_ms == pytest.approx(
+        reduced.makespan_ms - 2 * T_F
+    )  # its last backward ends one backward earlier
     assert last.reduce_exposed_ms == 0.0  # 12 ms of reduction inside the 40 ms stage 0 still works
     assert dp_summary([reduced])["dp_exposed_fraction"] == pytest.approx(0.5)  # the median of 1 and 0
 
 
 def test_without_overlap_every_bucket_waits_for_the_last_op_of_every_stage():
-    model = ReduceModel(chunk_bytes=2500, bucket_bytes=1000, bytes_per_ms=100.0, latency_ms=1.0, overlap=False, layers=5)
+    model = ReduceModel(
+        chunk_bytes=2500, bucket_bytes=1000, bytes_per_ms=100.0, latency_ms=1.0, overlap=False, layers=5
+    )
     _, reduced = _run(policy="1f1b", model=model)
     for stats in reduced.stages:
         assert stats.reduce_ms == pytest.approx(25.0 + 3 * 1.0)  # buckets of 1000, 1000 and 500 bytes

@@ -27,7 +27,9 @@ def test_a_message_cost_below_the_op_time_acts_as_a_latency():
     trace = generate(scenario="none", stages=4, microbatches=8, chunks=1, seed=0, t_f=5.0)
     modelled = simulate(policy=policy, trace=trace, cap=Cap.parse("1x"), transport=TransportModel(message_ms=1.0))
     latency = generate(scenario="none", stages=4, microbatches=8, chunks=1, seed=0, t_f=5.0, comm_ms=1.0)
-    assert modelled.makespan_ms == pytest.approx(simulate(policy=policy, trace=latency, cap=Cap.parse("1x")).makespan_ms)
+    assert modelled.makespan_ms == pytest.approx(
+        simulate(policy=policy, trace=latency, cap=Cap.parse("1x")).makespan_ms
+    )
 
 
 def test_a_link_carries_one_message_at_a_time():
@@ -47,12 +49,16 @@ def test_a_sender_that_does_not_wait_for_the_receiver_holds_its_link_for_its_sen
     M = 6
     policy = make_policy(name="gpipe", stages=2, chunks=1, microbatches=M)
     trace = generate(scenario="none", stages=2, microbatches=M, chunks=1, seed=0, t_f=1.0)
-    report = simulate(policy=policy, trace=trace, cap=Cap.parse("inf"), transport=TransportModel(message_ms=3.0, send_ms=send_ms))
+    report = simulate(
+        policy=policy, trace=trace, cap=Cap.parse("inf"), transport=TransportModel(message_ms=3.0, send_ms=send_ms)
+    )
     ready = {e.action: e.ready_ms for e in report.events if e.stage == 1}
     assert [ready[f"1F{m}"] for m in range(M)] == [1 + spacing * m + 3 for m in range(M)]
 
 
-@pytest.mark.parametrize(("message_ms", "send_ms", "named"), [(-1.0, None, "message_ms"), (1.0, 2.0, "send_ms"), (1.0, -0.5, "send_ms")])
+@pytest.mark.parametrize(
+    ("message_ms", "send_ms", "named"), [(-1.0, None, "message_ms"), (1.0, 2.0, "send_ms"), (1.0, -0.5, "send_ms")]
+)
 def test_a_bad_transport_model_is_refused_naming_the_field(message_ms, send_ms, named):
     with pytest.raises(ValueError, match=named):
         TransportModel(message_ms=message_ms, send_ms=send_ms)

@@ -12,7 +12,9 @@ from rrfp_ray.models.gpt import GPT, GPTConfig, lm_loss
 from rrfp_ray.train.data import Corpus
 from rrfp_ray.train.runner import StageRunner, build_stage, clip_coef, lr_at, partition, stage_chunks
 
-CONFIG = GPTConfig(block_size=16, n_layer=4, n_head=4, n_embd=32, tie_embeddings=False)  # runners driven directly: no tie groups
+CONFIG = GPTConfig(
+    block_size=16, n_layer=4, n_head=4, n_embd=32, tie_embeddings=False
+)  # runners driven directly: no tie groups
 M = 4
 SEED = 7
 
@@ -50,9 +52,7 @@ def _runners(
         for s, model in enumerate(models)
     ]
     parts = partition(n_layers=config.n_layer + 2, parts=stages * chunks)
-    params = [
-        p for vs, part in enumerate(parts) for i in part for p in models[vs % stages].layers()[i].parameters()
-    ]
+    params = [p for vs, part in enumerate(parts) for i in part for p in models[vs % stages].layers()[i].parameters()]
     return runners, params
 
 
@@ -276,7 +276,10 @@ def test_call_order_errors_name_chunk_and_microbatch() -> None:
         second.forward(chunk=0, microbatch=0, inputs=act)
     with pytest.raises(ValueError, match="targets only apply"):
         first.forward(chunk=0, microbatch=1, inputs=xs[1], targets=ys[1])
-    with pytest.raises(ValueError, match=r"grad for chunk 0 must be one tensor per differentiable output \[\(2, 16, 32\)\], got \[\(3,\)\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"grad for chunk 0 must be one tensor per differentiable output \[\(2, 16, 32\)\], got \[\(3,\)\]",
+    ):
         first.backward(chunk=0, microbatch=0, grad=torch.zeros(3))
 
 

@@ -94,7 +94,11 @@ def test_tensors_cross_threads_only_with_their_fences(policy_name):
     def run(s: int) -> None:
         try:
             workers[s].run_iteration(
-                iteration=0, layout=layout, policy=policy, cap=Cap.parse("2x"), executor=workload.executor(stage=s, layout=layout)
+                iteration=0,
+                layout=layout,
+                policy=policy,
+                cap=Cap.parse("2x"),
+                executor=workload.executor(stage=s, layout=layout),
             )
         except BaseException as error:  # noqa: BLE001 (reported below)
             errors.append(error)
@@ -104,7 +108,9 @@ def test_tensors_cross_threads_only_with_their_fences(policy_name):
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    closes = [threading.Thread(target=worker.close) for worker in workers]  # neighbours close together, as the backends do
+    closes = [
+        threading.Thread(target=worker.close) for worker in workers
+    ]  # neighbours close together, as the backends do
     for thread in closes:
         thread.start()
     for thread in closes:

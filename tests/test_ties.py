@@ -51,7 +51,8 @@ def _stage_weights(trainer: Trainer, *, stages: int, chunks: int) -> dict[int, d
 
 
 @pytest.mark.parametrize(
-    ("tie", "policy", "stages", "chunks"), [(True, "bfw", 3, 1), (True, "bf", 2, 2), (True, "zbv", 2, 2), (False, "1f1b", 3, 1)]
+    ("tie", "policy", "stages", "chunks"),
+    [(True, "bfw", 3, 1), (True, "bf", 2, 2), (True, "zbv", 2, 2), (False, "1f1b", 3, 1)],
 )
 def test_a_tied_model_trains_like_the_unsplit_tied_model(tie, policy, stages, chunks):
     data = PaddedTokens(microbatches=4)
@@ -87,7 +88,9 @@ def test_tied_copies_that_would_start_different_are_refused_before_any_stage_sta
         return model
 
     pipeline = PipelineConfig(stages=3, microbatches=4, policy="bf", timeout_s=30)
-    with pytest.raises(ValueError, match=r"tied parameter 0\.wte\.weight \(also 4\.out\.weight\), shared by stages \[0, 2\]"):
+    with pytest.raises(
+        ValueError, match=r"tied parameter 0\.wte\.weight \(also 4\.out\.weight\), shared by stages \[0, 2\]"
+    ):
         Trainer(model=drifting, loss_fn=token_loss, data=PaddedTokens(microbatches=4), pipeline=pipeline)
 
 
@@ -133,7 +136,9 @@ def test_data_parallel_replicas_keep_their_tied_copies_and_token_counts_apart(dp
             stages=2, chunks=chunks, microbatches=microbatches, policy=policy, timeout_s=30, dp=dp, zero=zero
         )
         data = PaddedTokens(microbatches=dp * microbatches)
-        with Trainer(model=tied_model, loss_fn=token_sum_count, data=data, pipeline=pipeline, optimizer=OPTIM) as trainer:
+        with Trainer(
+            model=tied_model, loss_fn=token_sum_count, data=data, pipeline=pipeline, optimizer=OPTIM
+        ) as trainer:
             return [trainer.step().loss for _ in range(3)]
 
     # dp=D x M microbatches computes what dp=1 x D*M does

@@ -39,7 +39,10 @@ def _torch_words(name: str, *, stages: int, microbatches: int) -> dict[int, list
     words = {r: [w for a in actions if a is not None for w in (a.sub_actions or (a,))] for r, actions in order.items()}
     out = {r: [str(a) for a in row] for r, row in words.items()}
     if any("I" in w for row in out.values() for w in row):
-        out = {r: [x for w in row for x in ((w.replace("B", "I"), w.replace("B", "W")) if "B" in w else (w,))] for r, row in out.items()}
+        out = {
+            r: [x for w in row for x in ((w.replace("B", "I"), w.replace("B", "W")) if "B" in w else (w,))]
+            for r, row in out.items()
+        }
     return out
 
 
@@ -60,8 +63,19 @@ def test_v_placement_holds_s_and_2p_minus_1_minus_s_with_the_loss_on_stage_0() -
     assert layout.is_local(turn) and layout.dst(turn) == 2
     links = set(layout.links())
     assert Link(src=2, dst=2, kind=Kind.F) not in links and Link(src=2, dst=2, kind=Kind.B) not in links
-    assert links == {Link(src=a, dst=b, kind=k) for a, b, k in [(0, 1, Kind.F), (1, 2, Kind.F), (2, 1, Kind.F), (1, 0, Kind.F),
-                                                                (1, 0, Kind.B), (2, 1, Kind.B), (1, 2, Kind.B), (0, 1, Kind.B)]}
+    assert links == {
+        Link(src=a, dst=b, kind=k)
+        for a, b, k in [
+            (0, 1, Kind.F),
+            (1, 2, Kind.F),
+            (2, 1, Kind.F),
+            (1, 0, Kind.F),
+            (1, 0, Kind.B),
+            (2, 1, Kind.B),
+            (1, 2, Kind.B),
+            (0, 1, Kind.B),
+        ]
+    }
     assert Layout(stages=3, chunks=2, microbatches=2).loss_stage == 2
 
 
@@ -70,7 +84,9 @@ def test_v_placement_holds_s_and_2p_minus_1_minus_s_with_the_loss_on_stage_0() -
 def test_each_torch_class_is_imported_as_its_pipeline_order(name: str, stages: int, microbatches: int) -> None:
     chunks = 2
     order = build(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
-    assert {s: [str(a) for a in actions] for s, actions in order.items()} == _torch_words(name, stages=stages, microbatches=microbatches)
+    assert {s: [str(a) for a in actions] for s, actions in order.items()} == _torch_words(
+        name, stages=stages, microbatches=microbatches
+    )
     placement = Placement.V if name in ("zbv", "dualpipev") else Placement.LOOPED
     assert all(a.stage == s for s, actions in order.items() for a in actions)
     assert make_policy(name=name, stages=stages, chunks=chunks, microbatches=microbatches).placement is placement

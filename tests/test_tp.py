@@ -24,7 +24,13 @@ from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.gpt_workload import gpt_workload
 from rrfp_ray.train.runner import StageRunner, partition
 
-TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}  # driven without a Trainer: no tie groups
+TINY = {
+    "n_layer": 4,
+    "n_embd": 32,
+    "n_head": 4,
+    "block_size": 16,
+    "tie_embeddings": False,
+}  # driven without a Trainer: no tie groups
 
 
 def _on_stage_0(kind: Kind, m: int, chunk: int = 0) -> Action:
@@ -324,7 +330,11 @@ def test_the_global_gradient_norm_counts_replicated_parameters_once():
     for rank in range(2):
         layers = TPLayers(layers=GPT(config, seed=0).layers, rank=rank, size=2, all_reduce=lambda t: t)()
         runner = StageRunner(
-            chunks={0: nn.Sequential(*layers)}, first_chunk=0, last_chunk=0, loss_fn=lm_loss, loss_scale=1.0,
+            chunks={0: nn.Sequential(*layers)},
+            first_chunk=0,
+            last_chunk=0,
+            loss_fn=lm_loss,
+            loss_scale=1.0,
             optimizer_factory=lambda params: torch.optim.SGD(params, lr=0.0),
         )
         runner.forward(chunk=0, microbatch=0, inputs=x, targets=x)

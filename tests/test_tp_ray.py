@@ -12,11 +12,20 @@ from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.gpt_workload import gpt_trainer
 
 
-def _run(tp: int, protocol: str = "common", gather: str = "tcp", *, ray: bool = True) -> tuple[list[float], float, list]:
+def _run(
+    tp: int, protocol: str = "common", gather: str = "tcp", *, ray: bool = True
+) -> tuple[list[float], float, list]:
     run = RunConfig(
         model={"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16},
-        pipeline={"stages": 2, "microbatches": 4, "policy": "bf", "tp": tp, "tp_protocol": protocol, "tp_gather": gather,
-                  "timeout_s": 30},
+        pipeline={
+            "stages": 2,
+            "microbatches": 4,
+            "policy": "bf",
+            "tp": tp,
+            "tp_protocol": protocol,
+            "tp_gather": gather,
+            "timeout_s": 30,
+        },
         train={"iterations": 3, "micro_batch_size": 2, "seq_len": 16, "val_every": 0},
         variability={"scenario": "lognormal", "t_f": 2.0},
     )

@@ -184,8 +184,14 @@ def test_op_times_say_how_much_of_an_op_was_an_injected_sleep(capsys):
         (["--placement-timeout", "0"], "--placement-timeout: Input should be greater than 0"),
         (["--placement-timeout", "-5"], "--placement-timeout: Input should be greater than 0"),
         (["--stage-resources", "[1]"], "--stage-resources: a JSON object of resource amounts"),
-        (["--stage-resources", '{"GPU": 1}'], "--stage-resources: 'GPU': every stage asks 1 CPU, and GPUs come from --gpus-per-stage"),
-        (["--stage-resources", '{"accelerator_type:A10G": 0}'], "--stage-resources: 'accelerator_type:A10G': amounts must be > 0"),
+        (
+            ["--stage-resources", '{"GPU": 1}'],
+            "--stage-resources: 'GPU': every stage asks 1 CPU, and GPUs come from --gpus-per-stage",
+        ),
+        (
+            ["--stage-resources", '{"accelerator_type:A10G": 0}'],
+            "--stage-resources: 'accelerator_type:A10G': amounts must be > 0",
+        ),
     ],
 )
 def test_placement_flags_are_checked(flags, expected, capsys):
@@ -210,7 +216,12 @@ def test_outputs_default_to_the_home_on_a_cluster(monkeypatch, tmp_path):
 def test_the_dp_line_prints_the_bytes_summed_and_received_and_their_share() -> None:
     from rrfp_ray.train.gpt_run import state_lines
 
-    summary = {"policy": "bfw", "optim_bytes_per_actor": 2**20, "dp_reduce_bytes": 4 * 2**20, "dp_received_bytes": 2 * 2**20}
+    summary = {
+        "policy": "bfw",
+        "optim_bytes_per_actor": 2**20,
+        "dp_reduce_bytes": 4 * 2**20,
+        "dp_received_bytes": 2 * 2**20,
+    }
     summary |= {"dp_received_share": 0.5, "dp_reduce_ms": 12.0, "dp_exposed_fraction": 0.25}
     assert state_lines(summary) == [
         (

@@ -20,7 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "jobs"))
 import train_gpt
 
-TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}  # driven without a Trainer: no tie groups
+TINY = {
+    "n_layer": 4,
+    "n_embd": 32,
+    "n_head": 4,
+    "block_size": 16,
+    "tie_embeddings": False,
+}  # driven without a Trainer: no tie groups
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,9 @@ class _CapturingExecutor:
         return self.inner.finish(**kwargs)
 
 
-@pytest.mark.parametrize("links", [pytest.param("gloo", marks=pytest.mark.slow), "tcp"])  # gloo: the slow tier, for time
+@pytest.mark.parametrize(
+    "links", [pytest.param("gloo", marks=pytest.mark.slow), "tcp"]
+)  # gloo: the slow tier, for time
 def test_gradients_on_ray_equal_the_unsplit_model(ray_session, links):
     ray = ray_session
     from ray.util.queue import Queue

@@ -14,7 +14,13 @@ from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.gpt_workload import gpt_workload
 from rrfp_ray.train.runner import partition
 
-TINY = {"n_layer": 4, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}  # driven without a Trainer: no tie groups
+TINY = {
+    "n_layer": 4,
+    "n_embd": 32,
+    "n_head": 4,
+    "block_size": 16,
+    "tie_embeddings": False,
+}  # driven without a Trainer: no tie groups
 
 
 def _run(*, stages: int, chunks: int, microbatches: int = 4) -> RunConfig:

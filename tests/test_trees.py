@@ -26,9 +26,7 @@ def test_gradients_equal_the_unsplit_models_across_tree_boundaries(name, policy)
         trainer.backend.executors = captures = [GradCapture(e) for e in trainer.backend.executors]
         report = trainer.step()
         model = trainer.workload.layers.model()
-    loss, expected = reference(
-        model=model, loss_fn=token_loss, data=data, microbatches=4, stages=stages, chunks=chunks
-    )
+    loss, expected = reference(model=model, loss_fn=token_loss, data=data, microbatches=4, stages=stages, chunks=chunks)
     assert report.loss == pytest.approx(loss, rel=1e-5)
     for capture, want in zip(captures, expected, strict=True):
         assert len(capture.grads) == len(want) > 0
@@ -48,9 +46,14 @@ def test_a_sum_count_loss_gives_the_global_token_mean_on_variable_length_batches
         trainer.backend.executors = captures = [GradCapture(e) for e in trainer.backend.executors]
         report = trainer.step()
         model = trainer.workload.layers.model()
-    loss, expected = reference(model=model, loss_fn=token_sum_count, data=data, microbatches=4, stages=stages, chunks=chunks)
+    loss, expected = reference(
+        model=model, loss_fn=token_sum_count, data=data, microbatches=4, stages=stages, chunks=chunks
+    )
     with torch.no_grad():
-        mean_of_means = sum(float(token_loss(model(x), y)) for x, y in (data.microbatch(iteration=0, index=m) for m in range(4))) / 4
+        mean_of_means = (
+            sum(float(token_loss(model(x), y)) for x, y in (data.microbatch(iteration=0, index=m) for m in range(4)))
+            / 4
+        )
     assert report.loss == pytest.approx(loss, rel=1e-5)
     assert abs(loss - mean_of_means) > 1e-3  # the token mean is not the mean of microbatch means
     for capture, want in zip(captures, expected, strict=True):

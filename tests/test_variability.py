@@ -14,9 +14,7 @@ SEEDS = (0, 1, 7, 123)
 
 
 def trace(scenario: str, *, stages: int = 4, microbatches: int = 8, chunks: int = 1, seed: int = 0, **params):
-    return generate(
-        scenario=scenario, stages=stages, microbatches=microbatches, chunks=chunks, seed=seed, **params
-    )
+    return generate(scenario=scenario, stages=stages, microbatches=microbatches, chunks=chunks, seed=seed, **params)
 
 
 def arrays(t: Trace) -> dict[str, np.ndarray]:

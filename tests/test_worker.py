@@ -26,21 +26,31 @@ P, M = 4, 8
 def _run(*, name: str, chunks: int = 1, scenario: str = "lognormal", iterations: int = 2, pipeline=None):
     policy = make_policy(name=name, stages=P, chunks=chunks, microbatches=M)
     layout = Layout(stages=P, chunks=chunks, microbatches=M, split=policy.split)
-    workload = SyntheticWorkload(trace=generate(scenario=scenario, stages=P, microbatches=M, chunks=chunks, seed=1, t_f=2.0), payload_elems=16)
+    workload = SyntheticWorkload(
+        trace=generate(scenario=scenario, stages=P, microbatches=M, chunks=chunks, seed=1, t_f=2.0), payload_elems=16
+    )
     executors = [workload.executor(stage=s, layout=layout) for s in range(P)]
     own = pipeline is None
     pipeline = pipeline or LocalPipeline(layout=layout, timeout_s=20)
     try:
-        return policy, layout, [
-            pipeline.run_iteration(iteration=i, policy=policy, cap=Cap.parse("2x"), executors=executors, latency=workload.latency)
-            for i in range(iterations)
-        ]
+        return (
+            policy,
+            layout,
+            [
+                pipeline.run_iteration(
+                    iteration=i, policy=policy, cap=Cap.parse("2x"), executors=executors, latency=workload.latency
+                )
+                for i in range(iterations)
+            ],
+        )
     finally:
         if own:
             pipeline.close()
 
 
-@pytest.mark.parametrize(("name", "chunks"), [("1f1b", 1), ("interleaved", 2), ("bf", 1), ("bf", 2), ("bfw", 1), ("zb-h1", 1)])
+@pytest.mark.parametrize(
+    ("name", "chunks"), [("1f1b", 1), ("interleaved", 2), ("bf", 1), ("bf", 2), ("bfw", 1), ("zb-h1", 1)]
+)
 def test_every_action_runs_exactly_once_per_iteration(name, chunks):
     _, layout, reports = _run(name=name, chunks=chunks)
     for report in reports:
@@ -68,7 +78,11 @@ def test_dependencies_hold_in_the_runtime(name):
             if local is not None:
                 assert event.start_ms >= ends[str(local)]
             if message is not None:
-                sender = layout.action(kind=Kind.F if message.kind is Kind.F else layout.backward, virtual_stage=message.virtual_stage + (-1 if message.kind is Kind.F else 1), microbatch=message.microbatch)
+                sender = layout.action(
+                    kind=Kind.F if message.kind is Kind.F else layout.backward,
+                    virtual_stage=message.virtual_stage + (-1 if message.kind is Kind.F else 1),
+                    microbatch=message.microbatch,
+                )
                 assert event.start_ms >= ends[str(sender)]
         for stage in range(P):
             spans = sorted((e.start_ms, e.end_ms) for e in report.events if e.stage == stage)
@@ -80,7 +94,9 @@ def test_messages_carry_kind_microbatch_chunk_and_shape():
     layout = Layout(stages=2, chunks=2, microbatches=3)
     message = layout.sends(parse_action("1F2", stages=2))
     payload = torch.randn(2, 3, 5)
-    MessageWriter(channel=channel).send(header=Header.for_payload(message=message, iteration=7, payload=payload), payload=payload)
+    MessageWriter(channel=channel).send(
+        header=Header.for_payload(message=message, iteration=7, payload=payload), payload=payload
+    )
     header, got = MessageReader(channel=channel).recv()
     assert (header.message, header.iteration, header.leaves[0].shape) == (message, 7, (2, 3, 5))
     assert layout.consumer(header.message) == parse_action("2F2", stages=2)
@@ -96,7 +112,9 @@ def test_a_message_carries_any_tree_of_tensors_with_its_dtypes_and_gradient_flag
         "mask": torch.tensor([[True, False, True]]),
         "extra": (torch.arange(4), [torch.zeros(1, 1, 1, 1, 1, 1, 1, 1, 1, 2)]),
     }
-    MessageWriter(channel=channel).send(header=Header.for_payload(message=message, iteration=3, payload=payload), payload=payload)
+    MessageWriter(channel=channel).send(
+        header=Header.for_payload(message=message, iteration=3, payload=payload), payload=payload
+    )
     header, got = MessageReader(channel=channel).recv()
     assert header.iteration == 3 and set(got) == {"hidden", "mask", "extra"}
     assert got["hidden"].dtype == torch.bfloat16 and got["hidden"].requires_grad
@@ -261,7 +279,10 @@ def test_the_iteration_time_covers_the_optimizer_step():
 def _slow_middle_stage(*, microbatches: int) -> tuple:
     """P=3: stage 1's ops take 10x the others', so activations and gradients reach it together."""
     trace = generate(scenario="none", stages=3, microbatches=microbatches, chunks=1, seed=0, t_f=1.0)
-    slow = {key: tuple(tuple(x * (10 if s == 1 else 1) for x in row) for s, row in enumerate(getattr(trace, key))) for key in "FBW"}
+    slow = {
+        key: tuple(tuple(x * (10 if s == 1 else 1) for x in row) for s, row in enumerate(getattr(trace, key)))
+        for key in "FBW"
+    }
     return replace(trace, **slow), Layout(stages=3, chunks=1, microbatches=microbatches)
 
 
@@ -271,6 +292,8 @@ def test_the_receive_buffer_never_holds_more_than_its_limit_with_several_inbound
     policy = make_policy(name="bf", stages=3, chunks=1, microbatches=6)
     executors = [SyntheticWorkload(trace=trace, payload_elems=16).executor(stage=s, layout=layout) for s in range(3)]
     with LocalPipeline(layout=layout, timeout_s=20) as pipeline:
-        report = pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors, buffer_limit=limit)
+        report = pipeline.run_iteration(
+            iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors, buffer_limit=limit
+        )
     assert sorted(e.action for e in report.events) == sorted(str(a) for s in range(3) for a in layout.actions(stage=s))
     assert report.stages[1].peak_buffered == limit  # reached, never passed, although two links feed it

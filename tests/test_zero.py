@@ -23,7 +23,9 @@ M = 2  # microbatches per replica
 
 def mlp() -> nn.Sequential:
     """Four equal layers a stage: whole tensors can balance the optimizer state over 2 replicas."""
-    return nn.Sequential(*[nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.Tanh()) for _ in range(7)], nn.Linear(FEATURES, 1))
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.Tanh()) for _ in range(7)], nn.Linear(FEATURES, 1)
+    )
 
 
 def _trainer(*, zero: int, directory: str | None = None, resume: bool = False, policy: str = "bfw") -> Trainer:
@@ -94,8 +96,15 @@ def test_zero_1_reduces_each_gradient_to_its_owner_alone():
         assert sum(received) == sent[0]  # every sum went to one replica
         assert max(received) <= 0.65 * sent[0]  # about 1/D each
     assert all(s.reduce_received_bytes == s.reduce_bytes for s in plain_stats)  # zero 0: every replica gets every sum
-    assert dp_summary([IterationReport(iteration=0, policy="bfw", makespan_ms=0.0, stages=stats)])["dp_received_share"] == pytest.approx(0.5)
-    assert dp_summary([IterationReport(iteration=0, policy="bfw", makespan_ms=0.0, stages=plain_stats)])["dp_received_share"] == 1.0
+    assert dp_summary([IterationReport(iteration=0, policy="bfw", makespan_ms=0.0, stages=stats)])[
+        "dp_received_share"
+    ] == pytest.approx(0.5)
+    assert (
+        dp_summary([IterationReport(iteration=0, policy="bfw", makespan_ms=0.0, stages=plain_stats)])[
+            "dp_received_share"
+        ]
+        == 1.0
+    )
 
 
 def test_the_reducer_sends_owned_buckets_to_their_owner_and_unowned_ones_to_everyone():
@@ -176,7 +185,9 @@ def test_owners_balance_the_elements_and_gather_sets_every_replica_to_the_owners
     params = [[torch.full((n,), 10.0 * r + i) for i, n in enumerate((3, 2, 4))] for r in range(2)]
 
     def gather(rank: int) -> None:
-        gather_owned(params[rank], owner=owner, rank=rank, all_reduce=tensor_all_reduce(group.member(rank)), bucket_bytes=12)
+        gather_owned(
+            params[rank], owner=owner, rank=rank, all_reduce=tensor_all_reduce(group.member(rank)), bucket_bytes=12
+        )
 
     threads = [threading.Thread(target=gather, args=(r,)) for r in range(2)]
     for thread in threads:

@@ -75,23 +75,36 @@ def _draw_axis(ax: Axes, report: IterationReport, *, title: str, xmax: float) ->
     for stage in stages:
         spans = [(start, end - start) for start, end in blocked_spans(report, stage=stage)]
         ax.broken_barh(
-            spans, (stage - _BAR_HEIGHT / 2, _BAR_HEIGHT),
-            facecolor=BLOCKED_FACE, edgecolor=BLOCKED_HATCH, hatch="///", linewidth=0,
+            spans,
+            (stage - _BAR_HEIGHT / 2, _BAR_HEIGHT),
+            facecolor=BLOCKED_FACE,
+            edgecolor=BLOCKED_HATCH,
+            hatch="///",
+            linewidth=0,
         )
     px_per_ms = _AXES_WIDTH_IN * DPI / xmax
     for event in report.events:
         action, width = parse_action(event.action, stages=len(stages)), event.end_ms - event.start_ms
         edge, line = (OVERTOOK_EDGE, 1.6) if event.overtook else ("white", 0.6)
         ax.broken_barh(
-            [(event.start_ms, width)], (event.stage - _BAR_HEIGHT / 2, _BAR_HEIGHT),
-            facecolor=COLOURS[action.kind], edgecolor=edge, linewidth=line,
+            [(event.start_ms, width)],
+            (event.stage - _BAR_HEIGHT / 2, _BAR_HEIGHT),
+            facecolor=COLOURS[action.kind],
+            edgecolor=edge,
+            linewidth=line,
         )
         chunk = action.virtual_stage // len(stages)  # the chunk under either placement
         label = str(action.microbatch) if chunk == 0 else f"{action.microbatch}c{chunk}"
         if width * px_per_ms > (len(label) * 0.65 * LABEL_PT + 4) * DPI / 72:
             ax.text(
-                event.start_ms + width / 2, event.stage, label,
-                ha="center", va="center", fontsize=LABEL_PT, color="white", fontweight="bold",
+                event.start_ms + width / 2,
+                event.stage,
+                label,
+                ha="center",
+                va="center",
+                fontsize=LABEL_PT,
+                color="white",
+                fontweight="bold",
             )
     ax.set_xlim(0, xmax)
     ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)

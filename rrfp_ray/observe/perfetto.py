@@ -106,8 +106,14 @@ def _iteration_events(
     for tid, spans in transfers.items():
         for span in spans:
             events.append(
-                _span(name=span.action, cat=TRACK_NAMES[tid], pid=span.stage, tid=tid, start_ms=span.start_ms,
-                      end_ms=span.end_ms)
+                _span(
+                    name=span.action,
+                    cat=TRACK_NAMES[tid],
+                    pid=span.stage,
+                    tid=tid,
+                    start_ms=span.start_ms,
+                    end_ms=span.end_ms,
+                )
             )
     for event in events:
         event["ts"] += offset_ms * 1e3

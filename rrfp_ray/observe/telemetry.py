@@ -144,7 +144,10 @@ def merge_stage_reports(
     events, stages = [], []
     for stage_events, stats in results:
         shift = (stats.started_at - origin) * 1e3
-        events += [replace(e, start_ms=e.start_ms + shift, end_ms=e.end_ms + shift, ready_ms=e.ready_ms + shift) for e in stage_events]
+        events += [
+            replace(e, start_ms=e.start_ms + shift, end_ms=e.end_ms + shift, ready_ms=e.ready_ms + shift)
+            for e in stage_events
+        ]
         stages.append(stats)
     makespan = max((s.started_at - origin) * 1e3 + s.wall_ms for s in stages)
     ops_end = max((s.started_at - origin) * 1e3 + s.wall_ms - s.step_ms for s in stages)

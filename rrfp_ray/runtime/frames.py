@@ -26,8 +26,15 @@ HEADER_LEN = 18  # int64 fields
 HEADER_BYTES = HEADER_LEN * 8
 _HEADER = struct.Struct(f"<{HEADER_LEN}q")
 _NUMPY = {
-    torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64, torch.int64: np.int64,
-    torch.int32: np.int32, torch.uint8: np.uint8, torch.bool: np.bool_, torch.int8: np.int8, torch.int16: np.int16,
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.float64: np.float64,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
 }
 _BITS = {torch.bfloat16: np.int16}  # no numpy dtype: the bits travel as this one and are viewed back
 

@@ -196,7 +196,9 @@ class ThreadStages:
 
     def start(self) -> list[ThreadStage]:
         layout, tp, dp = self.layout, self.tp, self.dp_size
-        channels = [[local_channels(layout=layout, timeout_s=self.link_timeout_s) for _ in range(tp)] for _ in range(dp)]
+        channels = [
+            [local_channels(layout=layout, timeout_s=self.link_timeout_s) for _ in range(tp)] for _ in range(dp)
+        ]
         wrap = self.wrap or (lambda _, channel: channel)
         workers = [
             StageWorker(
@@ -280,9 +282,7 @@ class ThreadStages:
         )
         return DPContext(reducer=reducer, overlap=self.dp.overlap, zero_sum=group_sum if self.dp.zero else None)
 
-    def tie_all_reduce(
-        self, stages: tuple[int, ...], tensor: Tensor, *, stage: int, rank: int, replica: int
-    ) -> Tensor:
+    def tie_all_reduce(self, stages: tuple[int, ...], tensor: Tensor, *, stage: int, rank: int, replica: int) -> Tensor:
         """The sum of `tensor` over TP rank `rank` of each of `stages` in `replica` (they share a tied parameter)."""
         with self._lock:
             group = self._tie_groups.setdefault(

@@ -264,7 +264,9 @@ def owners(sizes: Sequence[int], *, replicas: int) -> list[int]:
 
 
 @torch.no_grad()
-def gather_owned(tensors: Sequence[Tensor], *, owner: Sequence[int], rank: int, all_reduce: AllReduce, bucket_bytes: int) -> int:
+def gather_owned(
+    tensors: Sequence[Tensor], *, owner: Sequence[int], rank: int, all_reduce: AllReduce, bucket_bytes: int
+) -> int:
     """ZeRO-1's all-gather: every replica's `tensors` set to their owners' values, as a sum over the
     group in which each entry is nonzero on its owner alone (exact: x + 0 = x). Returns the bytes summed."""
     nbytes = 0

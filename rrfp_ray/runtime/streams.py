@@ -96,7 +96,10 @@ class Handoff:
         return tree
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        key = (device.index if device.index is not None else torch.cuda.current_device(), threading.current_thread().name)
+        key = (
+            device.index if device.index is not None else torch.cuda.current_device(),
+            threading.current_thread().name,
+        )
         with self._lock:
             if key not in self._side:
                 self._side[key] = torch.cuda.Stream(device=device)

@@ -59,7 +59,9 @@ class SyntheticWorkload:
             grad_layers=self.grad_layers,
         )
 
-    def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> SyntheticWorkload:
+    def with_dp(
+        self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> SyntheticWorkload:
         """Every replica replays the same trace (it has no optimizer state to shard)."""
         return self
 

@@ -129,5 +129,7 @@ class TcpLinks:
 def _buffer(tensor: torch.Tensor) -> memoryview:
     """The bytes of a frame (a contiguous uint8 CPU tensor), shared with it."""
     if tensor.device.type != "cpu" or tensor.dtype != torch.uint8 or not tensor.is_contiguous():
-        raise ValueError(f"a TCP channel carries frames, contiguous uint8 CPU tensors; got a {tensor.dtype} one on {tensor.device}")
+        raise ValueError(
+            f"a TCP channel carries frames, contiguous uint8 CPU tensors; got a {tensor.dtype} one on {tensor.device}"
+        )
     return memoryview(tensor.numpy())

@@ -86,7 +86,9 @@ def tensor_all_reduce(all_gather: Callable[[Tensor], list[Tensor]]) -> Callable[
     return all_reduce
 
 
-def tensor_reduce_to(all_gather: Callable[[Tensor], list[Tensor]], *, rank: int) -> Callable[[Tensor, int], Tensor | None]:
+def tensor_reduce_to(
+    all_gather: Callable[[Tensor], list[Tensor]], *, rank: int
+) -> Callable[[Tensor, int], Tensor | None]:
     """Sum of a tensor over a group at rank `dst` alone (the bits `tensor_all_reduce` gives), as rank `rank` calls it."""
 
     def reduce_to(tensor: Tensor, dst: int) -> Tensor | None:

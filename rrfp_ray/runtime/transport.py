@@ -31,14 +31,24 @@ from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
-_FIXED = 10  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, dtype, ndim, requires grad
+_FIXED = (
+    10  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, dtype, ndim, requires grad
+)
 MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
 _ALIGN = 8
 _KIND_CODE = {Kind.F: 1, Kind.B: 2}
 _STOP = 0
 DTYPES = (
-    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool,
-    torch.int8, torch.int16,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+    torch.int8,
+    torch.int16,
 )
 
 
@@ -98,7 +108,15 @@ class Header:
             return [_STOP] + [0] * (HEADER_LEN - 1)
         m = self.message
         sent_us = round(time.time() * 1e6)
-        fields = [_KIND_CODE[m.kind], m.virtual_stage, m.microbatch, self.iteration, len(described), body_bytes, sent_us]
+        fields = [
+            _KIND_CODE[m.kind],
+            m.virtual_stage,
+            m.microbatch,
+            self.iteration,
+            len(described),
+            body_bytes,
+            sent_us,
+        ]
         leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
         fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
         return fields + list(leaf.shape) + [0] * (MAX_DIMS - len(leaf.shape))

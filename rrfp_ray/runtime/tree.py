@@ -64,9 +64,13 @@ def _structure(tree: Tree, leaves: list[Tensor], *, where: str) -> Structure:
     if isinstance(tree, dict):
         bad = [k for k in tree if not isinstance(k, str)]
         if bad:
-            raise ValueError(f"{where} is a dict with a non-string key {bad[0]!r}; only string keys can cross a stage boundary")
+            raise ValueError(
+                f"{where} is a dict with a non-string key {bad[0]!r}; only string keys can cross a stage boundary"
+            )
         return {"dict": [[k, _structure(v, leaves, where=f"{where}[{k!r}]")] for k, v in tree.items()]}
-    raise ValueError(f"{where} is {describe(tree)}; only tensors, and tuples, lists and dicts of them, cross a stage boundary")
+    raise ValueError(
+        f"{where} is {describe(tree)}; only tensors, and tuples, lists and dicts of them, cross a stage boundary"
+    )
 
 
 def _build(structure: Structure, leaves: Any) -> Tree:
@@ -75,7 +79,7 @@ def _build(structure: Structure, leaves: Any) -> Tree:
         if leaf is None:
             raise ValueError("fewer leaves than the structure holds")
         return leaf
-    (kind, children), = structure.items()
+    ((kind, children),) = structure.items()
     if kind == "dict":
         return {key: _build(child, leaves) for key, child in children}
     items = [_build(child, leaves) for child in children]

@@ -49,7 +49,8 @@ class StageWorker:
         self.timeout_s = timeout_s
         self._inbound = inbound
         self._senders = {
-            link: LinkSender(link=link, channel=channel, handoff=self._handoff, on_error=self._fail) for link, channel in outbound.items()
+            link: LinkSender(link=link, channel=channel, handoff=self._handoff, on_error=self._fail)
+            for link, channel in outbound.items()
         }
         self._cond = threading.Condition()
         self._arbiter: Arbiter | None = None
@@ -159,12 +160,18 @@ class StageWorker:
             with self._cond:
                 self._arbiter = None
         ops_done = self._now()
-        reduced = None if dp is None else self._reduce(dp=dp, executor=executor, all_reduce=all_reduce, chunks=layout.chunks)
+        reduced = (
+            None if dp is None else self._reduce(dp=dp, executor=executor, all_reduce=all_reduce, chunks=layout.chunks)
+        )
         step = executor.finish(iteration=iteration, all_reduce=all_reduce)
         wall_ms = self._now()  # the stage's iteration ends with its optimizer step
         stats = stage_stats(stage=self.stage, events=events, wall_ms=wall_ms, tp_ms=tp_ms, step_ms=wall_ms - ops_done)
         if reduced is not None:
-            stats.reduce_ms, stats.reduce_bytes, stats.reduce_received_bytes = reduced.busy_ms, reduced.nbytes, reduced.received
+            stats.reduce_ms, stats.reduce_bytes, stats.reduce_received_bytes = (
+                reduced.busy_ms,
+                reduced.nbytes,
+                reduced.received,
+            )
             stats.reduce_end_ms = (reduced.end_s - self._start) * 1e3 if reduced.end_s else 0.0
             stats.last_op_ms = max((e.end_ms for e in events), default=0.0)
         if agreement is not None:
@@ -265,7 +272,9 @@ class StageWorker:
             try:
                 action = agreement.round(candidates)
             except (ConnectionError, TimeoutError) as error:
-                raise PipelineError(f"stage {self.stage}, iteration {self._iteration}: TP agreement failed: {error}") from error
+                raise PipelineError(
+                    f"stage {self.stage}, iteration {self._iteration}: TP agreement failed: {error}"
+                ) from error
             if action is not None:
                 with self._cond:
                     overtook = arbiter.start(action)
@@ -314,7 +323,9 @@ class StageWorker:
             if not sender.wait_idle(timeout_s=max(0.0, deadline - time.monotonic())):
                 with self._cond:
                     self._raise_if_failed()
-                raise PipelineError(f"stage {self.stage}: outgoing messages on {sender.link} not sent within {self.timeout_s:g} s")
+                raise PipelineError(
+                    f"stage {self.stage}: outgoing messages on {sender.link} not sent within {self.timeout_s:g} s"
+                )
         with self._cond:
             self._raise_if_failed()
 
@@ -323,7 +334,9 @@ class StageWorker:
         while True:
             with self._cond:
                 # only what the running iteration expects (or STOP): an idle link never times out
-                while not self._stopping and not (self._expected.get(link) and self._arbiter is not None and self._arbiter.has_room()):
+                while not self._stopping and not (
+                    self._expected.get(link) and self._arbiter is not None and self._arbiter.has_room()
+                ):
                     self._cond.wait(timeout=self.timeout_s)
                 if not self._stopping:
                     self._expected[link] -= 1

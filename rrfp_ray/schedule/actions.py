@@ -85,7 +85,11 @@ def parse_action(text: str, *, stages: int, placement: Placement = Placement.LOO
     match = _PATTERN.match(word)
     if match is None:
         if _OLD.match(word):
-            raise ValueError(f"{text!r} is in the old action notation (stage, kind, microbatch, chunk); see {OLD_NOTATION}")
+            raise ValueError(
+                f"{text!r} is in the old action notation (stage, kind, microbatch, chunk); see {OLD_NOTATION}"
+            )
         raise ValueError(f"not an action: {text!r} (expected virtual stage, F|I|W|B, microbatch, e.g. '2F0' or '5I3')")
     virtual_stage, kind, microbatch = match.groups()
-    return placement.action(kind=Kind(kind), virtual_stage=int(virtual_stage), microbatch=int(microbatch), stages=stages)
+    return placement.action(
+        kind=Kind(kind), virtual_stage=int(virtual_stage), microbatch=int(microbatch), stages=stages
+    )

@@ -43,7 +43,11 @@ Order = dict[int, list[Action]]
 def gpipe(*, stages: int, microbatches: int) -> Order:
     _require_positive(stages=stages, microbatches=microbatches)
     return {
-        s: [_action(kind=kind, stage=s, stages=stages, microbatch=m) for kind in (Kind.F, Kind.B) for m in range(microbatches)]
+        s: [
+            _action(kind=kind, stage=s, stages=stages, microbatch=m)
+            for kind in (Kind.F, Kind.B)
+            for m in range(microbatches)
+        ]
         for s in range(stages)
     }
 
@@ -112,7 +116,9 @@ class Chunks(enum.Enum):
     TWO = "2"
 
     def allows(self, chunks: int) -> bool:
-        return {Chunks.ONE: chunks == 1, Chunks.MANY: chunks >= 2, Chunks.ANY: chunks >= 1, Chunks.TWO: chunks == 2}[self]
+        return {Chunks.ONE: chunks == 1, Chunks.MANY: chunks >= 2, Chunks.ANY: chunks >= 1, Chunks.TWO: chunks == 2}[
+            self
+        ]
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,9 @@ class Schedule:
 
 
 def _imported(name: str) -> Callable[..., Order]:
-    return lambda *, stages, chunks, microbatches: imported(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
+    return lambda *, stages, chunks, microbatches: imported(
+        name=name, stages=stages, chunks=chunks, microbatches=microbatches
+    )
 
 
 SCHEDULES: dict[str, Schedule] = {

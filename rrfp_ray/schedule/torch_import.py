@@ -61,7 +61,9 @@ def imported(*, name: str, stages: int, chunks: int, microbatches: int) -> dict[
     try:
         schedule = getattr(schedules, class_name)(stand_ins, microbatches)
     except (ValueError, AssertionError, RuntimeError) as error:
-        raise ValueError(f"schedule {name!r} (torch's {class_name}) refuses microbatches={microbatches}: {error}") from None
+        raise ValueError(
+            f"schedule {name!r} (torch's {class_name}) refuses microbatches={microbatches}: {error}"
+        ) from None
     cells = {rank: [str(a) for a in actions if a is not None] for rank, actions in schedule.pipeline_order.items()}
     return translate(cells, stages=stages, placement=placement)
 

@@ -179,9 +179,7 @@ def _producers(layout: Layout) -> dict[Message, Action]:
     return found
 
 
-def _blocker(
-    action: Action, *, layout: Layout, producer: Mapping[Message, Action], done: set[Action]
-) -> Action | None:
+def _blocker(action: Action, *, layout: Layout, producer: Mapping[Message, Action], done: set[Action]) -> Action | None:
     """The first action ``action`` still waits for, or None when it can run."""
     need = layout.local_need(action)
     if need is not None and need not in done:
@@ -199,7 +197,7 @@ def _cycle(blocker: Mapping[int, Action]) -> list[int]:
     while s not in path:
         path.append(s)
         s = blocker[s].stage
-    return path[path.index(s):]
+    return path[path.index(s) :]
 
 
 @dataclass(frozen=True)
@@ -237,7 +235,9 @@ def parse_order(data: Mapping[int, Sequence[str]], *, stages: int, chunks: int, 
     placement = next((p for p in candidates if _own_stages(orders[p])), Placement.LOOPED)
     order = orders[placement]
     split = any(a.kind is Kind.W for actions in order.values() for a in actions)
-    validate(order, layout=Layout(stages=stages, chunks=chunks, microbatches=microbatches, split=split, placement=placement))
+    validate(
+        order, layout=Layout(stages=stages, chunks=chunks, microbatches=microbatches, split=split, placement=placement)
+    )
     return Hint(order=order, placement=placement)
 
 

@@ -37,7 +37,9 @@ class ReduceModel:
         if self.chunk_bytes < 1 or self.bucket_bytes < 1:
             raise ValueError(f"chunk_bytes and bucket_bytes must be >= 1, got {self.chunk_bytes}, {self.bucket_bytes}")
         if not (self.bytes_per_ms > 0 and math.isfinite(self.bytes_per_ms)) or not self.latency_ms >= 0:
-            raise ValueError(f"bytes_per_ms must be finite and > 0, latency_ms >= 0: got {self.bytes_per_ms}, {self.latency_ms}")
+            raise ValueError(
+                f"bytes_per_ms must be finite and > 0, latency_ms >= 0: got {self.bytes_per_ms}, {self.latency_ms}"
+            )
         if not 1 <= self.layers <= self.chunk_bytes:
             raise ValueError(f"layers must be in [1, chunk_bytes = {self.chunk_bytes}], got {self.layers}")
 
@@ -59,14 +61,18 @@ class ReduceModel:
 def with_reduction(report: IterationReport, *, layout: Layout, model: ReduceModel) -> IterationReport:
     """`report` (a simulated iteration, every stage started at 0) with each stage's reduce time,
     bytes, end and exposed time filled in; its makespan stays the op schedule's."""
-    last_weight: dict[tuple[int, int], tuple[float, float]] = {}  # (stage, chunk): (start, end) of its last weight-gradient op
+    last_weight: dict[
+        tuple[int, int], tuple[float, float]
+    ] = {}  # (stage, chunk): (start, end) of its last weight-gradient op
     last_op = [0.0] * layout.stages
     for event in report.events:
         action = parse_action(event.action, stages=layout.stages, placement=layout.placement)
         last_op[event.stage] = max(last_op[event.stage], event.end_ms)
         if completes_weights(action):
             key = (event.stage, action.chunk)
-            last_weight[key] = max(last_weight.get(key, (0.0, 0.0)), (event.start_ms, event.end_ms), key=lambda span: span[1])
+            last_weight[key] = max(
+                last_weight.get(key, (0.0, 0.0)), (event.start_ms, event.end_ms), key=lambda span: span[1]
+            )
     everyone_done = max(last_op)
     buckets = model.buckets()
     stages = []

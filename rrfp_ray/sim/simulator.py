@@ -89,7 +89,9 @@ def simulate(
     waiting: list[dict[Link, deque[Message]]] = [{} for _ in arbiters]  # per receiving stage
     clock: list[tuple[float, int, Action | Message | Link]] = []  # a Link: its sender is done with a message
     outgoing: dict[Link, list[tuple[float, int, Message]]] = {}  # with transport: per link, by release time
-    carrying: set[Link] = set()  # with transport: links busy with a message (till the receiver took it, or the sender is done)
+    carrying: set[Link] = (
+        set()
+    )  # with transport: links busy with a message (till the receiver took it, or the sender is done)
     seq = 0
 
     def push(at: float, item: Action | Message | Link) -> None:
@@ -225,7 +227,8 @@ def bounds(*, trace: Trace, split: bool) -> Bounds:
     V, M = layout.virtual_stages, layout.microbatches
     duration = _duration_of(trace=trace)
     backward = [
-        [duration(layout.action(kind=layout.backward, virtual_stage=vs, microbatch=m)) for m in range(M)] for vs in range(V)
+        [duration(layout.action(kind=layout.backward, virtual_stage=vs, microbatch=m)) for m in range(M)]
+        for vs in range(V)
     ]
     # head[vs][m]: earliest start of F(vs, m); chain[vs][m]: what must run after B(vs, m) ends.
     head, chain = [[0.0] * M], [[0.0] * M]

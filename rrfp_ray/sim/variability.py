@@ -115,8 +115,7 @@ class Trace:
         if message.kind is Kind.B and 0 <= vs < self.virtual_stages - 1:
             return self.commB[vs][m]
         raise ValueError(
-            f"message {message}: no {message.kind.value} delivery into virtual stage {vs} "
-            f"with V={self.virtual_stages}"
+            f"message {message}: no {message.kind.value} delivery into virtual stage {vs} with V={self.virtual_stages}"
         )
 
     def check(self, *, stages: int, microbatches: int, chunks: int) -> None:

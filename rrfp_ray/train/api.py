@@ -166,7 +166,9 @@ class Trainer:
         self.workload = checked(self.workload, pipeline=pipeline)
         self.fingerprint = workload_fingerprint(pipeline=pipeline, workload=self.workload)
         resume = None
-        if checkpoints is not None and checkpoints.resume:  # a CheckpointError saying what is wrong, before any stage starts
+        if (
+            checkpoints is not None and checkpoints.resume
+        ):  # a CheckpointError saying what is wrong, before any stage starts
             resume = resume_point(directory=Path(checkpoints.directory), fingerprint=self.fingerprint)
         self.backend: Backend = LocalBackend() if backend is None else backend
         self.backend.start(pipeline=pipeline, workload=self.workload)
@@ -233,7 +235,9 @@ class Trainer:
         try:
             path = commit(directory=directory, manifest=manifest)
         except OSError as error:
-            raise PipelineError(f"the manifest of iteration {self.iteration} could not be written to {directory}: {error}") from error
+            raise PipelineError(
+                f"the manifest of iteration {self.iteration} could not be written to {directory}: {error}"
+            ) from error
         logger.info("checkpoint of iteration %d committed: %s", self.iteration, path)
         return path
 

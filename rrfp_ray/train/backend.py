@@ -96,7 +96,9 @@ class LocalBackend:
             tp=pipeline.tp,
             dp=pipeline.dp_spec,
         )
-        self._group = StageGroup(fabric=stages, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero))
+        self._group = StageGroup(
+            fabric=stages, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
+        )
         try:
             self.set_workload(workload=workload)
         except BaseException:

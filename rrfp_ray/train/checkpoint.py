@@ -38,7 +38,11 @@ class Manifest:
     files: dict[int, StageFile]
 
     def to_json(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "fingerprint": self.fingerprint, "files": {str(s): asdict(f) for s, f in self.files.items()}}
+        return {
+            "iteration": self.iteration,
+            "fingerprint": self.fingerprint,
+            "files": {str(s): asdict(f) for s, f in self.files.items()},
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:

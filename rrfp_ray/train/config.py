@@ -30,7 +30,9 @@ class PipelineConfig(BaseModel):
     stages: int = Field(4, ge=1, description="P: pipeline stages (one actor each)")
     chunks: int = Field(1, ge=1, description="v: model chunks per stage (v > 1: interleaved)")
     microbatches: int = Field(8, ge=1, description="M: microbatches per iteration")
-    policy: str = Field("bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw, cpw")
+    policy: str = Field(
+        "bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw, cpw"
+    )
     cap: Cap = Field(
         Cap(multiple=2.0),
         description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'",
@@ -38,14 +40,22 @@ class PipelineConfig(BaseModel):
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
     link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
-    backend: LinkBackend = Field(LinkBackend.AUTO, description="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl")
+    backend: LinkBackend = Field(
+        LinkBackend.AUTO,
+        description="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
+    )
     tp: int = Field(1, ge=1, description="T: tensor-parallel ranks (actors) per stage")
     tp_protocol: TPProtocol = Field(
         TPProtocol.COMMON,
         description="TP agreement: all-gather each rank's first choice, or its k best and run the best common one",
     )
-    tp_gather: TPGather = Field(TPGather.TCP, description="what carries the TP agreement's all-gather: tcp or collective")
-    hint: dict[int, list[str]] | None = Field(None, description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint")
+    tp_gather: TPGather = Field(
+        TPGather.TCP, description="what carries the TP agreement's all-gather: tcp or collective"
+    )
+    hint: dict[int, list[str]] | None = Field(
+        None,
+        description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint",
+    )
     dp: int = Field(1, ge=1, description="D: data-parallel replicas of the whole pipeline (D x P x T actors)")
     dp_bucket_mb: float = Field(25.0, gt=0, description="MB of gradients per DP all-reduce bucket")
     dp_overlap: bool = Field(
@@ -53,9 +63,12 @@ class PipelineConfig(BaseModel):
         description="reduce a chunk's gradients as soon as its last weight-gradient op is done "
         "(False: everything after every stage's last op)",
     )
-    zero: int = Field(0, ge=0, le=1, description="ZeRO stage: 1 shards the optimizer state over the D replicas (needs dp >= 2)")
+    zero: int = Field(
+        0, ge=0, le=1, description="ZeRO stage: 1 shards the optimizer state over the D replicas (needs dp >= 2)"
+    )
     precision: Precision = Field(
-        Precision.FP32, description="fp32, or bf16: autocast compute, fp32 master weights, bf16 activations on the links"
+        Precision.FP32,
+        description="fp32, or bf16: autocast compute, fp32 master weights, bf16 activations on the links",
     )
     activation_checkpointing: bool = Field(
         False, description="recompute each block's internals in its backward instead of keeping them"
@@ -73,7 +86,9 @@ class PipelineConfig(BaseModel):
     @model_validator(mode="after")
     def _policy_fits(self) -> PipelineConfig:
         if self.zero and self.dp == 1:
-            raise ValueError(f"zero {self.zero} shards the optimizer state over the DP replicas: it needs dp >= 2, got dp 1")
+            raise ValueError(
+                f"zero {self.zero} shards the optimizer state over the DP replicas: it needs dp >= 2, got dp 1"
+            )
         if self.stages == 1 and self.chunks > 1:
             raise ValueError("chunks > 1 needs stages >= 2 (a stage cannot send to itself)")
         try:
@@ -133,7 +148,9 @@ class VariabilityConfig(BaseModel):
 
     @model_validator(mode="after")
     def _scenario_known(self) -> VariabilityConfig:
-        generate(scenario=self.scenario, stages=1, microbatches=1, chunks=1, seed=self.seed, t_f=self.t_f, **self.params)
+        generate(
+            scenario=self.scenario, stages=1, microbatches=1, chunks=1, seed=self.seed, t_f=self.t_f, **self.params
+        )
         return self
 
     def trace(self, *, pipeline: PipelineConfig) -> Trace:
@@ -172,7 +189,9 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(10, ge=0, description="iterations between checkpoints (0: never)")
     resume: bool = Field(False, description="start from the newest complete checkpoint in checkpoint_dir")
     max_restarts: int = Field(0, ge=0, description="rebuilds from the last checkpoint after a stage is lost")
-    varlen: bool = Field(False, description="whole documents of varying length, padding left out of a token-weighted loss")
+    varlen: bool = Field(
+        False, description="whole documents of varying length, padding left out of a token-weighted loss"
+    )
 
     @model_validator(mode="after")
     def _resume_needs_a_directory(self) -> TrainConfig:

@@ -168,7 +168,9 @@ class CorpusSource:
 
     def tokens(self, *, iteration: int) -> int:
         """Real (not padding) target tokens in `iteration`'s microbatches."""
-        return sum(int((self.microbatch(iteration=iteration, index=m)[1] != IGNORE).sum()) for m in range(self.microbatches))
+        return sum(
+            int((self.microbatch(iteration=iteration, index=m)[1] != IGNORE).sum()) for m in range(self.microbatches)
+        )
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "corpus"}  # each process reads its own copy

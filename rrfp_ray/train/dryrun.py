@@ -77,7 +77,9 @@ def _check_count(data: DataSource, *, name: str, pipeline: PipelineConfig | None
     if pipeline is None or count == pipeline.global_microbatches:
         return
     if pipeline.dp == 1:
-        raise ValueError(f"{name}.microbatches = {count} differs from the pipeline's microbatches = {pipeline.microbatches}")
+        raise ValueError(
+            f"{name}.microbatches = {count} differs from the pipeline's microbatches = {pipeline.microbatches}"
+        )
     raise ValueError(
         f"{name}.microbatches = {count} differs from the pipeline's dp x microbatches = "
         f"{pipeline.dp} x {pipeline.microbatches} = {pipeline.global_microbatches} (each replica reads its own share)"
@@ -168,7 +170,9 @@ def _check_loss(loss_fn: LossFn, *, out: object, targets: object) -> bool:
             what = "a scalar tensor, or a (sum, count) pair of scalar tensors"
             raise ValueError(f"loss_fn {name} must return {what}, got {part} of shape {shape}")
     if not (loss[0] if counted else loss).is_floating_point():
-        raise ValueError(f"loss_fn {name} must return a floating-point scalar, got {(loss[0] if counted else loss).dtype}")
+        raise ValueError(
+            f"loss_fn {name} must return a floating-point scalar, got {(loss[0] if counted else loss).dtype}"
+        )
     return counted
 
 

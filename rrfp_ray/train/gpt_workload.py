@@ -58,7 +58,13 @@ class SavedModel:
 
     def write(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        data = {"model": self.config.model_dump(), "seed": self.seed, "stages": self.stages, "chunks": self.chunks, "tp": self.tp}
+        data = {
+            "model": self.config.model_dump(),
+            "seed": self.seed,
+            "stages": self.stages,
+            "chunks": self.chunks,
+            "tp": self.tp,
+        }
         (directory / MODEL_FILE).write_text(json.dumps(data, indent=2))
 
     @classmethod

@@ -29,7 +29,9 @@ class GradRelease:
         self._handles = [p.register_post_accumulate_grad_hook(self._on_final) for p in self._order]
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []

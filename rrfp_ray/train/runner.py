@@ -185,9 +185,13 @@ class StageRunner:
         if not saved.inputs or not saved.roots:
             dx = None if chunk == self._first else _grad_message([torch.zeros_like(x) for x in saved.inputs])
             edges = [get_gradient_edge(root) for root in saved.roots]
-            passes = [WeightPass(roots=edges, grads=grads, params=self._chunk_params[chunk], pinned={})] if edges else []
+            passes = (
+                [WeightPass(roots=edges, grads=grads, params=self._chunk_params[chunk], pinned={})] if edges else []
+            )
         else:
-            dx, passes = split_backward(roots=saved.roots, grads=grads, leaves=saved.inputs, params=self._chunk_params[chunk])
+            dx, passes = split_backward(
+                roots=saved.roots, grads=grads, leaves=saved.inputs, params=self._chunk_params[chunk]
+            )
             dx = _grad_message(dx)
         held = saved.nbytes + self._activation_bytes(_storages(g for work in passes for g in work.grads))
         self._deferred[(chunk, microbatch)] = _Deferred(passes=passes, nbytes=held)
@@ -295,7 +299,10 @@ class StageRunner:
     def optim_bytes(self) -> int:
         """Bytes of optimizer state held (Adam's moments; with ZeRO-1 only the parameters this replica steps)."""
         return sum(
-            t.numel() * t.element_size() for state in self._optimizer.state.values() for t in state.values() if isinstance(t, Tensor)
+            t.numel() * t.element_size()
+            for state in self._optimizer.state.values()
+            for t in state.values()
+            if isinstance(t, Tensor)
         )
 
     def _clear_grads(self) -> None:

@@ -43,7 +43,6 @@ class WeightPass:
                 handle.remove()
 
 
-
 def split_backward(
     *, roots: list[Tensor], grads: list[Tensor], leaves: list[Tensor], params: list[nn.Parameter]
 ) -> tuple[list[Tensor], list[WeightPass]]:

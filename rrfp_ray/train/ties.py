@@ -42,7 +42,9 @@ def find_ties(
             names, held = owners.setdefault(id(param), ([], set()))
             names.append(f"{i}.{name}")
             held.add(stage_of[i])
-    return tuple(Tie(names=tuple(names), stages=tuple(sorted(held))) for names, held in owners.values() if len(held) > 1)
+    return tuple(
+        Tie(names=tuple(names), stages=tuple(sorted(held))) for names, held in owners.values() if len(held) > 1
+    )
 
 
 def parameter(layers: Sequence[nn.Module], name: str) -> nn.Parameter:

@@ -48,6 +48,7 @@ class DataSource(Protocol):
         """(inputs, targets) of microbatch `index` of `iteration`; the same in every process."""
         ...
 
+
 _GATHER_BUCKET_BYTES = 25 * 2**20  # ZeRO-1: bytes per all-gather of the stepped parameters
 
 
@@ -85,7 +86,9 @@ class FactoryOptim:
     def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         optimizer = self.factory(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(f"optimizer factory {self.factory!r} returned {type(optimizer).__name__}, not an Optimizer")
+            raise ValueError(
+                f"optimizer factory {self.factory!r} returned {type(optimizer).__name__}, not an Optimizer"
+            )
         return optimizer
 
     def lr_at(self, step: int) -> None:
@@ -160,7 +163,9 @@ class ModelWorkload:
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[Tensor], Tensor]) -> ModelWorkload:
         """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
-        return replace(self, layers=TPLayers(layers=self.layers, rank=rank, size=size, all_reduce=all_reduce), tp_rank=rank)
+        return replace(
+            self, layers=TPLayers(layers=self.layers, rank=rank, size=size, all_reduce=all_reduce), tp_rank=rank
+        )
 
     def with_ties(self, *, reduce: TieReduce) -> ModelWorkload:
         """This workload as a stage runs it, summing tied gradients over `reduce` (owning stages, tensor) -> sum."""
@@ -175,7 +180,9 @@ class ModelWorkload:
         """ZeRO-1: the optimizer over the parameters this replica owns (`owners`)."""
         owned = [p for p, o in zip(params, owners([p.numel() for p in params], replicas=self.dp)) if o == self.dp_rank]
         if not owned:
-            raise ValueError(f"ZeRO-1: {len(params)} parameters on a stage are too few to shard over {self.dp} replicas")
+            raise ValueError(
+                f"ZeRO-1: {len(params)} parameters on a stage are too few to shard over {self.dp} replicas"
+            )
         return self.optim.optimizer(owned)
 
 
@@ -192,19 +199,24 @@ class ModelExecutor:
         reduced_with = {id(p): c for c in reduce_order(chunks=layout.chunks) for p in runner.chunk_parameters(c)}
         # what data parallelism sums of each chunk, the last parameter first (about the order a backward finalizes them)
         self._reduced = {
-            c: [p for p in reversed(runner.chunk_parameters(c)) if reduced_with[id(p)] == c] for c in range(layout.chunks)
+            c: [p for p in reversed(runner.chunk_parameters(c)) if reduced_with[id(p)] == c]
+            for c in range(layout.chunks)
         }
         params = runner.parameters()
         sizes = [p.numel() for p in params]
         # ZeRO-1: the replica that steps each parameter (as _shard_optimizer chose), by id
-        self._owner = {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
+        self._owner = (
+            {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
+        )
 
     def begin(self, *, iteration: int) -> None:
         self.runner.reset_iteration()
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
 
-    def run(self, *, action: Action, iteration: int, payload: Tensor | None, release: GradSink | None = None) -> Tensor | None:
+    def run(
+        self, *, action: Action, iteration: int, payload: Tensor | None, release: GradSink | None = None
+    ) -> Tensor | None:
         if release is None:
             return self._run(action=action, iteration=iteration, payload=payload)
         with GradRelease(params=self._reduced[action.chunk], release=lambda params: release(self._gradients(params))):
@@ -218,7 +230,9 @@ class ModelExecutor:
             inputs, targets = payload, None
             if vs == 0 or vs == self._layout.virtual_stages - 1:
                 index = self._workload.dp_rank * self._workload.microbatches + m
-                x, y = _to(self._workload.data.microbatch(iteration=iteration, index=index), device=self._workload.device)
+                x, y = _to(
+                    self._workload.data.microbatch(iteration=iteration, index=index), device=self._workload.device
+                )
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
             out = self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets)
@@ -271,7 +285,9 @@ class ModelExecutor:
         skipped = not math.isfinite(total)
         if skipped:
             if self.stage == 0:
-                logger.warning("iteration %d: gradient norm is %s; every stage skips this optimizer step", iteration, total)
+                logger.warning(
+                    "iteration %d: gradient norm is %s; every stage skips this optimizer step", iteration, total
+                )
             self.runner.skip_step()
         else:
             coef = clip_coef(total_sq_norm=total, max_norm=self._workload.optim.max_grad_norm)
@@ -294,7 +310,9 @@ class ModelExecutor:
             grad_norm=total**0.5,
             lr=lr,
             peak_bytes=(
-                torch.cuda.max_memory_allocated() if self._workload.device.startswith("cuda") else self.runner.peak_held_bytes
+                torch.cuda.max_memory_allocated()
+                if self._workload.device.startswith("cuda")
+                else self.runner.peak_held_bytes
             ),
             optim_bytes=self.runner.optim_bytes,
             skipped=skipped,
@@ -302,7 +320,10 @@ class ModelExecutor:
 
     def chunk_states(self) -> dict[int, dict[str, Tensor]]:
         """This stage's (TP shard's) chunks' weights, on the CPU."""
-        return {c: {k: v.detach().to("cpu", copy=True) for k, v in s.items()} for c, s in self.runner.state_dict()["chunks"].items()}
+        return {
+            c: {k: v.detach().to("cpu", copy=True) for k, v in s.items()}
+            for c, s in self.runner.state_dict()["chunks"].items()
+        }
 
     def save(self, *, directory: Path, iteration: int, shard: int) -> StageFile:
         """Write this stage's (TP shard's) chunks and optimizer state atomically; the driver commits the manifest."""
@@ -330,4 +351,9 @@ def _to(value: Any, *, device: str) -> Any:
     """A tree of tensors (or None) on `device`; a received leaf keeps its requires-grad mark."""
     if value is None:
         return None
-    return tree_map(lambda t: t if t.device.type == torch.device(device).type else t.detach().to(device).requires_grad_(t.requires_grad), value)
+    return tree_map(
+        lambda t: (
+            t if t.device.type == torch.device(device).type else t.detach().to(device).requires_grad_(t.requires_grad)
+        ),
+        value,
+    )
