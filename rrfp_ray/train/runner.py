@@ -185,9 +185,8 @@ class StageRunner:
         if not saved.inputs or not saved.roots:
             dx = None if chunk == self._first else _grad_message([torch.zeros_like(x) for x in saved.inputs])
             edges = [get_gradient_edge(root) for root in saved.roots]
-            passes = (
-                [WeightPass(roots=edges, grads=grads, params=self._chunk_params[chunk], pinned={})] if edges else []
-            )
+            params = self._chunk_params[chunk]
+            passes = [WeightPass(roots=edges, grads=grads, params=params, pinned={})] if edges else []
         else:
             dx, passes = split_backward(
                 roots=saved.roots, grads=grads, leaves=saved.inputs, params=self._chunk_params[chunk]
