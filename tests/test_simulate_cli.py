@@ -43,7 +43,7 @@ def test_json_at_constant_durations(tmp_path: Path) -> None:
     assert data["baseline"] == "1f1b"
     assert list(data["policies"]) == ["gpipe", "1f1b", "zb-h1", "bf", "bfw"]
     for name, r in data["policies"].items():
-        assert set(r) == {"makespan_ms", "speedup_vs_1f1b", "bubble", "peak_inflight", "lb_ms"}
+        assert set(r) == {"makespan_ms", "iteration_ms", "speedup_vs_1f1b", "bubble", "peak_inflight", "lb_ms"}
         assert r["makespan_ms"] >= r["lb_ms"] > 0, name
     one_f_one_b = data["policies"]["1f1b"]
     assert one_f_one_b["makespan_ms"] == pytest.approx((8 + 4 - 1) * 30.0)

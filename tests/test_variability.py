@@ -188,7 +188,17 @@ def test_qualified_parameter_goes_to_one_scenario():
 
 
 def test_scenario_params_and_describe():
-    assert SCENARIOS == ("none", "lognormal", "straggler", "imbalance", "comm", "multimodal")
+    assert SCENARIOS == (
+        "none",
+        "lognormal",
+        "straggler",
+        "imbalance",
+        "comm",
+        "multimodal",
+        "varlen",
+        "persistent",
+        "drift",
+    )
     assert scenario_params("none") == {}
     assert scenario_params("lognormal") == {"sigma": 0.3}
     assert scenario_params("straggler") == {"p": 0.05, "k": 3.0}
@@ -358,7 +368,7 @@ def test_check_names_the_key():
 
 
 def test_unknown_scenario():
-    known = "none, lognormal, straggler, imbalance, comm, multimodal"
+    known = "none, lognormal, straggler, imbalance, comm, multimodal, varlen, persistent, drift"
     with pytest.raises(ValueError, match=rf"unknown scenario 'gauss'; known: {known}$"):
         trace("gauss")
     with pytest.raises(ValueError, match=r"unknown scenario ''"):

@@ -3,160 +3,28 @@
 A :class:`Trace` holds milliseconds per virtual stage ``vs`` (``vs = chunk * P + stage``)
 and microbatch ``m``: ``F``, ``B`` (input gradient) and ``W`` (weight gradient) per op, and
 per message ``commF[vs][m]`` (activation vs -> vs+1) and ``commB[vs][m]`` (gradient
-vs+1 -> vs) for ``vs`` in ``0..V-2``. :func:`generate` builds one from named scenarios,
-which compose with ``+`` (``"multimodal+comm"``) and are applied in order.
+vs+1 -> vs) for ``vs`` in ``0..V-2`` (`rrfp_ray.sim.trace`). :func:`generate` builds one from
+named scenarios, which compose with ``+`` (``"multimodal+comm"``) and are applied in order;
+:func:`generate_iterations` builds a run of them, where some scenarios persist or drift from one
+iteration to the next. Scenarios whose load the data shows (``multimodal``, ``varlen``) record
+it as the trace's ``features``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Message
+from rrfp_ray.sim.trace import COMM_KEYS, OP_KEYS, Trace, check_count
 
-Rows = tuple[tuple[float, ...], ...]
-
-OP_KEYS = ("F", "B", "W")
-COMM_KEYS = ("commF", "commB")
-_HEADER = MappingProxyType({"P": "stages", "M": "microbatches", "v": "chunks"})
 _JITTER_SIGMA = 0.05  # the light stages of the multimodal scenario
-
-
-def _expected_rows(key: str, *, stages: int, chunks: int) -> tuple[int, str]:
-    if key in OP_KEYS:
-        return stages * chunks, f"virtual stages, expected {stages * chunks} (P={stages} x v={chunks})"
-    return stages * chunks - 1, f"links, expected {stages * chunks - 1} (P={stages} x v={chunks} - 1)"
-
-
-def _rows(key: str, value: Any, *, stages: int, microbatches: int, chunks: int) -> Rows:
-    """Validated rows of one key as floats, or ValueError naming the key and index."""
-    if not isinstance(value, Sequence) or isinstance(value, str):
-        raise ValueError(f"trace key {key!r} must be a list of rows, got {type(value).__name__}")
-    count, expected = _expected_rows(key, stages=stages, chunks=chunks)
-    if len(value) != count:
-        raise ValueError(f"trace key {key!r} has {len(value)} {expected}")
-    rows = []
-    for i, row in enumerate(value):
-        if not isinstance(row, Sequence) or isinstance(row, str):
-            raise ValueError(f"trace {key}[{i}] must be a list of numbers, got {type(row).__name__}")
-        if len(row) != microbatches:
-            raise ValueError(f"trace {key}[{i}] has {len(row)} microbatches, expected M={microbatches}")
-        for m, x in enumerate(row):
-            if isinstance(x, bool) or not isinstance(x, (int, float)):
-                raise ValueError(f"trace {key}[{i}][{m}] = {x!r}: durations must be numbers")
-            if not (math.isfinite(x) and x >= 0):
-                raise ValueError(f"trace {key}[{i}][{m}] = {x!r}: durations must be finite and >= 0")
-        rows.append(tuple(float(x) for x in row))
-    return tuple(rows)
-
-
-def _count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class Trace:
-    """Durations in ms of one iteration; rows are validated and frozen to tuples."""
-
-    stages: int
-    microbatches: int
-    chunks: int
-    F: Rows
-    B: Rows
-    W: Rows
-    commF: Rows
-    commB: Rows
-
-    def __post_init__(self) -> None:
-        for name in _HEADER.values():
-            _count(name, getattr(self, name))
-        for key in OP_KEYS + COMM_KEYS:
-            rows = _rows(
-                key, getattr(self, key), stages=self.stages, microbatches=self.microbatches, chunks=self.chunks
-            )
-            object.__setattr__(self, key, rows)
-
-    @property
-    def virtual_stages(self) -> int:
-        return self.stages * self.chunks
-
-    def duration(self, action: Action) -> float:
-        """ms of one op: I is the trace's B, W its W, and a full backward B both (B + W)."""
-        for name, value, bound in (
-            ("virtual stage", action.virtual_stage, self.virtual_stages),
-            ("microbatch", action.microbatch, self.microbatches),
-        ):
-            if not 0 <= value < bound:
-                raise ValueError(f"action {action}: {name} {value} outside the trace (0..{bound - 1})")
-        vs, m = action.virtual_stage, action.microbatch
-        if action.kind is Kind.F:
-            return self.F[vs][m]
-        if action.kind is Kind.W:
-            return self.W[vs][m]
-        return self.B[vs][m] if action.kind is Kind.I else self.B[vs][m] + self.W[vs][m]
-
-    def latency(self, message: Message) -> float:
-        """ms of one delivery: an activation into vs comes from vs-1, a gradient from vs+1."""
-        vs, m = message.virtual_stage, message.microbatch
-        if not 0 <= m < self.microbatches:
-            raise ValueError(f"message {message}: microbatch {m} outside the trace (0..{self.microbatches - 1})")
-        if message.kind is Kind.F and 1 <= vs < self.virtual_stages:
-            return self.commF[vs - 1][m]
-        if message.kind is Kind.B and 0 <= vs < self.virtual_stages - 1:
-            return self.commB[vs][m]
-        raise ValueError(
-            f"message {message}: no {message.kind.value} delivery into virtual stage {vs} with V={self.virtual_stages}"
-        )
-
-    def check(self, *, stages: int, microbatches: int, chunks: int) -> None:
-        """ValueError naming the first key whose shape does not fit the given pipeline."""
-        for key in OP_KEYS + COMM_KEYS:
-            _rows(key, getattr(self, key), stages=stages, microbatches=microbatches, chunks=chunks)
-        for key, actual, expected in (
-            ("P", self.stages, stages),
-            ("M", self.microbatches, microbatches),
-            ("v", self.chunks, chunks),
-        ):
-            if actual != expected:
-                raise ValueError(f"trace key {key!r} is {actual}, expected {expected}")
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {key: getattr(self, name) for key, name in _HEADER.items()}
-        data.update({key: [list(row) for row in getattr(self, key)] for key in OP_KEYS + COMM_KEYS})
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Trace:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"trace must be a JSON object, got {type(data).__name__}")
-        keys = tuple(_HEADER) + OP_KEYS + COMM_KEYS
-        for key in keys:
-            if key not in data:
-                raise ValueError(f"trace key {key!r} is missing")
-        extra = sorted(set(data) - set(keys))
-        if extra:
-            raise ValueError(f"trace has unknown keys {extra}; expected {list(keys)}")
-        header = {name: _count(f"trace key {key!r}", data[key]) for key, name in _HEADER.items()}
-        return cls(**header, **{key: data[key] for key in OP_KEYS + COMM_KEYS})
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Trace:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_json(json.load(f))
+_BYTES_PER_TOKEN = 4096.0  # activation bytes one real token of varlen text holds per virtual stage
+_ITERATION, _PERSISTENT, _DRIFT = 1, 2, 3  # tags of the seeded streams beside the iteration's own
 
 
 @dataclass(frozen=True)
@@ -166,6 +34,17 @@ class _Draft:
     stages: int
     ops: tuple[np.ndarray, ...]
     comm: tuple[np.ndarray, ...]
+    seed: int
+    iteration: int
+    shown: dict[str, np.ndarray] = field(default_factory=dict)  # features (M,), activation_bytes (V, M)
+
+    def stream(self, tag: int, index: int) -> np.random.Generator:
+        """A seeded stream of its own for state that outlives one iteration (tag, index name it)."""
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(tag, index)))
+
+    def show(self, features: np.ndarray) -> None:
+        """Record what the data shows of each microbatch (composing scenarios multiply)."""
+        self.shown["features"] = self.shown.get("features", 1.0) * features
 
     def physical_stage(self) -> np.ndarray:
         """Physical stage of every virtual-stage row."""
@@ -223,6 +102,40 @@ def _multimodal(draft: _Draft, rng: np.random.Generator, *, sigma: float, frac: 
     for a in draft.ops:
         a[heavy] *= load
         a[~heavy] *= _factor(rng, sigma=_JITTER_SIGMA, size=a[~heavy].shape)
+    draft.show(load)
+
+
+def _varlen(draft: _Draft, rng: np.random.Generator, *, sigma: float, tokens: float) -> None:
+    """Variable-length text: microbatch m holds round(tokens x a mean-1 lognormal) real tokens (>= 1),
+    which it shows, and every op on every stage scales with them; activations take 4096 bytes a token."""
+    real = np.maximum(1.0, np.round(tokens * _factor(rng, sigma=sigma, size=(draft.ops[0].shape[1],))))
+    for a in draft.ops:
+        a *= real / tokens
+    draft.show(real)
+    draft.shown["activation_bytes"] = np.tile(real * _BYTES_PER_TOKEN, (draft.ops[0].shape[0], 1))
+
+
+def _persistent(draft: _Draft, rng: np.random.Generator, *, k: float, span: float) -> None:
+    """One physical stage is k times slower (all its ops) for span iterations, then the slowness moves
+    to another stage, drawn from the seed; the iteration's own draws are untouched."""
+    del rng
+    stage = int(draft.stream(_PERSISTENT, 0).integers(draft.stages))
+    for epoch in range(1, draft.iteration // int(span) + 1):
+        if draft.stages > 1:
+            stage = (stage + 1 + int(draft.stream(_PERSISTENT, epoch).integers(draft.stages - 1))) % draft.stages
+    slow = draft.physical_stage() == stage
+    for a in draft.ops:
+        a[slow] *= k
+
+
+def _drift(draft: _Draft, rng: np.random.Generator, *, sigma: float) -> None:
+    """Every physical stage's speed walks: from iteration 1 on, each iteration multiplies its ops by a
+    further exp(sigma*z), z drawn from the seed per stage and iteration; iteration 0 is unchanged."""
+    del rng
+    steps = draft.stream(_DRIFT, 0).standard_normal((draft.iteration, draft.stages))
+    speed = np.exp(sigma * steps.sum(axis=0))[draft.physical_stage()]
+    for a in draft.ops:
+        a *= speed[:, None]
 
 
 _REGISTRY: Mapping[str, Callable[..., None]] = MappingProxyType(
@@ -233,6 +146,9 @@ _REGISTRY: Mapping[str, Callable[..., None]] = MappingProxyType(
         "imbalance": _imbalance,
         "comm": _comm,
         "multimodal": _multimodal,
+        "varlen": _varlen,
+        "persistent": _persistent,
+        "drift": _drift,
     }
 )
 _DEFAULTS: Mapping[str, Mapping[str, float]] = MappingProxyType(
@@ -243,6 +159,9 @@ _DEFAULTS: Mapping[str, Mapping[str, float]] = MappingProxyType(
         "imbalance": MappingProxyType({"rho": 1.5}),
         "comm": MappingProxyType({"comm_ms": 1.0, "sigma": 1.24}),
         "multimodal": MappingProxyType({"sigma": 0.6, "frac": 0.5}),
+        "varlen": MappingProxyType({"sigma": 0.5, "tokens": 2048.0}),
+        "persistent": MappingProxyType({"k": 2.0, "span": 4.0}),
+        "drift": MappingProxyType({"sigma": 0.1}),
     }
 )
 
@@ -259,6 +178,8 @@ _PARAM_RULES: Mapping[str, tuple[Callable[[float], bool], str]] = MappingProxyTy
         "t_f": (lambda x: x > 0, "> 0"),
         "b_ratio": (lambda x: x > 0, "> 0"),
         "w_split": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+        "tokens": (lambda x: x >= 1, ">= 1"),
+        "span": (lambda x: x >= 1 and x == int(x), "an integer >= 1"),
     }
 )
 
@@ -316,6 +237,7 @@ def generate(
     b_ratio: float = 2.0,
     w_split: float = 0.5,
     comm_ms: float | None = None,
+    iteration: int = 0,
     **params: float,
 ) -> Trace:
     """A seeded trace for ``scenario`` (one of SCENARIOS, or several joined with '+').
@@ -326,11 +248,15 @@ def generate(
     scenario's mean latency (its default is 1.0). A plain parameter (``sigma=0.8``) goes to
     every listed scenario that takes it; ``**{"multimodal.sigma": 0.8}`` to one only.
     ``none`` and ``imbalance`` draw nothing, so their traces do not depend on the seed.
+    ``iteration`` k > 0 draws from a stream of its own (k = 0 is the seed's single trace) and
+    places the scenarios that outlive an iteration (``persistent``, ``drift``) at k.
     """
     for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
-        _count(name, value)
+        check_count(name, value)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
     base = {
         name: _param(name, value)
         for name, value in (("t_f", t_f), ("b_ratio", b_ratio), ("w_split", w_split), ("comm_ms", comm_ms or 0.0))
@@ -350,8 +276,10 @@ def generate(
             np.full((V, M), backward * base["w_split"]),
         ),
         comm=tuple(np.full((V - 1, M), base["comm_ms"]) for _ in COMM_KEYS),
+        seed=seed,
+        iteration=iteration,
     )
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed) if iteration == 0 else draft.stream(_ITERATION, iteration)
     for name, kwargs in zip(names, resolved):
         _REGISTRY[name](draft, rng, **kwargs)
     arrays = dict(zip(OP_KEYS + COMM_KEYS, draft.ops + draft.comm))
@@ -360,4 +288,16 @@ def generate(
         microbatches=microbatches,
         chunks=chunks,
         **{key: tuple(tuple(row) for row in a.tolist()) for key, a in arrays.items()},
+        features=tuple(draft.shown["features"].tolist()) if "features" in draft.shown else None,
+        activation_bytes=(
+            tuple(tuple(row) for row in draft.shown["activation_bytes"].tolist())
+            if "activation_bytes" in draft.shown
+            else None
+        ),
     )
+
+
+def generate_iterations(*, iterations: int, **kwargs: Any) -> tuple[Trace, ...]:
+    """Iterations 0..iterations-1 of one seeded run: `generate` with ``iteration=k`` and the same arguments."""
+    check_count("iterations", iterations)
+    return tuple(generate(iteration=k, **kwargs) for k in range(iterations))

@@ -1,0 +1,1 @@
+"""Planning ahead: the cost model, plans, their search by simulation, and the planner that holds them."""

@@ -1,0 +1,167 @@
+"""The cost model: what each op will take, from recent telemetry and what the data shows.
+
+Per block (a virtual stage today; a layer where telemetry times layers) and op kind it keeps the
+measured durations of the last few iterations, each with its data microbatch's feature, and fits
+``duration = intercept + slope * feature`` robustly (Theil-Sen: the median of pairwise slopes), so
+a block whose cost does not follow the feature learns a slope near 0. When a new iteration's
+durations sit far from the fit (a stage slowed down or recovered), the older ones are dropped and
+the fit restarts from the new. The spread is the robust standard deviation of the log residuals.
+
+A :class:`Fit` is additive, so the costs of any grouping of blocks (a virtual stage made of
+layers, or a rebalanced one) are the sum of their fits. Before any telemetry the prior is a cost
+proportional to the feature (mean 1), or 1 without features.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.schedule.actions import Kind, parse_action
+
+_MAD = 1.4826  # MAD to standard deviation under a normal law
+_SHIFT_MIN = 0.1  # a log shift of the median below this (about 10%) never counts as a change
+_SHIFT_SIGMAS = 4.0  # a change: the new median off the fit by this many of its standard errors
+BYTES = "bytes"  # the pseudo-kind under which activation bytes are kept
+
+
+@dataclass(frozen=True)
+class Fit:
+    """duration = intercept + slope * feature, with the log-spread of one op around it."""
+
+    intercept: float
+    slope: float
+    sigma: float = 0.0
+
+    def predict(self, feature: float) -> float:
+        return max(0.0, self.intercept + self.slope * feature)
+
+    def __add__(self, other: Fit) -> Fit:
+        return Fit(
+            intercept=self.intercept + other.intercept,
+            slope=self.slope + other.slope,
+            sigma=math.hypot(self.sigma, other.sigma),
+        )
+
+
+def robust_fit(features: np.ndarray, values: np.ndarray) -> Fit:
+    """Theil-Sen line through (feature, value) with the slope kept >= 0; intercept the median offset."""
+    dx = features[None, :] - features[:, None]
+    dy = values[None, :] - values[:, None]
+    upper = np.triu(np.abs(dx) > 1e-9 * max(1.0, float(np.abs(features).max())), k=1)
+    slope = max(0.0, float(np.median(dy[upper] / dx[upper]))) if upper.any() else 0.0
+    intercept = float(np.median(values - slope * features))
+    fitted = np.maximum(intercept + slope * features, 1e-12)
+    residual = np.log(np.maximum(values, 1e-12) / fitted)
+    sigma = _MAD * float(np.median(np.abs(residual - np.median(residual))))
+    return Fit(intercept=intercept, slope=slope, sigma=sigma)
+
+
+Key = tuple[int, str]  # (block, kind): kind is an op kind's letter (F, I, W, B) or BYTES
+
+
+@dataclass
+class CostModel:
+    """Recent observations per (block, kind) and their fits; the state is plain data (`to_dict`)."""
+
+    window: int = 4  # iterations of telemetry kept per key
+    observations: dict[Key, list[tuple[int, float, float]]] = field(default_factory=dict)  # (iteration, x, y)
+    _fits: dict[Key, Fit] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+
+    def fit(self, key: Key) -> Fit | None:
+        if key not in self._fits and self.observations.get(key):
+            _, x, y = (np.array(c, dtype=float) for c in zip(*self.observations[key]))
+            self._fits[key] = robust_fit(x, y)
+        return self._fits.get(key)
+
+    def add(self, *, key: Key, iteration: int, samples: Sequence[tuple[float, float]]) -> bool:
+        """Record one iteration's (feature, value) samples of a key; True when they showed a change."""
+        old = self.fit(key)
+        changed = False
+        if old is not None and samples:
+            logs = [math.log(max(y, 1e-12) / max(old.predict(x), 1e-12)) for x, y in samples]
+            shift = abs(float(np.median(logs)))
+            changed = shift > max(_SHIFT_MIN, _SHIFT_SIGMAS * 1.25 * old.sigma / math.sqrt(len(samples)))
+        kept = [] if changed else [o for o in self.observations.get(key, []) if o[0] > iteration - self.window]
+        self.observations[key] = kept + [(iteration, float(x), float(y)) for x, y in samples]
+        self._fits.pop(key, None)
+        return changed
+
+    def observe(
+        self,
+        *,
+        report: IterationReport,
+        order: Sequence[int],
+        features: Sequence[float] | None,
+        activation_bytes: Sequence[Sequence[float]] | None = None,
+    ) -> list[Key]:
+        """Learn from one iteration's ops; slot i ran data microbatch order[i]. Returns the keys that changed."""
+        stages = 1 + max((e.stage for e in report.events), default=0)
+        samples: dict[Key, list[tuple[float, float]]] = {}
+        for event in report.events:
+            action = parse_action(event.action, stages=stages)
+            data = order[action.microbatch]
+            samples.setdefault((action.virtual_stage, action.kind.value), []).append(
+                (feature_of(features, data), event.end_ms - event.start_ms)
+            )
+        for block, row in enumerate(activation_bytes or ()):
+            samples[(block, BYTES)] = [(feature_of(features, j), b) for j, b in enumerate(row)]
+        return [key for key, s in sorted(samples.items()) if self.add(key=key, iteration=report.iteration, samples=s)]
+
+    def durations(self, *, block: int, kind: Kind, features: Sequence[float] | None, count: int) -> list[float]:
+        """Predicted ms of `kind` on `block` for data microbatches 0..count-1."""
+        fit = self.kind_fit(block=block, kind=kind, features=features)
+        return [fit.predict(feature_of(features, j)) for j in range(count)]
+
+    def kind_fit(self, *, block: int, kind: Kind, features: Sequence[float] | None) -> Fit:
+        """The fit of one op kind: measured, else derived (I and W halves of a measured full B, B = I + W),
+        else the prior."""
+        own = self.fit((block, kind.value))
+        if own is not None:
+            return own
+        if kind in (Kind.I, Kind.W) and (full := self.fit((block, Kind.B.value))) is not None:
+            return Fit(intercept=full.intercept / 2, slope=full.slope / 2, sigma=full.sigma)
+        if kind is Kind.B and None not in (parts := (self.fit((block, "I")), self.fit((block, "W")))):
+            return parts[0] + parts[1]
+        return prior(features)
+
+    def activation_bytes(self, *, block: int, features: Sequence[float] | None, count: int) -> list[float] | None:
+        """Predicted activation bytes of data microbatches 0..count-1 on `block`; None before any were seen."""
+        fit = self.fit((block, BYTES))
+        return None if fit is None else [fit.predict(feature_of(features, j)) for j in range(count)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "observations": [[block, kind, [list(o) for o in obs]] for (block, kind), obs in self.observations.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
+        return cls(
+            window=int(data["window"]),
+            observations={
+                (int(block), str(kind)): [(int(k), float(x), float(y)) for k, x, y in obs]
+                for block, kind, obs in data["observations"]
+            },
+        )
+
+
+def feature_of(features: Sequence[float] | None, microbatch: int) -> float:
+    return 1.0 if features is None else float(features[microbatch])
+
+
+def prior(features: Sequence[float] | None) -> Fit:
+    """Before telemetry: cost proportional to the feature with mean 1 (1 per op without features)."""
+    if features is None or not any(features):
+        return Fit(intercept=1.0, slope=0.0)
+    return Fit(intercept=0.0, slope=len(features) / sum(features))

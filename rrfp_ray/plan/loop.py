@@ -1,0 +1,62 @@
+"""Planning over a run of simulated iterations, as the runtime will: plan k while k-1 runs.
+
+`planned` plans iteration k from k's features and the simulated telemetry of iterations <= k-2;
+`planned-fixed` does the same with fixed schedules only as hints (what the order alone buys);
+`oracle` searches each iteration with its true durations (the ceiling of the same search).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import replace
+
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints, oracle
+from rrfp_ray.plan.plans import Plan
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.trace import Trace
+
+LAG = 2  # iteration k is planned while k-1 runs, so the newest telemetry it has is k-2's
+
+
+class Planning(enum.Enum):
+    PLANNED = "planned"
+    PLANNED_FIXED = "planned-fixed"
+    ORACLE = "oracle"
+
+    @classmethod
+    def of(cls, name: str) -> Planning | None:
+        return next((p for p in cls if p.value == name), None)
+
+
+def config_for(*, planning: Planning, base: PlannerConfig, chunks: int) -> PlannerConfig:
+    """`base` with the hints this planning chooses among."""
+    fixed = planning is Planning.PLANNED_FIXED
+    return replace(base, hints=default_hints(chunks=chunks, fixed_only=fixed))
+
+
+def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -> list[tuple[Plan, IterationReport]]:
+    """Every iteration of `traces` in order under `planning`: its plan and its simulated report."""
+    first = traces[0]
+    shape = {"stages": first.stages, "chunks": first.chunks, "microbatches": first.microbatches}
+    config = config_for(planning=planning, base=config, chunks=first.chunks)
+    planner = Planner(config=config, **shape)
+    done: list[tuple[Plan, IterationReport]] = []
+    for k, trace in enumerate(traces):
+        if planning is Planning.ORACLE:
+            plan = oracle(trace=trace, config=config, iteration=k).plan
+        else:
+            if k >= LAG:
+                seen, (plan_seen, report_seen) = traces[k - LAG], done[k - LAG]
+                planner.observe(
+                    report=report_seen,
+                    plan=plan_seen,
+                    features=seen.features,
+                    activation_bytes=seen.activation_bytes,
+                )
+            plan = planner.plan(iteration=k, features=trace.features)
+        policy = plan.validate(**shape)
+        report = simulate(policy=policy, trace=trace.reordered(plan.order), cap=plan.cap, iteration=k)
+        done.append((plan, replace(report, policy=f"{planning.value}:{plan.hint}")))
+    return done

@@ -1,0 +1,193 @@
+"""The planner: plans each iteration from the cost model and what its data shows.
+
+`Planner.plan` predicts the iteration (mean durations per data microbatch, and a few noise
+samples drawn from the measured spread), searches a plan over them (`rrfp_ray.plan.search`)
+and validates it; `Planner.observe` feeds one iteration's telemetry to the cost model. Its state
+(configuration, cost model, last plan) is plain data (`to_dict`), and every random draw comes
+from (seed, iteration), so a planner restored from a checkpoint plans exactly as one that never
+stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.costs import CostModel
+from rrfp_ray.plan.plans import Plan, policy_for
+from rrfp_ray.plan.search import Found, search
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.schedule.actions import Kind
+from rrfp_ray.sim.trace import Trace
+
+log = logging.getLogger(__name__)
+
+HINTS = ("bfw", "ready-zb-h1", "zb-h1", "1f1b", "bf")  # one chunk per stage; the first is the default
+HINTS_INTERLEAVED = ("bfw", "ready-interleaved", "interleaved", "bf")
+FIXED = ("zb-h1", "1f1b")
+FIXED_INTERLEAVED = ("interleaved",)
+
+
+def default_hints(*, chunks: int, fixed_only: bool = False) -> tuple[str, ...]:
+    if fixed_only:
+        return FIXED if chunks == 1 else FIXED_INTERLEAVED
+    return HINTS if chunks == 1 else HINTS_INTERLEAVED
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """`simulations`: the search budget in simulated iterations (a P=8, M=32 iteration took 16 ms
+    on the development machine, so 32 of them about 0.5 s); `samples`: noise samples per candidate;
+    `time_limit_s`: a wall-clock limit that only stops a search early (None: none)."""
+
+    hints: tuple[str, ...]
+    cap: Cap
+    simulations: int = 32
+    samples: int = 2
+    seed: int = 0
+    window: int = 4
+    time_limit_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.hints:
+            raise ValueError("hints must name at least one policy")
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.simulations < self.samples:
+            raise ValueError(f"simulations must be >= samples = {self.samples}, got {self.simulations}")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be > 0, got {self.time_limit_s}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hints": list(self.hints),
+            "cap": str(self.cap),
+            "simulations": self.simulations,
+            "samples": self.samples,
+            "seed": self.seed,
+            "window": self.window,
+            "time_limit_s": self.time_limit_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlannerConfig:
+        return cls(**{**data, "hints": tuple(data["hints"]), "cap": Cap.parse(data["cap"])})
+
+
+class Planner:
+    def __init__(
+        self,
+        *,
+        config: PlannerConfig,
+        stages: int,
+        chunks: int,
+        microbatches: int,
+        model: CostModel | None = None,
+        last: Plan | None = None,
+    ) -> None:
+        self.config = config
+        self.shape = {"stages": stages, "chunks": chunks, "microbatches": microbatches}
+        for hint in config.hints:
+            policy_for(name=hint, **self.shape)  # ValueError naming a hint this pipeline refuses
+        self.model = model if model is not None else CostModel(window=config.window)
+        self.last = last or Plan.identity(microbatches=microbatches, hint=config.hints[0], cap=config.cap)
+        self.last.validate(**self.shape)
+
+    def predicted(self, *, iteration: int, features: Sequence[float] | None) -> list[Trace]:
+        """The iteration as the model sees it: the mean, or `samples` noisy draws around it."""
+        P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
+        if features is not None and len(features) != M:
+            raise ValueError(f"features has {len(features)} entries, expected M={M}")
+        kinds = (Kind.F, Kind.I, Kind.W)
+        fits = [[self.model.kind_fit(block=vs, kind=k, features=features) for vs in range(P * v)] for k in kinds]
+        mean = [
+            np.array([self.model.durations(block=vs, kind=k, features=features, count=M) for vs in range(P * v)])
+            for k in kinds
+        ]
+        sigma = [np.array([f.sigma for f in row])[:, None] for row in fits]
+        zero = tuple(tuple(0.0 for _ in range(M)) for _ in range(P * v - 1))
+        rng = np.random.default_rng(np.random.SeedSequence(self.config.seed, spawn_key=(iteration,)))
+        draws = (
+            [mean]
+            if all(not s.any() for s in sigma)
+            else [
+                [m * np.exp(s * rng.standard_normal(m.shape) - s**2 / 2) for m, s in zip(mean, sigma)]
+                for _ in range(self.config.samples)
+            ]
+        )
+        return [
+            Trace(stages=P, microbatches=M, chunks=v, F=f.tolist(), B=b.tolist(), W=w.tolist(), commF=zero, commB=zero)
+            for f, b, w in draws
+        ]
+
+    def plan(self, *, iteration: int, features: Sequence[float] | None) -> Plan:
+        """The plan for `iteration` from its features and the telemetry observed so far."""
+        config = self.config
+        deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
+        found = search(
+            samples=self.predicted(iteration=iteration, features=features),
+            hints=config.hints,
+            cap=config.cap,
+            simulations=config.simulations,
+            seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
+            deadline=deadline,
+        )
+        if found is not None:
+            found.plan.validate(**self.shape)
+            self.last = found.plan
+            log.debug("iteration %d: %s (%.1f ms predicted)", iteration, found.plan.hint, found.score_ms)
+        else:
+            log.warning("iteration %d: no plan within %.3f s; running the last plan", iteration, config.time_limit_s)
+        return self.last
+
+    def observe(
+        self,
+        *,
+        report: IterationReport,
+        plan: Plan,
+        features: Sequence[float] | None,
+        activation_bytes: Sequence[Sequence[float]] | None = None,
+    ) -> None:
+        """Feed one iteration's telemetry, run under `plan`, to the cost model."""
+        changed = self.model.observe(
+            report=report, order=plan.order, features=features, activation_bytes=activation_bytes
+        )
+        if changed:
+            log.info("iteration %d: costs changed on %s", report.iteration, changed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "shape": dict(self.shape),
+            "model": self.model.to_dict(),
+            "last": self.last.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Planner:
+        return cls(
+            config=PlannerConfig.from_dict(data["config"]),
+            **data["shape"],
+            model=CostModel.from_dict(data["model"]),
+            last=Plan.from_dict(data["last"]),
+        )
+
+
+def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
+    """The best plan the same search finds with the iteration's true durations (the ceiling)."""
+    found = search(
+        samples=[trace],
+        hints=config.hints,
+        cap=config.cap,
+        simulations=config.simulations,
+        seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
+    )
+    if found is None:
+        raise RuntimeError("a search without a deadline always finds a plan")
+    return found

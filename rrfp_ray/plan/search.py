@@ -1,0 +1,111 @@
+"""The search for a plan: heuristic orders first, then the hint, then swaps, under a budget of simulations.
+
+Every candidate is scored by `rrfp_ray.plan.scoring.score` over the same samples (common random
+numbers), so two candidates differ only by their plans. The budget counts simulated iterations
+(candidates x samples), which keeps a search deterministic under its seed; a wall-clock deadline
+only stops it early, and then it reports no plan (the caller keeps its last one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rrfp_ray.plan.plans import Plan
+from rrfp_ray.plan.scoring import score
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.sim.trace import Trace
+
+log = logging.getLogger(__name__)
+
+Order = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Found:
+    plan: Plan
+    score_ms: float  # mean simulated makespan over the samples
+    simulations: int  # simulated iterations spent
+
+
+def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
+    """Candidate orders from the predicted cost of each data microbatch, identity first.
+
+    Heavy first, light first, heavy and light alternating, and Johnson's rule over the front and
+    back halves of the virtual stages (microbatches heavier at the back go first, by rising
+    front cost; the others last, by falling back cost), as for a two-machine flow shop.
+    """
+    first = samples[0]
+    V, M = first.virtual_stages, first.microbatches
+    work = np.zeros((V, M))
+    for t in samples:
+        work += np.array(t.F) + np.array(t.B) + np.array(t.W)
+    cost, front, back = work.sum(axis=0), work[: (V + 1) // 2].sum(axis=0), work[(V + 1) // 2 :].sum(axis=0)
+    rising = sorted(range(M), key=lambda j: (cost[j], j))
+    falling = sorted(range(M), key=lambda j: (-cost[j], j))
+    alternating = [j for pair in zip(falling, rising) for j in pair]
+    alternating = list(dict.fromkeys(alternating))[:M]
+    early = sorted((j for j in range(M) if front[j] < back[j]), key=lambda j: (front[j], j))
+    late = sorted((j for j in range(M) if front[j] >= back[j]), key=lambda j: (-back[j], j))
+    candidates = [tuple(range(M)), tuple(falling), tuple(rising), tuple(alternating), tuple(early + late)]
+    return list(dict.fromkeys(candidates))
+
+
+def search(
+    *,
+    samples: Sequence[Trace],
+    hints: Sequence[str],
+    cap: Cap,
+    simulations: int,
+    seed: int,
+    deadline: float | None = None,
+) -> Found | None:
+    """The best plan found within `simulations` simulated iterations; None when `deadline`
+    (a `time.monotonic()` instant) passed first."""
+    if not hints:
+        raise ValueError("the search needs at least one hint")
+    cost = len(samples)
+    if simulations < cost:
+        raise ValueError(f"a budget of {simulations} simulations cannot score one plan over {cost} samples")
+    seen: dict[Plan, float] = {}
+    best: list[Plan] = []
+
+    def tried(plan: Plan) -> bool:
+        """Score a new plan while budget and time allow; False when they do not."""
+        if plan in seen:
+            return True
+        if (len(seen) + 1) * cost > simulations:
+            return False
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError
+        seen[plan] = score(plans=[plan], samples=samples)[0]
+        if not best or seen[plan] < seen[best[0]]:
+            best[:] = [plan]
+        return True
+
+    try:
+        for order in heuristic_orders(samples):
+            if not tried(Plan(order=order, hint=hints[0], cap=cap)):
+                break
+        order = best[0].order
+        for hint in hints[1:]:
+            if not tried(Plan(order=order, hint=hint, cap=cap)):
+                break
+        rng = np.random.default_rng(seed)
+        M, misses = len(order), 0
+        while M > 1 and misses < 4 * M * M:
+            i, j = (int(x) for x in rng.choice(M, size=2, replace=False))
+            swapped = list(best[0].order)
+            swapped[i], swapped[j] = swapped[j], swapped[i]
+            plan = Plan(order=tuple(swapped), hint=best[0].hint, cap=cap)
+            misses = misses + 1 if plan in seen else 0
+            if not tried(plan):
+                break
+    except TimeoutError:
+        log.warning("plan search stopped at its deadline after %d candidates; keeping the last plan", len(seen))
+        return None
+    return Found(plan=best[0], score_ms=seen[best[0]], simulations=len(seen) * cost)
