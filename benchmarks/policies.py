@@ -146,7 +146,7 @@ def markdown(
         "",
         "Information used at decision time: the stage's own ready set, its own count of chunk-0 F and B it",
         "has run, and the arbiter's `admit` flag. No durations at all, neither expected nor measured, so the",
-        "runtime runs it unchanged through `Policy.picker(stage=)` / `add` / `pick(admit=)`.",
+        "runtime runs it unchanged through `Policy.picker(index=)` / `add` / `pick(admit=)`.",
         "",
         "## Scenario suite",
         "",

@@ -2,7 +2,10 @@
 
     python jobs/bench_simulator.py --out docs/scale.md
 
-1. Wall time of one `simulate` call at P=128, M=1024, v=1, bf, cap 2x (lognormal trace).
+1. Speed: per P in --speed-stages (M = 4P, v=1, zb-h1 and bfw, cap 1x, lognormal 0.6), ms per
+   iteration and simulated ops/s of `simulate` (full report) and of `simulate_many` (makespans
+   only), and the speed-up over the simulator of --baseline (a git revision), timed in the same
+   run in a subprocess over `git archive` of that revision; its makespans must equal ours.
 2. For P in --stages, M = 4P, every scenario below, policies 1f1b, bf, bfw at --cap: the
    speedup over fixed 1f1b and makespan / lower bound (`bounds().best_ms`), means over --seeds.
 """
@@ -10,22 +13,44 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
-from rrfp_ray.sim.simulator import bounds, simulate
+from rrfp_ray.sim.simulator import Case, bounds, simulate, simulate_many
 from rrfp_ray.sim.variability import generate
 
 SCENARIOS = ("none", "lognormal", "straggler", "imbalance", "comm", "multimodal", "multimodal+comm")
 POLICIES = ("1f1b", "bf", "bfw")
-TIMED = {"stages": 128, "microbatches": 1024}
+SPEED_POLICIES = ("zb-h1", "bfw")
+REPO = Path(__file__).resolve().parents[1]
+# Run with the baseline tree first on sys.path: ms per `simulate` call and the makespans, as JSON.
+BASELINE = """
+import json, sys, time
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate
+out = {}
+for stages in json.loads(sys.argv[1]):
+    trace = generate(scenario="lognormal", stages=stages, microbatches=4 * stages, chunks=1, seed=0)
+    for name in json.loads(sys.argv[2]):
+        policy = make_policy(name=name, stages=stages, chunks=1, microbatches=4 * stages)
+        start = time.perf_counter()
+        makespan = simulate(policy=policy, trace=trace, cap=Cap.parse("1x")).makespan_ms
+        out[f"{stages} {name}"] = [(time.perf_counter() - start) * 1e3, makespan]
+print(json.dumps(out))
+"""
 
 
 def main() -> None:
@@ -34,6 +59,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="traces per cell, seeds 0..N-1 (default 3)")
     parser.add_argument("--cap", default="2x", help="in-flight cap (default 2x)")
     parser.add_argument("--out", help="write the Markdown report here")
+    parser.add_argument("--speed-stages", default="8,32,128", help="P values of the speed table (default 8,32,128)")
+    parser.add_argument("--baseline", default="801989d", help="git revision to compare speed with ('' : none)")
+    parser.add_argument("--speed-only", action="store_true", help="print the speed table and stop")
     args = parser.parse_args()
     try:
         stages = [int(p) for p in args.stages.split(",")]
@@ -48,13 +76,14 @@ def main() -> None:
     if args.seeds < 1:
         parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
 
-    seconds, ops = time_one(cap=cap)
-    timing = (
-        f"`simulate` at P={TIMED['stages']}, M={TIMED['microbatches']}, v=1, bf, cap {cap}, lognormal trace: "
-        f"**{seconds:.2f} s** wall ({ops} ops, {ops / seconds / 1e3:.0f}k ops/s; "
-        f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs)."
-    )
+    try:
+        speed_stages = [int(p) for p in args.speed_stages.split(",")]
+    except ValueError:
+        parser.error(f"argument --speed-stages: expected integers like 8,32, got {args.speed_stages!r}")
+    timing = speed_table(stages=speed_stages, baseline=args.baseline)
     print(timing, flush=True)
+    if args.speed_only:
+        return
     rows = [row(scenario=s, stages=p, seeds=args.seeds, cap=cap) for s in SCENARIOS for p in stages]
     report = markdown(timing=timing, rows=rows, cap=cap, seeds=args.seeds)
     if args.out:
@@ -63,12 +92,67 @@ def main() -> None:
         print(report)
 
 
-def time_one(*, cap: Cap) -> tuple[float, int]:
-    trace = generate(scenario="lognormal", chunks=1, seed=0, **TIMED)
-    policy = make_policy(name="bf", chunks=1, **TIMED)
-    start = time.perf_counter()
-    report = simulate(policy=policy, trace=trace, cap=cap)
-    return time.perf_counter() - start, len(report.events)
+def speed_table(*, stages: list[int], baseline: str) -> str:
+    """Markdown: ms per iteration and ops/s here, and main's in the same run (see the module's docstring)."""
+    theirs = time_baseline(revision=baseline, stages=stages) if baseline else {}
+    lines = [
+        f"Speed ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs; "
+        f"lognormal, v=1, M=4P, cap 1x; baseline {baseline or 'none'}, timed in the same run):",
+        "",
+        "| P | M | policy | ops | simulate ms | ops/s | simulate_many ms | ops/s | baseline ms | speed-up | same makespan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in stages:
+        trace = generate(scenario="lognormal", stages=p, microbatches=4 * p, chunks=1, seed=0)
+        for name in SPEED_POLICIES:
+            policy = make_policy(name=name, stages=p, chunks=1, microbatches=4 * p)
+            repeats = max(1, 2000 // (p * p))
+            report = simulate(policy=policy, trace=trace, cap=Cap.parse("1x"))
+            full = best_ms(
+                functools.partial(simulate, policy=policy, trace=trace, cap=Cap.parse("1x")), repeats=repeats
+            )
+            case = Case(policy=policy, trace=trace, cap=Cap.parse("1x"))
+            fast = best_ms(functools.partial(simulate_many, cases=[case]), repeats=repeats)
+            ops = len(report.events)
+            base_ms, base_makespan = theirs.get(f"{p} {name}", (float("nan"), None))
+            same = "-" if base_makespan is None else "yes" if base_makespan == report.makespan_ms else "NO"
+            lines.append(
+                f"| {p} | {4 * p} | {name} | {ops} | {full:.1f} | {ops / full:.0f}k | {fast:.1f} | {ops / fast:.0f}k "
+                f"| {base_ms:.1f} | {base_ms / full:.1f}x / {base_ms / fast:.1f}x | {same} |"
+            )
+    lines.append("")
+    lines.append("speed-up: baseline ms / simulate ms, and / simulate_many ms; ops/s in thousands.")
+    return "\n".join(lines)
+
+
+def best_ms(run, *, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return min(times)
+
+
+def time_baseline(*, revision: str, stages: list[int]) -> dict[str, tuple[float, float]]:
+    """ms of one `simulate` call and its makespan per 'P policy', by the simulator of git `revision`."""
+    with tempfile.TemporaryDirectory() as tree:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", revision, "rrfp_ray"], capture_output=True, check=False
+        )
+        if archive.returncode != 0:
+            print(f"baseline {revision}: git archive failed: {archive.stderr.decode().strip()}", file=sys.stderr)
+            return {}
+        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+        env = {**os.environ, "PYTHONPATH": tree}
+        out = subprocess.run(
+            [sys.executable, "-c", BASELINE, json.dumps(stages), json.dumps(SPEED_POLICIES)],
+            capture_output=True,
+            env=env,
+            check=True,
+            cwd=tree,
+        )
+    return {key: tuple(value) for key, value in json.loads(out.stdout).items()}
 
 
 def row(*, scenario: str, stages: int, seeds: int, cap: Cap) -> dict:

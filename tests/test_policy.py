@@ -6,9 +6,21 @@ import pytest
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import BFPicker, FixedPicker, ListPicker, Rule, make_policy, policy_names
+from rrfp_ray.policy.pickers import (
+    BFPicker,
+    FixedPicker,
+    ListPicker,
+    Picker,
+    Policy,
+    Rule,
+    hint_indexes,
+    make_policy,
+    policy_names,
+)
 from rrfp_ray.schedule.actions import Action, Placement, parse_action
+from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.generators import build
+from rrfp_ray.schedule.slots import slots_of
 from rrfp_ray.schedule.validate import Hint
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
@@ -16,6 +28,33 @@ from rrfp_ray.sim.variability import generate
 
 def acts(text: str, *, stages: int) -> list[Action]:
     return [parse_action(word, stages=stages) for word in text.split()]
+
+
+class Driven:
+    """A picker fed and read by action, through its layout's slots (stage `stage`)."""
+
+    def __init__(self, picker: Picker, *, layout: Layout, stage: int = 0) -> None:
+        self.picker, self.slots, self.stage = picker, slots_of(layout), stage
+
+    def add(self, action: Action) -> None:
+        self.picker.add(self.slots.slot_of(action))
+
+    def pick(self, *, admit: bool) -> Action | None:
+        slot = self.picker.pick(admit=admit)
+        return None if slot < 0 else self.slots.action(stage=self.stage, slot=slot)
+
+
+def bf(*, with_w: bool, stages: int = 1, chunks: int = 3, microbatches: int = 8) -> Driven:
+    layout = Layout(stages=stages, chunks=chunks, microbatches=microbatches, split=with_w)
+    return Driven(BFPicker(slots=slots_of(layout), with_w=with_w), layout=layout)
+
+
+def listed(kind: type[FixedPicker | ListPicker], order: list[Action], *, stages: int, stage: int) -> Driven:
+    layout = Layout(stages=stages, chunks=1, microbatches=1 + max(a.microbatch for a in order))
+    policy = Policy(
+        name="t", order={s: order if s == stage else [] for s in range(stages)}, fixed=True, rule=None, split=False
+    )
+    return Driven(kind(index=hint_indexes(policy=policy, layout=layout)[stage]), layout=layout, stage=stage)
 
 
 def executed(report: IterationReport, *, stage: int) -> list[str]:
@@ -99,7 +138,7 @@ def test_bad_caps_are_refused(text: str) -> None:
 
 
 def test_fixed_picker_runs_only_the_next_list_action() -> None:
-    picker = FixedPicker(order=acts("0F0 0F1 0B0 0B1", stages=1))
+    picker = listed(FixedPicker, acts("0F0 0F1 0B0 0B1", stages=1), stages=1, stage=0)
     picker.add(parse_action("0F1", stages=1))
     assert picker.pick(admit=True) is None
     picker.add(parse_action("0F0", stages=1))
@@ -109,7 +148,7 @@ def test_fixed_picker_runs_only_the_next_list_action() -> None:
 
 
 def test_list_picker_takes_the_first_ready_action_and_gates_admissions() -> None:
-    picker = ListPicker(order=acts("1F0 1F1 1B0 1F2 1B1 1B2", stages=2))
+    picker = listed(ListPicker, acts("1F0 1F1 1B0 1F2 1B1 1B2", stages=2), stages=2, stage=1)
     for action in acts("1F2 1B1 1F1", stages=2):
         picker.add(action)
     assert picker.pick(admit=False) == parse_action("1B1", stages=2)
@@ -119,7 +158,7 @@ def test_list_picker_takes_the_first_ready_action_and_gates_admissions() -> None
 
 
 def test_bf_picker_alternates_backward_and_forward() -> None:
-    picker = BFPicker(with_w=False)
+    picker = bf(with_w=False)
     for action in acts("0F2 0F3 0B0 0B1", stages=1):
         picker.add(action)
     picked = [picker.pick(admit=True) for _ in range(5)]
@@ -127,7 +166,7 @@ def test_bf_picker_alternates_backward_and_forward() -> None:
 
 
 def test_bf_picker_falls_back_to_the_other_direction() -> None:
-    picker = BFPicker(with_w=False)
+    picker = bf(with_w=False)
     for action in acts("0B0 0B1", stages=1):
         picker.add(action)
     assert [picker.pick(admit=True) for _ in range(2)] == acts("0B0 0B1", stages=1)
@@ -141,18 +180,18 @@ def test_bf_picker_falls_back_to_the_other_direction() -> None:
 
 def test_bf_picker_orders_within_a_direction() -> None:
     """Two stages, stage 0: virtual stage 2 is its chunk 1, virtual stage 4 its chunk 2."""
-    picker = BFPicker(with_w=False)
+    picker = bf(with_w=False, stages=2)
     for action in acts("0B3 2B1 2B2 0B0", stages=2):
         picker.add(action)
     assert [picker.pick(admit=True) for _ in range(4)] == acts("2B1 2B2 0B0 0B3", stages=2)
-    picker = BFPicker(with_w=False)
+    picker = bf(with_w=False, stages=2)
     for action in acts("0F4 4F3 4F1 2F2 0F3", stages=2):
         picker.add(action)
     assert [picker.pick(admit=True) for _ in range(5)] == acts("2F2 4F1 4F3 0F3 0F4", stages=2)
 
 
 def test_bf_picker_gates_only_admissions() -> None:
-    picker = BFPicker(with_w=False)
+    picker = bf(with_w=False, stages=2)
     for action in acts("0F0 2F1", stages=2):
         picker.add(action)
     assert picker.pick(admit=False) == parse_action("2F1", stages=2)
@@ -161,7 +200,7 @@ def test_bf_picker_gates_only_admissions() -> None:
 
 
 def test_bfw_picker_runs_w_only_when_nothing_else_is_eligible() -> None:
-    picker = BFPicker(with_w=True)
+    picker = bf(with_w=True)
     for action in acts("0W1 0W0 0F3 0I2", stages=1):
         picker.add(action)
     assert [picker.pick(admit=False) for _ in range(4)] == [*acts("0I2 0W0 0W1", stages=1), None]

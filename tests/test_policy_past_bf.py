@@ -7,15 +7,17 @@ import statistics
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_policy import Driven
 from test_simulator import bf_choice, builds, readiness, traces
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Arbiter, Cap
-from rrfp_ray.policy.pickers import BFPicker, CPWPicker, Policy, Rule, make_policy
+from rrfp_ray.policy.pickers import BFPicker, CPWPicker, Policy, Rule, hint_indexes, make_policy
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
 from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.slots import slots_of
 from rrfp_ray.sim.simulator import layout_for, simulate
 from rrfp_ray.sim.variability import Trace, generate
 
@@ -24,7 +26,18 @@ def acts(text: str) -> list[Action]:
     return [parse_action(word, stages=4) for word in text.split()]  # picker tests: P = 4, so 4F1 is chunk 1
 
 
-def feed(picker: CPWPicker | BFPicker, steps: list[tuple[str, bool]]) -> list[Action | None]:
+PICKER_LAYOUT = Layout(stages=4, chunks=2, microbatches=4, split=True)
+
+
+def cpw() -> Driven:
+    return Driven(CPWPicker(slots=slots_of(PICKER_LAYOUT)), layout=PICKER_LAYOUT)
+
+
+def bfw() -> Driven:
+    return Driven(BFPicker(slots=slots_of(PICKER_LAYOUT), with_w=True), layout=PICKER_LAYOUT)
+
+
+def feed(picker: Driven, steps: list[tuple[str, bool]]) -> list[Action | None]:
     """Add the actions of each step (space-separated, may be empty), then pick once with its admit flag."""
     picked = []
     for text, admit in steps:
@@ -43,7 +56,17 @@ def test_cpw_resolves_to_bfws_layout_and_caps(chunks: int) -> None:
     bfw = make_policy(name="bfw", stages=4, chunks=chunks, microbatches=8)
     assert (cpw.name, cpw.rule, cpw.split, cpw.fixed) == ("cpw", Rule.CPW, True, False)
     assert cpw.order == bfw.order  # same reference list, so the same caps at any multiple
-    assert isinstance(cpw.picker(stage=0), CPWPicker)
+    assert isinstance(
+        cpw.picker(
+            index=hint_indexes(
+                policy=cpw,
+                layout=layout_for(
+                    policy=cpw, trace=generate(scenario="none", stages=4, microbatches=8, chunks=chunks, seed=0)
+                ),
+            )[0]
+        ),
+        CPWPicker,
+    )
 
 
 def test_unknown_policy_error_lists_cpw() -> None:
@@ -60,27 +83,27 @@ HELD_BY_W = [("0F0 0F1", True), ("", True), ("0I0", False), ("0W0 0I1 0F2", Fals
 
 
 def test_cpw_runs_the_w_that_frees_a_held_admission_first() -> None:
-    assert feed(CPWPicker(), HELD_BY_W) == acts("0F0 0F1 0I0 0W0 0F2")
-    assert feed(BFPicker(with_w=True), HELD_BY_W[:4]) == acts("0F0 0F1 0I0 0I1")
+    assert feed(cpw(), HELD_BY_W) == acts("0F0 0F1 0I0 0W0 0F2")
+    assert feed(bfw(), HELD_BY_W[:4]) == acts("0F0 0F1 0I0 0I1")
 
 
 def test_cpw_keeps_bfw_order_when_the_f_to_b_cap_may_be_the_one() -> None:
     """At caps F->B 1: 0F1 brings the F->B count to 1, a level it never admitted at, so the held
     0F2 may wait on the F->B cap, which no W can free: BFW's choice, the backward, stands."""
     steps = [("0F0", True), ("0I0", False), ("0W0 0F1", True), ("0I1 0F2", False)]
-    assert feed(CPWPicker(), steps) == feed(BFPicker(with_w=True), steps) == acts("0F0 0I0 0F1 0I1")
+    assert feed(cpw(), steps) == feed(bfw(), steps) == acts("0F0 0I0 0F1 0I1")
 
 
 def test_cpw_lets_a_later_chunk_forward_go_first() -> None:
     steps = [*HELD_BY_W[:3], ("0W0 4F1 0F2", False)]
-    assert feed(CPWPicker(), steps)[-1] == parse_action(stages=4, text="4F1")
+    assert feed(cpw(), steps)[-1] == parse_action(stages=4, text="4F1")
 
 
 def test_cpw_frees_with_a_chunk_0_w_only() -> None:
     steps = [*HELD_BY_W[:3], ("4W0 0I1 0F2", False)]
-    assert feed(CPWPicker(), steps)[-1] == parse_action(stages=4, text="0I1")
+    assert feed(cpw(), steps)[-1] == parse_action(stages=4, text="0I1")
     steps = [*HELD_BY_W[:3], ("4W0 0W1 0I1 0F2", False)]
-    assert feed(CPWPicker(), steps)[-1] == parse_action(stages=4, text="0W1")
+    assert feed(cpw(), steps)[-1] == parse_action(stages=4, text="0W1")
 
 
 def test_cpw_is_bfw_when_the_cap_never_binds() -> None:

@@ -14,7 +14,16 @@ from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy, make_policy
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
 from rrfp_ray.schedule.deps import Layout
-from rrfp_ray.sim.simulator import DeadlockError, bf_bound, bounds, layout_for, simulate
+from rrfp_ray.sim.simulator import (
+    Case,
+    DeadlockError,
+    TransportModel,
+    bf_bound,
+    bounds,
+    layout_for,
+    simulate,
+    simulate_many,
+)
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
 
 T_F = 20.0  # generate's defaults then give B + W = 2 t_f, and B = W = t_f under the split
@@ -410,3 +419,41 @@ def test_buffer_limit_must_be_positive() -> None:
     policy = make_policy(name="bf", stages=2, chunks=1, microbatches=4)
     with pytest.raises(ValueError, match="buffer_limit"):
         simulate(policy=policy, trace=constant(stages=2, microbatches=4), cap=Cap.parse("1x"), buffer_limit=0)
+
+
+# --- batch simulation ---------------------------------------------------------------------
+
+
+def test_simulate_many_gives_the_makespans_of_one_call_each() -> None:
+    """Mixed policies, placements, traces, caps, buffers and transports, traces shared between cases."""
+    cases = []
+    for stages, chunks, names in ((4, 1, ("1f1b", "zb-h1", "bf", "bfw", "cpw")), (4, 2, ("zbv", "ready-interleaved"))):
+        microbatches = 8
+        for seed, scenario in enumerate(("lognormal", "multimodal+comm")):
+            trace = generate(scenario=scenario, stages=stages, microbatches=microbatches, chunks=chunks, seed=seed)
+            for name in names:
+                policy = make_policy(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
+                for cap, limit, transport in (
+                    ("1x", None, None),
+                    ("2x", 3, None),
+                    ("inf", None, TransportModel(message_ms=0.5)),
+                ):
+                    cases.append(
+                        Case(policy=policy, trace=trace, cap=Cap.parse(cap), buffer_limit=limit, transport=transport)
+                    )
+    one_each = [
+        simulate(
+            policy=c.policy, trace=c.trace, cap=c.cap, buffer_limit=c.buffer_limit, transport=c.transport
+        ).makespan_ms
+        for c in cases
+    ]
+    assert simulate_many(cases=cases) == one_each
+    assert len(set(one_each)) > len(cases) // 2  # the cases differ
+
+
+def test_simulate_many_raises_on_a_deadlocking_case() -> None:
+    policy = make_policy(name="bf", stages=4, chunks=1, microbatches=16)
+    trace = generate(scenario="none", stages=4, microbatches=16, chunks=1, seed=0)
+    ok = Case(policy=policy, trace=trace, cap=Cap.parse("1x"), buffer_limit=2)
+    with pytest.raises(DeadlockError, match="stopped at"):
+        simulate_many(cases=[ok, Case(policy=policy, trace=trace, cap=Cap.parse("1x"), buffer_limit=1)])

@@ -1,7 +1,10 @@
 """The per-stage arbiter: ready set, in-flight caps, receive-buffer bound, next_action().
 
 One object per stage per iteration-run, shared by the simulator and the runtime (which
-calls it under its own lock from the compute and receive threads).
+calls it under its own lock from the compute and receive threads). Its state is kept per
+slot (`rrfp_ray.schedule.slots`): the simulator drives it by slot (`next_slot`, `on_done_slot`,
+`on_arrival_slot`), the runtime by action and message (`next_action`, `on_done`, `on_arrival`),
+which name the same calls.
 
 In flight: a microbatch enters a stage with its chunk-0 F and leaves with its chunk-0 B or I
 (the F->B count) or, under the B/W split, its chunk-0 W (the F->W count). Caps gate only
@@ -31,12 +34,11 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from rrfp_ray.policy.pickers import Policy, ranked, take
-from rrfp_ray.schedule.actions import Action, Kind
+from rrfp_ray.policy.pickers import Policy, hint_indexes, ranked, take
+from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Message
-from rrfp_ray.schedule.generators import peak_inflight, peak_inflight_fb
 
 _CAP = re.compile(r"^(?:(\d+(?:\.\d+)?)x|(\d+)|inf)$")
 
@@ -86,24 +88,28 @@ class Arbiter:
         self.layout = layout
         self.stage = stage
         self.policy = policy
-        hint = policy.order[stage]
-        self.cap_fb = cap.limit(peak=peak_inflight_fb(policy.order, stage=stage))
-        self.cap_fw = cap.limit(peak=peak_inflight(policy.order, stage=stage)) if layout.split else math.inf
+        index = hint_indexes(policy=policy, layout=layout)[stage]
+        slots = self._slots = index.slots
+        self.cap_fb = cap.limit(peak=index.peak_fb)
+        self.cap_fw = cap.limit(peak=index.peak_fw) if layout.split else math.inf
         self.buffer_limit = math.inf if buffer_limit is None else buffer_limit
-        actions = layout.actions(stage=stage)
-        self._total = len(actions)
-        self._picker = policy.picker(stage=stage)
-        # Per-action state in flat lists indexed by `_slot`; the last entry is never set and
-        # stands for hint actions outside the layout.
-        size = 3 * layout.chunks * layout.microbatches + 1
+        self._total = slots.actions_per_stage
+        self._picker = policy.picker(index=index)
+        self._pick = self._picker.pick
+        self._add = self._picker.add
+        size = slots.per_stage
         self._done = [False] * size
         self._started = [False] * size
         self._arrived = [False] * size  # the delivery an action waits for has arrived
-        self._hint_pos = [-1] * size
-        self._hint_slots = [self._hint_slot(action) for action in hint]
-        for i, action in enumerate(hint):
-            if self._in_layout(action):
-                self._hint_pos[self._slot(action)] = i
+        self._overtook = [False] * size
+        self._hint_pos = index.position
+        self._started_by = index.started_by
+        self._base = stage * size  # the stage's first op
+        self._needs_message = slots.needs_message
+        self._block = slots.block  # slots per row: F, then the backward, then W
+        self._admissions = slots.microbatches  # the first slots of a row are its chunk-0 actions
+        self._split = layout.split
+        self._followed = slots.block * (2 if layout.split else 1)  # F and I have a local follower
         self._done_count = 0
         self._unstarted_hint = 0
         self.inflight_fb = 0
@@ -111,28 +117,15 @@ class Arbiter:
         self.buffered = 0
         self.peak_inflight = 0
         self.peak_buffered = 0
-        for action in actions:
-            if layout.local_need(action) is None and layout.message_need(action) is None:
-                self._picker.add(action)
+        for slot in range(slots.block):  # forwards: the only actions without a local need
+            if not self._needs_message[self._base + slot]:
+                self._add(slot)
 
     def _slot(self, action: Action) -> int:
-        kind = 0 if action.kind is Kind.F else 2 if action.kind is Kind.W else 1  # I and B share a slot
-        return (kind * self.layout.chunks + action.chunk) * self.layout.microbatches + action.microbatch
+        return self._slots.slot_of(action)
 
     def _in_layout(self, action: Action) -> bool:
-        return (
-            0 <= action.virtual_stage < self.layout.virtual_stages
-            and self.layout.locate(action.virtual_stage) == (self.stage, action.chunk)
-            and 0 <= action.microbatch < self.layout.microbatches
-        )
-
-    def _hint_slot(self, action: Action) -> int:
-        """The slot whose start counts as this hint action's start."""
-        if not self._in_layout(action):
-            return len(self._started) - 1
-        if action.kind is Kind.W and not self.layout.split:  # a policy without the split runs W inside its B
-            return self._slot(replace(action, kind=Kind.B))
-        return self._slot(action)
+        return self._slots.holds(action, stage=self.stage)
 
     @property
     def finished(self) -> bool:
@@ -145,77 +138,108 @@ class Arbiter:
     def hint_position(self, action: Action) -> int:
         return self._hint_pos[self._slot(action)] if self._in_layout(action) else -1
 
+    def hint_position_of(self, slot: int) -> int:
+        return self._hint_pos[slot]
+
+    def overtook(self, slot: int) -> bool:
+        """Whether the started action of `slot` overtook an earlier hint action."""
+        return self._overtook[slot]
+
     def on_arrival(self, message: Message) -> None:
         consumer = self.layout.consumer(message)
         if consumer.stage != self.stage:
             raise ValueError(f"stage {self.stage}: delivery {message} belongs to stage {consumer.stage}")
-        slot = self._slot(consumer)
+        self.on_arrival_slot(self._slot(consumer))
+
+    def on_arrival_slot(self, slot: int) -> None:
+        """The delivery that `slot`'s action waits for has arrived."""
         if self._arrived[slot]:
+            message = self._slots.message(self._base + slot)
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
         self._arrived[slot] = True
         self.buffered += 1
         self.peak_buffered = max(self.peak_buffered, self.buffered)
-        need = self.layout.local_need(consumer)
-        if need is None or self._done[self._slot(need)]:
-            self._picker.add(consumer)
+        if slot < self._block or self._done[slot - self._block]:  # a forward, or a backward whose F is done
+            self._add(slot)
 
     def next_action(self) -> tuple[Action, bool] | None:
         """Choose and start the next action; returns it and whether it overtook an earlier hint action."""
-        action = self._picker.pick(admit=self._admit())
-        return None if action is None else (action, self._commit(action))
+        slot = self.next_slot()
+        return None if slot < 0 else (self._slots.action(stage=self.stage, slot=slot), self._overtook[slot])
+
+    def next_slot(self) -> int:
+        """Choose and start the next action; returns its slot, or -1 if none is eligible."""
+        slot = self._pick(admit=self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
+        if slot >= 0:
+            self._commit(slot)
+        return slot
 
     def candidates(self, k: int) -> list[Action]:
         """Up to `k` eligible actions, best first (the first is what `next_action` would start); starts none."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        return ranked(self._picker, admit=self._admit(), k=k)
+        return [
+            self._slots.action(stage=self.stage, slot=slot) for slot in ranked(self._picker, admit=self._admit(), k=k)
+        ]
 
     def start(self, action: Action) -> bool:
         """Start `action`, one of `candidates`; returns whether it overtook an earlier hint action."""
-        take(self._picker, action=action, admit=self._admit())
-        return self._commit(action)
+        slot = self._slot(action) if self._in_layout(action) else -1
+        if slot < 0 or not take(self._picker, slot=slot, admit=self._admit()):
+            raise ValueError(f"action {action} is not eligible")
+        self._commit(slot)
+        return self._overtook[slot]
 
     def _admit(self) -> bool:
         return self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
 
-    def _commit(self, action: Action) -> bool:
-        slot = self._slot(action)
-        self._started[slot] = True
+    def _commit(self, slot: int) -> None:
+        started = self._started
+        started[slot] = True
         if self._arrived[slot]:  # it consumes its buffered delivery
             self.buffered -= 1
-        if action.kind is Kind.F and action.chunk == 0:
+        if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
             self.inflight_fb += 1
             self.inflight_fw += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight_fw)
-        overtook = self._hint_pos[slot] > self._unstarted_hint
-        hint_slots, started = self._hint_slots, self._started
-        while self._unstarted_hint < len(hint_slots) and started[hint_slots[self._unstarted_hint]]:
-            self._unstarted_hint += 1
-        return overtook
+        first = self._unstarted_hint
+        self._overtook[slot] = self._hint_pos[slot] > first
+        started_by = self._started_by
+        if first < len(started_by) and started[started_by[first]]:
+            while first < len(started_by) and started[started_by[first]]:
+                first += 1
+            self._unstarted_hint = first
 
     def on_done(self, action: Action) -> Message | None:
         """Mark an action done; returns the message it sends, if any."""
-        slot = self._slot(action)
+        self.on_done_slot(self._slot(action))
+        return self.layout.sends(action)
+
+    def on_done_slot(self, slot: int) -> None:
+        """Mark the action of `slot` done (what it sends: `Slots.sends`)."""
         if not self._started[slot] or self._done[slot]:
+            action = self._slots.action(stage=self.stage, slot=slot)
             raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
         self._done[slot] = True
         self._done_count += 1
-        if action.chunk == 0 and action.kind is not Kind.F:
-            if action.kind.backward:
-                self.inflight_fb -= 1
-            if action.kind is (Kind.W if self.layout.split else Kind.B):
+        block, admissions = self._block, self._admissions
+        if block <= slot < block + admissions:  # a chunk-0 backward
+            self.inflight_fb -= 1
+            if not self._split:
                 self.inflight_fw -= 1
-        for follower in self.layout.local_followers(action):
-            if self.layout.message_need(follower) is None or self._arrived[self._slot(follower)]:
-                self._picker.add(follower)
-        return self.layout.sends(action)
+        elif 2 * block <= slot < 2 * block + admissions:  # a chunk-0 W
+            self.inflight_fw -= 1
+        if slot < self._followed:
+            follower = slot + block
+            if not self._needs_message[self._base + follower] or self._arrived[follower]:
+                self._add(follower)
 
     def waiting_for(self) -> str:
         """What the stage waits for, for timeout errors: the next unstarted hint actions and their needs."""
         hint = self.policy.order[self.stage]
         pending = [
             action
-            for action, slot in zip(hint[self._unstarted_hint :], self._hint_slots[self._unstarted_hint :])
+            for action, slot in zip(hint[self._unstarted_hint :], self._started_by[self._unstarted_hint :])
             if not self._started[slot]
         ][:3]
         parts = []

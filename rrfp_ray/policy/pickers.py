@@ -18,20 +18,27 @@ an admitted microbatch can always reach its loss and come back, and no cap >= 1 
 deadlock. `bf` with v > 1 ranks an admission after every runnable later-chunk forward of
 an already admitted microbatch ("finish what you started"); see `BFPicker`.
 
-`ranked` lists a picker's best few actions without taking them and `take` takes any one of
-them, for callers that must agree with others before starting one (`rrfp_ray.policy.agreement`).
+Pickers hold a stage's ready actions as slots (`rrfp_ray.schedule.slots`), ranked by integer
+keys in heaps, and the stage's hint list as a `HintIndex`, built once per policy and layout.
+Besides its ready set a picker has a small state of its own (BF's turn, CPW's counters), which
+`snapshot` returns and `restore` sets back: `ranked` lists a picker's best few actions without
+taking them and `take` takes any one of them, for callers that must agree with others before
+starting one (`rrfp_ray.policy.agreement`).
 """
 
 from __future__ import annotations
 
 import copy
 import enum
-import heapq
+import functools
+import weakref
 from dataclasses import dataclass, field, replace
+from heapq import heapify, heappop, heappush
 
 from rrfp_ray.schedule.actions import Action, Kind, Placement
 from rrfp_ray.schedule.deps import Layout
-from rrfp_ray.schedule.generators import SCHEDULES, build, lookup
+from rrfp_ray.schedule.generators import SCHEDULES, build, lookup, peak_inflight, peak_inflight_fb
+from rrfp_ray.schedule.slots import Slots, slots_of
 from rrfp_ray.schedule.validate import Hint
 
 
@@ -46,8 +53,8 @@ class Rule(enum.Enum):
     def split(self) -> bool:
         return self is not Rule.BF
 
-    def picker(self) -> Picker:
-        return CPWPicker() if self is Rule.CPW else BFPicker(with_w=self is Rule.BFW)
+    def picker(self, *, slots: Slots) -> Picker:
+        return CPWPicker(slots=slots) if self is Rule.CPW else BFPicker(slots=slots, with_w=self is Rule.BFW)
 
 
 @dataclass(frozen=True)
@@ -68,12 +75,13 @@ class Policy:
             )
         return replace(pipeline, split=self.split)
 
-    def picker(self, *, stage: int) -> Picker:
+    def picker(self, *, index: HintIndex) -> Picker:
+        """A fresh picker for the stage and layout of `index` (one of `hint_indexes(policy=self, ...)`)."""
         if self.rule is not None:
-            return self.rule.picker()
+            return self.rule.picker(slots=index.slots)
         if self.fixed:
-            return FixedPicker(order=self.order[stage])
-        return ListPicker(order=self.order[stage])
+            return FixedPicker(index=index)
+        return ListPicker(index=index)
 
 
 def policy_names() -> list[str]:
@@ -102,46 +110,145 @@ def make_policy(*, name: str, stages: int, chunks: int, microbatches: int, hint:
     )
 
 
-def _admits(action: Action) -> bool:
-    return action.kind is Kind.F and action.chunk == 0
+@dataclass(frozen=True)
+class HintIndex:
+    """One stage's hint list over its layout's slots, with the in-flight peaks the caps scale."""
+
+    slots: Slots
+    stage: int
+    order: list[int]  # per hint entry, its action's slot (`slots.outside`: not an action of this stage)
+    position: list[int]  # per slot, its last place in the hint list (-1: not in it)
+    started_by: list[int]  # per hint entry, the slot whose start counts as its start (W runs inside B unsplit)
+    missing: Action | None  # the first action of the stage not in the hint list
+    peak_fb: int  # `peak_inflight_fb` of the hint
+    peak_fw: int  # `peak_inflight` of the hint (the F->W count: under the split only)
+
+
+def hint_indexes(*, policy: Policy, layout: Layout) -> tuple[HintIndex, ...]:
+    """Per stage, its `HintIndex`; built once per policy object and layout."""
+    per_layout = _INDEXES.get(id(policy))
+    if per_layout is None:
+        per_layout = _INDEXES[id(policy)] = {}
+        weakref.finalize(policy, _INDEXES.pop, id(policy), None)
+    indexes = per_layout.get(layout)
+    if indexes is None:
+        slots = slots_of(layout)
+        indexes = per_layout[layout] = tuple(_index(policy=policy, slots=slots, stage=s) for s in range(layout.stages))
+    return indexes
+
+
+_INDEXES: dict[int, dict[Layout, tuple[HintIndex, ...]]] = {}
+
+
+def _index(*, policy: Policy, slots: Slots, stage: int) -> HintIndex:
+    hint = policy.order[stage]
+    outside, block = slots.outside, slots.block
+    order = [slots.slot_of(a) if slots.holds(a, stage=stage) else outside for a in hint]
+    position = [-1] * slots.per_stage
+    for i, slot in enumerate(order):
+        position[slot] = i
+    position[outside] = -1
+    unsplit = not slots.layout.split
+    started_by = [slot - block if unsplit and 2 * block <= slot < outside else slot for slot in order]
+    listed = slots.actions_per_stage
+    missing = next((slot for slot in range(listed) if position[slot] < 0), None)
+    return HintIndex(
+        slots=slots,
+        stage=stage,
+        order=order,
+        position=position,
+        started_by=started_by,
+        missing=None if missing is None else slots.action(stage=stage, slot=missing),
+        peak_fb=peak_inflight_fb(policy.order, stage=stage),
+        peak_fw=peak_inflight(policy.order, stage=stage),
+    )
 
 
 class FixedPicker:
     """Only the next action of the list may run; caps do not apply (the list is its own cap)."""
 
-    def __init__(self, *, order: list[Action]) -> None:
-        self._order = order
+    def __init__(self, *, index: HintIndex) -> None:
+        self._order = index.order
         self._next = 0
-        self._ready: set[Action] = set()
+        self._ready = [False] * index.slots.per_stage
 
-    def add(self, action: Action) -> None:
-        self._ready.add(action)
+    def add(self, slot: int) -> None:
+        self._ready[slot] = True
 
-    def pick(self, *, admit: bool) -> Action | None:
-        if self._next < len(self._order) and self._order[self._next] in self._ready:
-            action = self._order[self._next]
-            self._ready.remove(action)
-            self._next += 1
-            return action
-        return None
+    def pick(self, *, admit: bool) -> int:
+        at = self._next
+        if at < len(self._order) and self._ready[slot := self._order[at]]:
+            self._ready[slot] = False
+            self._next = at + 1
+            return slot
+        return -1
+
+    def snapshot(self) -> tuple[int, ...]:
+        return (self._next,)
+
+    def restore(self, state: tuple[int, ...]) -> None:
+        (self._next,) = state
+
+    def copy(self) -> FixedPicker:
+        other = copy.copy(self)
+        other._ready = self._ready.copy()
+        return other
 
 
 class ListPicker:
     """The first ready action in list order, admissions only while the cap allows."""
 
-    def __init__(self, *, order: list[Action]) -> None:
-        self._pos = {action: i for i, action in enumerate(order)}
-        self._admit: list[tuple[int, Action]] = []
-        self._other: list[tuple[int, Action]] = []
+    def __init__(self, *, index: HintIndex) -> None:
+        if index.missing is not None:
+            raise ValueError(f"stage {index.stage}: action {index.missing} is not in the hint list")
+        self._order = index.order
+        self._position = index.position
+        self._admissions = index.slots.microbatches  # the slots below it are chunk-0 forwards
+        self._admit: list[int] = []  # hint positions
+        self._other: list[int] = []
 
-    def add(self, action: Action) -> None:
-        heapq.heappush(self._admit if _admits(action) else self._other, (self._pos[action], action))
+    def add(self, slot: int) -> None:
+        heappush(self._admit if slot < self._admissions else self._other, self._position[slot])
 
-    def pick(self, *, admit: bool) -> Action | None:
-        heaps = [h for h in (self._other, self._admit if admit else None) if h]
-        if not heaps:
-            return None
-        return heapq.heappop(min(heaps, key=lambda h: h[0][0]))[1]
+    def pick(self, *, admit: bool) -> int:
+        other, admissions = self._other, self._admit
+        if admit and admissions and not (other and other[0] < admissions[0]):
+            return self._order[heappop(admissions)]
+        return self._order[heappop(other)] if other else -1
+
+    def snapshot(self) -> tuple[int, ...]:
+        return ()
+
+    def restore(self, state: tuple[int, ...]) -> None:
+        pass
+
+    def copy(self) -> ListPicker:
+        other = copy.copy(self)
+        other._admit, other._other = self._admit.copy(), self._other.copy()
+        return other
+
+
+_B, _W, _F_LATER, _F_ADMIT = range(4)  # BF's heaps
+
+
+@functools.lru_cache(maxsize=16)
+def _bf_keys(*, chunks: int, microbatches: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per slot, its BF heap and key; per key, the slot of a backward and of a W.
+
+    Backward keys rank (-chunk, microbatch), W keys (microbatch, -chunk), forward keys (chunk,
+    microbatch): a forward's key is its slot."""
+    C, M = chunks, microbatches
+    size = 3 * C * M + 1
+    heap, key = [_F_ADMIT] * size, list(range(size))
+    backward_slot, w_slot = [0] * (C * M), [0] * (C * M)
+    for c in range(C):
+        for m in range(M):
+            forward, backward, w = c * M + m, (C + c) * M + m, (2 * C + c) * M + m
+            heap[forward] = _F_ADMIT if c == 0 else _F_LATER
+            heap[backward], key[backward] = _B, (C - 1 - c) * M + m
+            heap[w], key[w] = _W, m * C + (C - 1 - c)
+            backward_slot[key[backward]], w_slot[key[w]] = backward, w
+    return heap, key, backward_slot, w_slot
 
 
 class BFPicker:
@@ -153,40 +260,48 @@ class BFPicker:
     microbatch on, so backwards come late and the pipeline drains.
     """
 
-    def __init__(self, *, with_w: bool) -> None:
+    def __init__(self, *, slots: Slots, with_w: bool) -> None:
         self._with_w = with_w
         self._backward_turn = True
-        self._b: list[tuple[int, int, Action]] = []
-        self._f_later: list[tuple[int, int, Action]] = []
-        self._f_admit: list[tuple[int, int, Action]] = []
-        self._w: list[tuple[int, int, Action]] = []
+        self._heap, self._key, self._backward_slot, self._w_slot = _bf_keys(
+            chunks=slots.chunks, microbatches=slots.microbatches
+        )
+        self._set_heaps(([], [], [], []))
 
-    def add(self, action: Action) -> None:
-        if action.kind.backward:
-            heapq.heappush(self._b, (-action.chunk, action.microbatch, action))
-        elif action.kind is Kind.W:
-            heapq.heappush(self._w, (action.microbatch, -action.chunk, action))
-        else:
-            heap = self._f_admit if _admits(action) else self._f_later
-            heapq.heappush(heap, (action.chunk, action.microbatch, action))
+    def _set_heaps(self, heaps: tuple[list[int], list[int], list[int], list[int]]) -> None:
+        self._heaps = heaps
+        self._b, self._w, self._f_later, self._f_admit = heaps
 
-    def _forward(self, *, admit: bool) -> Action | None:
+    def add(self, slot: int) -> None:
+        heappush(self._heaps[self._heap[slot]], self._key[slot])
+
+    def pick(self, *, admit: bool) -> int:
+        if self._backward_turn and self._b:
+            self._backward_turn = False
+            return self._backward_slot[heappop(self._b)]
         if self._f_later:
-            return heapq.heappop(self._f_later)[2]
+            self._backward_turn = True
+            return heappop(self._f_later)
         if admit and self._f_admit:
-            return heapq.heappop(self._f_admit)[2]
-        return None
+            self._backward_turn = True
+            return heappop(self._f_admit)
+        if self._b:
+            self._backward_turn = False
+            return self._backward_slot[heappop(self._b)]
+        if self._with_w and self._w:
+            return self._w_slot[heappop(self._w)]
+        return -1
 
-    def pick(self, *, admit: bool) -> Action | None:
-        backward = heapq.heappop(self._b)[2] if self._backward_turn and self._b else None
-        action = backward or self._forward(admit=admit)
-        if action is None and self._b:
-            action = heapq.heappop(self._b)[2]
-        if action is None and self._with_w and self._w:
-            return heapq.heappop(self._w)[2]
-        if action is not None:
-            self._backward_turn = action.kind is Kind.F
-        return action
+    def snapshot(self) -> tuple[int, ...]:
+        return (self._backward_turn,)
+
+    def restore(self, state: tuple[int, ...]) -> None:
+        (self._backward_turn,) = state
+
+    def copy(self) -> BFPicker:
+        other = copy.copy(self)
+        other._set_heaps(tuple(heap.copy() for heap in self._heaps))
+        return other
 
 
 class CPWPicker(BFPicker):
@@ -201,67 +316,76 @@ class CPWPicker(BFPicker):
     the arbiter's F->B count because a stage finishes each action before it picks the next.
     """
 
-    def __init__(self) -> None:
-        super().__init__(with_w=True)
+    def __init__(self, *, slots: Slots) -> None:
+        super().__init__(slots=slots, with_w=True)
+        self._chunks = slots.chunks
+        self._admissions = slots.microbatches  # slots below it are chunk-0 forwards
+        self._block = slots.block  # chunk-0 backwards are the slots from it on, `_admissions` of them
         self._held = 0  # microbatches past their chunk-0 F and not their chunk-0 B
         self._admitted_at = -1  # the largest such count at which an admission was allowed
 
-    def pick(self, *, admit: bool) -> Action | None:
+    def pick(self, *, admit: bool) -> int:
         if admit:
             self._admitted_at = max(self._admitted_at, self._held)
         elif self._f_admit and not self._f_later and self._held <= self._admitted_at:
             freeing = self._chunk0_w()
-            if freeing is not None:
+            if freeing >= 0:
                 return freeing
-        action = super().pick(admit=admit)
-        if action is not None and action.chunk == 0:
-            self._held += (action.kind is Kind.F) - action.kind.backward
-        return action
+        slot = super().pick(admit=admit)
+        if 0 <= slot < self._admissions:
+            self._held += 1
+        elif 0 <= slot - self._block < self._admissions:
+            self._held -= 1
+        return slot
 
-    def _chunk0_w(self) -> Action | None:
-        """Remove and return the lowest-microbatch chunk-0 W, if any."""
-        entry = min((e for e in self._w if e[2].chunk == 0), default=None)
-        if entry is None:
-            return None
-        self._w.remove(entry)
-        heapq.heapify(self._w)
-        return entry[2]
+    def _chunk0_w(self) -> int:
+        """Remove and return the lowest-microbatch chunk-0 W, if any (-1: none)."""
+        chunk0 = self._chunks - 1  # W keys are microbatch * chunks + (chunks - 1 - chunk)
+        key = min((k for k in self._w if k % self._chunks == chunk0), default=-1)
+        if key < 0:
+            return -1
+        self._w.remove(key)
+        heapify(self._w)
+        return self._w_slot[key]
+
+    def snapshot(self) -> tuple[int, ...]:
+        return (self._backward_turn, self._held, self._admitted_at)
+
+    def restore(self, state: tuple[int, ...]) -> None:
+        self._backward_turn, self._held, self._admitted_at = state
 
 
 Picker = FixedPicker | ListPicker | BFPicker | CPWPicker
 
 
-def ranked(picker: Picker, *, admit: bool, k: int) -> list[Action]:
-    """Up to `k` actions `picker` could run now, best first, leaving it unchanged.
+def ranked(picker: Picker, *, admit: bool, k: int) -> list[int]:
+    """Up to `k` slots `picker` could start now, best first, leaving it unchanged.
 
     The first is what `pick` returns; each next one is what `pick` would return were the
     earlier ones not ready (the picker's own state, e.g. BF's turn, as it is now)."""
-    probe = copy.deepcopy(picker)
-    state = _scalars(probe)
-    actions: list[Action] = []
-    while len(actions) < k and (action := probe.pick(admit=admit)) is not None:
-        actions.append(action)
-        vars(probe).update(state)
-    return actions
+    probe = picker.copy()
+    state = probe.snapshot()
+    slots: list[int] = []
+    while len(slots) < k and (slot := probe.pick(admit=admit)) >= 0:
+        slots.append(slot)
+        probe.restore(state)
+    return slots
 
 
-def take(picker: Picker, *, action: Action, admit: bool) -> None:
-    """Remove `action` from `picker` as `pick` would have, had it ranked first (see `ranked`)."""
-    skipped: list[Action] = []
-    state = _scalars(picker)
+def take(picker: Picker, *, slot: int, admit: bool) -> bool:
+    """Remove `slot` from `picker` as `pick` would have, had it ranked first (see `ranked`);
+    False, the picker unchanged, if it is not one `ranked` lists."""
+    skipped: list[int] = []
+    state = picker.snapshot()
     chosen = picker.pick(admit=admit)
-    while chosen != action:
-        vars(picker).update(state)
-        if chosen is None:
+    while chosen != slot:
+        picker.restore(state)
+        if chosen < 0:
             for other in skipped:
                 picker.add(other)
-            raise ValueError(f"action {action} is not eligible")
+            return False
         skipped.append(chosen)
         chosen = picker.pick(admit=admit)
     for other in skipped:
         picker.add(other)
-
-
-def _scalars(picker: Picker) -> dict[str, bool | int]:
-    """The picker's state besides its ready actions (turns and counters)."""
-    return {name: value for name, value in vars(picker).items() if isinstance(value, (bool, int))}
+    return True

@@ -14,16 +14,17 @@ has spent that long on the last.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from heapq import heappop, heappush
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, stage_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Layout, Link, Message
+from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.slots import Slots, slots_of
 from rrfp_ray.sim.variability import Trace
 
 
@@ -69,6 +70,17 @@ def layout_for(*, policy: Policy, trace: Trace) -> Layout:
     )
 
 
+@dataclass(frozen=True)
+class Case:
+    """One iteration to simulate in a batch (`simulate_many`); the arguments of `simulate`."""
+
+    policy: Policy
+    trace: Trace
+    cap: Cap
+    buffer_limit: int | None = None
+    transport: TransportModel | None = None
+
+
 def simulate(
     *,
     policy: Policy,
@@ -78,129 +90,208 @@ def simulate(
     iteration: int = 0,
     transport: TransportModel | None = None,
 ) -> IterationReport:
-    layout = layout_for(policy=policy, trace=trace)
-    arbiters = [
-        Arbiter(layout=layout, stage=s, policy=policy, cap=cap, buffer_limit=buffer_limit) for s in range(layout.stages)
-    ]
-    duration = _duration_of(trace=trace)
-    events: list[list[OpEvent]] = [[] for _ in arbiters]
-    busy = [False] * layout.stages
-    ready_at: dict[Action, float] = {}
-    waiting: list[dict[Link, deque[Message]]] = [{} for _ in arbiters]  # per receiving stage
-    clock: list[tuple[float, int, Action | Message | Link]] = []  # a Link: its sender is done with a message
-    outgoing: dict[Link, list[tuple[float, int, Message]]] = {}  # with transport: per link, by release time
-    carrying: set[Link] = (
-        set()
-    )  # with transport: links busy with a message (till the receiver took it, or the sender is done)
-    seq = 0
+    case = Case(policy=policy, trace=trace, cap=cap, buffer_limit=buffer_limit, transport=transport)
+    slots = slots_of(layout_for(policy=policy, trace=trace))
+    run = _Run(case=case, slots=slots, timings=_timings(trace=trace, slots=slots), record=True)
+    return run.report(iteration=iteration)
 
-    def push(at: float, item: Action | Message | Link) -> None:
-        nonlocal seq
-        heapq.heappush(clock, (at, seq, item))
-        seq += 1
 
-    def deliver(message: Message, now: float) -> None:
-        dst = layout.dst(message)
-        # A stage with room has nothing waiting: every pick drains its links right away.
-        # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
-        if layout.is_local(message) or arbiters[dst].has_room():
-            arrive(message, arbiter=arbiters[dst], now=now)
-        else:
-            waiting[dst].setdefault(layout.link(message), deque()).append(message)
+def simulate_many(*, cases: Sequence[Case]) -> list[float]:
+    """The makespan of each case, as `simulate(...).makespan_ms` gives it, without building reports.
 
-    def arrive(message: Message, *, arbiter: Arbiter, now: float) -> None:
-        arbiter.on_arrival(message)
-        ready_at[layout.consumer(message)] = now
-        if transport is not None and transport.send_ms is None and not layout.is_local(message):
-            free(layout.link(message), now)
+    Tables per layout, per policy and per (trace, layout) are built once for the whole batch.
+    A case that deadlocks raises `DeadlockError`, as `simulate` does."""
+    timings: dict[tuple[int, Layout], tuple[list[float], list[float]]] = {}
+    makespans = []
+    for case in cases:
+        slots = slots_of(layout_for(policy=case.policy, trace=case.trace))
+        key = (id(case.trace), slots.layout)
+        if key not in timings:
+            timings[key] = _timings(trace=case.trace, slots=slots)
+        makespans.append(_Run(case=case, slots=slots, timings=timings[key], record=False).makespan_ms)
+    return makespans
 
-    def send(message: Message, now: float) -> None:
-        if transport is None or layout.is_local(message):
-            push(now + (0.0 if layout.is_local(message) else trace.latency(message)), message)
-            return
-        nonlocal seq
-        link = layout.link(message)
-        heapq.heappush(outgoing.setdefault(link, []), (now + trace.latency(message), seq, message))
-        seq += 1
-        if link not in carrying:
-            carry(link, now)
 
-    def carry(link: Link, now: float) -> None:
-        release, _, message = heapq.heappop(outgoing[link])
-        carrying.add(link)
-        push(max(now, release) + transport.message_ms, message)
-        if transport.send_ms is not None:
-            push(max(now, release) + transport.send_ms, link)
+def _timings(*, trace: Trace, slots: Slots) -> tuple[list[float], list[float]]:
+    """Per op of `slots`, its duration (`Trace.duration`), and per op that waits for a delivery, its
+    latency (`Trace.latency`; 0 for the V's local turn, which uses no link)."""
+    layout = slots.layout
+    C, M, V, S = layout.chunks, layout.microbatches, layout.virtual_stages, slots.per_stage
+    durations, latencies = [0.0] * slots.ops, [0.0] * slots.ops
+    for stage in range(layout.stages):
+        for chunk in range(C):
+            vs = slots.virtual_stage[stage][chunk]
+            forward, backward, weight = (stage * S + slots.slot(row=row, chunk=chunk, microbatch=0) for row in range(3))
+            durations[forward : forward + M] = trace.F[vs]
+            if layout.split:
+                durations[backward : backward + M] = trace.B[vs]
+                durations[weight : weight + M] = trace.W[vs]
+            else:
+                durations[backward : backward + M] = [b + w for b, w in zip(trace.B[vs], trace.W[vs])]
+            if vs > 0 and slots.link[forward] >= 0:
+                latencies[forward : forward + M] = trace.commF[vs - 1]
+            if vs < V - 1 and slots.link[backward] >= 0:
+                latencies[backward : backward + M] = trace.commB[vs]
+    return durations, latencies
 
-    def free(link: Link, now: float) -> None:
-        carrying.discard(link)
-        if outgoing.get(link):
-            carry(link, now)
 
-    now = 0.0
-    touched = set(range(layout.stages))
-    while True:
-        for stage in sorted(touched):
-            if busy[stage]:
-                continue
-            arbiter = arbiters[stage]
-            chosen = arbiter.next_action()
-            if chosen is None:
-                continue
-            action, overtook = chosen
-            end = now + duration(action)
-            events[stage].append(
+class _Run:
+    """One simulated iteration, run at construction: the makespan, and with `record` the report's data."""
+
+    def __init__(self, *, case: Case, slots: Slots, timings: tuple[list[float], list[float]], record: bool) -> None:
+        layout = slots.layout
+        self.case, self.slots, self.durations = case, slots, timings[0]
+        self.arbiters = [
+            Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit)
+            for s in range(layout.stages)
+        ]
+        self.ready_at = [0.0] * slots.ops
+        self.started_at = [0.0] * slots.ops if record else []
+        self.log: list[list[int]] = [[] for _ in self.arbiters]  # per stage, its ops in the order they started
+        self.makespan_ms = self._run(latencies=timings[1], record=record)
+        stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
+        if stuck:
+            raise DeadlockError(
+                f"simulation of {case.policy.name} stopped at {self.makespan_ms:.1f} ms:\n" + "\n".join(stuck)
+            )
+
+    def _run(self, *, latencies: list[float], record: bool) -> float:
+        slots, durations, ready_at, started_at, log = (
+            self.slots,
+            self.durations,
+            self.ready_at,
+            self.started_at,
+            self.log,
+        )
+        arbiters, transport = self.arbiters, self.case.transport
+        S, ops = slots.per_stage, slots.ops
+        sends, link_of, follower = slots.sends, slots.link, slots.follower
+        next_slot = [a.next_slot for a in arbiters]
+        on_done = [a.on_done_slot for a in arbiters]
+        on_arrival = [a.on_arrival_slot for a in arbiters]
+        bounded = self.case.buffer_limit is not None
+        # per receiving stage, per link: deliveries held while its receive buffer is full
+        waiting: list[dict[int, deque[int]]] = [{} for _ in arbiters]
+        busy = [False] * len(arbiters)
+        # (time, seq, item): an op `op` done, a delivery into op `ops + op`, or, with a transport's
+        # `send_ms`, the sender done with link `2 * ops + link`
+        clock: list[tuple[float, int, int]] = []
+        seq = 0
+        # with a transport: per link, its messages by release time, and whether it carries one
+        outgoing: list[list[tuple[float, int, int]]] = [[] for _ in slots.links]
+        carrying = [False] * len(slots.links)
+        frees_on_take = transport is not None and transport.send_ms is None
+
+        def carry(link: int, now: float, seq: int) -> int:
+            release, _, consumer = heappop(outgoing[link])
+            carrying[link] = True
+            heappush(clock, (max(now, release) + transport.message_ms, seq, ops + consumer))
+            seq += 1
+            if transport.send_ms is not None:
+                heappush(clock, (max(now, release) + transport.send_ms, seq, 2 * ops + link))
+                seq += 1
+            return seq
+
+        def free(link: int, now: float, seq: int) -> int:
+            carrying[link] = False
+            return carry(link, now, seq) if outgoing[link] else seq
+
+        now = 0.0
+        touched = set(range(len(arbiters)))
+        while True:
+            for stage in sorted(touched):
+                if busy[stage]:
+                    continue
+                slot = next_slot[stage]()
+                if slot < 0:
+                    continue
+                op = stage * S + slot
+                if record:
+                    log[stage].append(op)
+                    started_at[op] = now
+                busy[stage] = True
+                heappush(clock, (now + durations[op], seq, op))
+                seq += 1
+                if bounded and waiting[stage]:
+                    arbiter = arbiters[stage]
+                    for queue in waiting[stage].values():
+                        while queue and arbiter.has_room():
+                            consumer = queue.popleft()
+                            on_arrival[stage](consumer - stage * S)
+                            ready_at[consumer] = now
+                            if frees_on_take:
+                                seq = free(link_of[consumer], now, seq)
+            if not clock:
+                return now
+            now = clock[0][0]
+            touched = set()
+            while clock and clock[0][0] == now:
+                item = heappop(clock)[2]
+                if item < ops:  # an op is done
+                    stage = item // S
+                    busy[stage] = False
+                    touched.add(stage)
+                    on_done[stage](item - stage * S)
+                    after = follower[item]
+                    if after >= 0 and ready_at[after] < now:
+                        ready_at[after] = now
+                    consumer = sends[item]
+                    if consumer < 0:
+                        continue
+                    link = link_of[consumer]
+                    if transport is None or link < 0:
+                        heappush(clock, (now + latencies[consumer], seq, ops + consumer))
+                        seq += 1
+                    else:
+                        heappush(outgoing[link], (now + latencies[consumer], seq, consumer))
+                        seq += 1
+                        if not carrying[link]:
+                            seq = carry(link, now, seq)
+                elif item < 2 * ops:  # a delivery
+                    consumer = item - ops
+                    stage = consumer // S
+                    link = link_of[consumer]
+                    # A stage with room has nothing waiting: every pick drains its links right away.
+                    # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
+                    if not bounded or link < 0 or arbiters[stage].has_room():
+                        on_arrival[stage](consumer - stage * S)
+                        ready_at[consumer] = now
+                        if frees_on_take and link >= 0:
+                            seq = free(link, now, seq)
+                    else:
+                        waiting[stage].setdefault(link, deque()).append(consumer)
+                    touched.add(stage)
+                else:  # a sender is done with its link
+                    seq = free(item - 2 * ops, now, seq)
+
+    def report(self, *, iteration: int) -> IterationReport:
+        slots, S = self.slots, self.slots.per_stage
+        stats, events = [], []
+        for stage, arbiter in enumerate(self.arbiters):
+            base = stage * S
+            stage_events = [
                 OpEvent(
                     stage=stage,
-                    action=str(action),
-                    start_ms=now,
-                    end_ms=end,
-                    ready_ms=ready_at.pop(action, 0.0),
-                    hint_pos=arbiter.hint_position(action),
-                    overtook=overtook,
+                    action=slots.text(stage=stage, slot=op - base),
+                    start_ms=self.started_at[op],
+                    end_ms=self.started_at[op] + self.durations[op],
+                    ready_ms=self.ready_at[op],
+                    hint_pos=arbiter.hint_position_of(op - base),
+                    overtook=arbiter.overtook(op - base),
                 )
-            )
-            busy[stage] = True
-            push(end, action)
-            for queue in waiting[stage].values():
-                while queue and arbiter.has_room():
-                    arrive(queue.popleft(), arbiter=arbiter, now=now)
-        touched = set()
-        if not clock:
-            break
-        now = clock[0][0]
-        while clock and clock[0][0] == now:
-            item = heapq.heappop(clock)[2]
-            if isinstance(item, Link):
-                free(item, now)
-                continue
-            if isinstance(item, Message):
-                deliver(item, now)
-                touched.add(layout.dst(item))
-                continue
-            stage = item.stage
-            busy[stage] = False
-            touched.add(stage)
-            message = arbiters[stage].on_done(item)
-            for follower in layout.local_followers(item):
-                ready_at[follower] = max(ready_at.get(follower, 0.0), now)
-            if message is not None:
-                send(message, now)
-    stuck = [a.waiting_for() for a in arbiters if not a.finished]
-    if stuck:
-        raise DeadlockError(f"simulation of {policy.name} stopped at {now:.1f} ms:\n" + "\n".join(stuck))
-    stats = []
-    for arbiter, stage_events in zip(arbiters, events):
-        s = stage_stats(stage=arbiter.stage, events=stage_events, wall_ms=now)
-        s.peak_inflight, s.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
-        stats.append(s)
-    return IterationReport(
-        iteration=iteration,
-        policy=policy.name,
-        makespan_ms=now,
-        stages=stats,
-        events=[e for stage_events in events for e in stage_events],
-    )
+                for op in self.log[stage]
+            ]
+            s = stage_stats(stage=stage, events=stage_events, wall_ms=self.makespan_ms)
+            s.peak_inflight, s.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
+            stats.append(s)
+            events += stage_events
+        return IterationReport(
+            iteration=iteration,
+            policy=self.case.policy.name,
+            makespan_ms=self.makespan_ms,
+            stages=stats,
+            events=events,
+        )
 
 
 def _duration_of(*, trace: Trace) -> Callable[[Action], float]:
