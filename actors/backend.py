@@ -8,9 +8,10 @@ logical CPU per stage, this repository on the workers' PYTHONPATH) and shuts it 
 `close`.
 
 If the driver actor itself dies (killed, or its node lost), every call fails at once with a
-PipelineError naming it (its stage actors die with it: Ray ends the actors an actor owns);
-`restart` then brings up a new driver, with the pipeline and the last workload given, so a
-Trainer with restarts left rebuilds it and resumes from its last manifest. The workload reaches the actors through Ray's cloudpickle: builders may be
+PipelineError naming it (its stage actors die with it: Ray ends the actors an actor owns,
+but not the placement groups it made, which live as long as the job); `restart` then removes
+the dead driver's placement groups and brings up a new driver, with the pipeline and the last
+workload given, so a Trainer with restarts left rebuilds it and resumes from its last manifest. The workload reaches the actors through Ray's cloudpickle: builders may be
 lambdas or local functions, and classes defined in `__main__` travel by value; classes
 in other modules must be importable on the workers.
 """
@@ -29,6 +30,7 @@ from actors.local_ray import init_ray
 from actors.names import driver_name, run_tag
 from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement
 from actors.placement import check as check_placement
+from actors.placement import remove_orphans
 from actors.teardown import await_exit
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.pickers import Policy
@@ -111,7 +113,7 @@ class RayBackend:
             self._call(self._driver().restart.remote())
             return
         logger.warning("the pipeline driver actor died; starting a new one")
-        ray.kill(self._driver())
+        _end(self._driver())
         self._spawn_driver()
 
     def close(self) -> None:
@@ -122,7 +124,7 @@ class RayBackend:
             try:
                 ray.get(driver.shutdown.remote())
             except ray.exceptions.RayError:
-                ray.kill(driver)  # it died already (e.g. during startup), or cannot shut down: nothing to wait for
+                _end(driver)  # it died already (e.g. during startup), or cannot shut down: nothing to wait for
             else:
                 # its last handle dropped, Ray ends it gracefully; a __ray_terminate__ call of this
                 # process's might not be recorded before the job ends
@@ -150,3 +152,11 @@ class RayBackend:
         if self.driver is None:
             raise RuntimeError("the RayBackend is not running: start() it first (a Trainer does), or it was closed")
         return self.driver
+
+
+def _end(driver: ray.actor.ActorHandle) -> None:
+    """Kill a lost driver (or one that cannot shut down) and free the placement groups it held:
+    a group made in an actor outlives it, holding its CPUs until the job ends."""
+    ray.kill(driver)
+    await_exit([driver._actor_id.hex()], timeout_s=_EXIT_S)
+    remove_orphans()

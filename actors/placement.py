@@ -10,6 +10,10 @@ matters is whether some node the cluster has or could add fits a group (`actors.
   front: placement waits up to its timeout, and its progress names what the autoscaler
   is launching;
 - without an autoscaler, the alive nodes are all there will be.
+
+Each group is named after the driver actor that asked for it (`rrfp-placement-<actor id>: stage 0`):
+a group created inside an actor lives as long as its job, not its creator, so when a driver
+actor is killed its groups stay, holding their CPUs, until `remove_orphans` frees them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import ray
 import ray._private.state
+from ray._private import state  # the GCS's view of an actor: whether a group's owner is dead
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray.experimental import internal_kv
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
@@ -32,6 +37,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 600.0  # a cloud GPU node takes minutes to boot and run its setup commands
 _PROGRESS_S = 15.0  # between progress messages
 _AUTOSCALER_STATUS_KEY = "__autoscaling_status"  # what Ray's v1 autoscaler reports each round (`ray status` reads it)
+_NAME = "rrfp-placement-"  # + "<owner actor id>: <label>"
 
 
 class PlacementError(RuntimeError):
@@ -84,16 +90,23 @@ def check(demand: Demand) -> None:
 def place(*, demand: Demand, timeout_s: float, labels: list[str]) -> list[PlacementGroup]:
     """Ask for every (replica, stage) group (`labels` name them) and wait until all are placed,
     logging progress that names the pending demand; a `PlacementError` after `timeout_s`, a
-    `CapacityError` at once when they can never be held."""
+    `CapacityError` at once when they can never be held. Called in an actor, the groups carry
+    its id in their names (`remove_orphans`)."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s:g}")
     check(demand)
+    owner = ray.get_runtime_context().get_actor_id()  # None in a job's own driver process: its groups end with it
     # a stage's T ranks on one node (their all-reduces run every layer); stages and replicas free to spread
-    groups = [placement_group([dict(demand.bundle)] * demand.tp, strategy="STRICT_PACK") for _ in range(demand.groups)]
+    groups = [
+        placement_group(
+            [dict(demand.bundle)] * demand.tp, strategy="STRICT_PACK", name=f"{_NAME}{owner}: {label}" if owner else ""
+        )
+        for _, label in zip(range(demand.groups), labels, strict=True)
+    ]
     logger.info("waiting up to %.0f s for placement: %s", timeout_s, demand)
     started = time.monotonic()
     try:
-        pending = {group.ready(): label for group, label in zip(groups, labels, strict=True)}
+        pending = {group.ready(): label for group, label in zip(groups, labels)}
         while pending:
             left = timeout_s - (time.monotonic() - started)
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=max(0.0, min(_PROGRESS_S, left)))
@@ -112,6 +125,29 @@ def place(*, demand: Demand, timeout_s: float, labels: list[str]) -> list[Placem
         raise
     logger.info("placement ready in %.1f s: %s", time.monotonic() - started, demand)
     return groups
+
+
+def remove_orphans() -> list[str]:
+    """Remove every placement group of this job whose owner actor is dead (killed before its
+    teardown ran); returns their names. The groups of live drivers are left alone."""
+    job = ray.get_runtime_context().get_job_id()
+    removed = []
+    for group_id, group in placement_group_table().items():
+        name = group["name"]
+        if group["state"] == "REMOVED" or not name.startswith(_NAME):
+            continue
+        owner = name.removeprefix(_NAME).split(":")[0]
+        # an owner the GCS no longer knows has long been dead
+        if (
+            ray.ActorID.from_hex(owner).job_id.hex() != job
+            or state.actors(actor_id=owner).get("State", "DEAD") != "DEAD"
+        ):
+            continue
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group_id)))
+        removed.append(name)
+    if removed:
+        logger.info("removed %d placement groups of dead drivers: %s", len(removed), ", ".join(removed))
+    return removed
 
 
 def progress(*, groups: list[PlacementGroup], demand: Demand, pending: list[str]) -> str:

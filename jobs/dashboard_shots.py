@@ -37,12 +37,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         import selenium  # noqa: F401
     except ImportError:
         parser.error("selenium is not installed: pip install selenium")
+    if args.token is None and ray_cli() is None:
+        parser.error(
+            f"no `ray` command beside this Python ({sys.executable}) or on PATH to read the cluster's token: "
+            "run it with the project's virtualenv (. .venv/bin/activate), or give --token"
+        )
     return args
+
+
+def ray_cli() -> str | None:
+    """The `ray` command of this Python's environment (a virtualenv need not be activated), else PATH's."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.is_file() else shutil.which("ray")
 
 
 def cluster_token() -> str:
     done = subprocess.run(
-        ["ray", "get-auth-token"],
+        [ray_cli(), "get-auth-token"],
         env=os.environ | {"RAY_AUTH_MODE": "token"},
         capture_output=True,
         text=True,

@@ -23,10 +23,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actors.job_setup import checked_run
-from actors.local_ray import start_ray
-from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
-from rrfp_ray.gpt_cli import baseline_of
+from rrfp_ray.installed import require_core
+
+require_core(program="train_gpt.py")  # before the first import of torch or ray
+
+from actors.job_setup import checked_run  # noqa: E402
+from actors.local_ray import start_ray  # noqa: E402
+from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, write_pictures  # noqa: E402
+from rrfp_ray.gpt_cli import baseline_of  # noqa: E402
 
 if TYPE_CHECKING:
     from rrfp_ray.train.api import Trainer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import tomllib
 
 from actors.collective import RAY_FLOOR
+from rrfp_ray.installed import CORE
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -70,3 +72,21 @@ def test_an_older_ray_is_refused_at_import_naming_the_floor():
     )
     assert done.returncode != 0
     assert "actors.collective needs ray >= 2.56, found 2.55.1" in done.stderr
+
+
+def test_the_core_packages_the_jobs_check_for_are_the_declared_ones():
+    declared = [re.split(r"[<>=\[ ]", requirement)[0] for requirement in PROJECT["dependencies"]]
+    assert list(CORE) == declared
+
+
+def test_a_job_run_by_a_python_without_the_core_packages_says_so_and_exits_2():
+    """As under `ray job submit` on a head started outside the virtualenv: `-S` leaves site-packages out."""
+    done = subprocess.run(
+        [sys.executable, "-S", "jobs/train_gpt.py", "--iterations", "1"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith(
+        f"train_gpt.py: error: this Python ({sys.executable}) lacks torch, ray, pydantic, numpy"
+    )
+    assert "Traceback" not in done.stderr and ". .venv/bin/activate" in done.stderr

@@ -1,11 +1,15 @@
 """Faults on Ray. A chaos run: stage actors (TP ranks, one in each DP replica) killed on a
 seeded schedule (mid-iteration and mid-checkpoint) and the driver actor killed mid-iteration,
 all in one DP=2 x PP=2 x TP=2 GPT run that recovers within its restarts and ends with an
-uninterrupted run's weights and optimizer state. A killed driver without restarts left is a clear error at once; a pause
-longer than the link timeout breaks no link."""
+uninterrupted run's weights and optimizer state. A killed driver restarts on a cluster with
+no CPU to spare (its placement groups are freed); without restarts left it is a clear error
+at once. A pause longer than the link timeout breaks no link."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +26,7 @@ from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.faults import Crash, FaultPlan, FaultyWorkload, Moment
 from rrfp_ray.train.gpt_workload import gpt_trainer
 
+ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 6
 DRIVER_KILLED_IN = 5  # the iteration during which the driver actor is killed
 
@@ -107,6 +112,43 @@ def test_a_chaos_run_recovers_and_ends_with_the_weights_of_an_uninterrupted_run(
     for name, want in expected.items():
         torch.testing.assert_close(got[name], want, msg=name)
     assert _settled(before) == before
+
+
+_DRIVER_KILLED_ON_A_FULL_CLUSTER = """
+import sys
+import ray
+from ray.util.placement_group import placement_group_table
+from actors.backend import RayBackend
+from rrfp_ray.train.config import RunConfig
+from rrfp_ray.train.gpt_workload import gpt_trainer
+
+run = RunConfig(
+    model={"n_layer": 2, "n_embd": 16, "n_head": 2, "block_size": 16},
+    pipeline={"stages": 2, "microbatches": 2, "policy": "bf", "timeout_s": 30},
+    variability={"scenario": "none"},
+    train={"iterations": 2, "micro_batch_size": 2, "seq_len": 16, "val_every": 0, "checkpoint_dir": sys.argv[1],
+           "checkpoint_every": 1, "max_restarts": 1},
+)
+with gpt_trainer(run, backend=RayBackend(placement_timeout_s=20)) as trainer:  # an embedded Ray: 1 CPU per stage
+    assert ray.cluster_resources()["CPU"] == 2, ray.cluster_resources()
+    trainer.fit(1)
+    ray.kill(trainer.backend.driver)
+    trainer.fit(1)
+    states = sorted(group["state"] for group in placement_group_table().values())
+    print(f"restarts {trainer.restarts}, iteration {trainer.iteration}, placement groups {states}")
+"""
+
+
+@pytest.mark.slow  # a Ray of its own (exactly 2 CPUs), in a process of its own: `make test-slow`
+def test_a_killed_driver_restarts_on_a_cluster_with_no_cpu_to_spare(tmp_path):
+    """The dead driver's placement groups hold every CPU; the restart frees them, or the new
+    driver's placement waits out its timeout."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER_KILLED_ON_A_FULL_CLUSTER, str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "restarts 1, iteration 2, placement groups ['CREATED', 'CREATED', 'REMOVED', 'REMOVED']" in done.stdout
 
 
 def test_a_killed_driver_without_restarts_left_is_a_clear_error_at_once(ray_session, tmp_path):
