@@ -223,10 +223,6 @@ def tp_summary(reports: list[IterationReport]) -> dict[str, float]:
     }
 
 
-def median_makespan(reports: list[IterationReport]) -> float:
-    return statistics.median(r.makespan_ms for r in reports)
-
-
 def append_jsonl(*, path: Path, report: IterationReport) -> None:
     with path.open("a") as f:
         f.write(json.dumps(report.to_json(with_events=True)) + "\n")

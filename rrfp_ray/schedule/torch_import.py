@@ -15,11 +15,8 @@ Translation, the same for a class and for a CSV file (what ``_dump_csv`` writes)
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from rrfp_ray.schedule.actions import OLD_NOTATION, Action, Kind, Placement, parse_action
 
@@ -45,10 +42,6 @@ class _StandIn:
     submod: None = None
 
 
-def placement_of(name: str) -> Placement:
-    return _CLASSES[name][1]
-
-
 def imported(*, name: str, stages: int, chunks: int, microbatches: int) -> dict[int, list[Action]]:
     """The order of torch's schedule class for `name` (one of looped-bfs, zb-interleaved, zbv, dualpipev).
 
@@ -66,20 +59,6 @@ def imported(*, name: str, stages: int, chunks: int, microbatches: int) -> dict[
         ) from None
     cells = {rank: [str(a) for a in actions if a is not None] for rank, actions in schedule.pipeline_order.items()}
     return translate(cells, stages=stages, placement=placement)
-
-
-def read_csv(text: str, *, stages: int, placement: Placement) -> dict[int, list[Action]]:
-    """A torch CSV schedule (one row per rank, one action per cell) as our order."""
-    rows = list(csv.reader(io.StringIO(text)))
-    return translate({rank: row for rank, row in enumerate(rows)}, stages=stages, placement=placement)
-
-
-def write_csv(order: dict[int, list[Action]], *, path: Path) -> None:
-    """Our order in torch's compute-only CSV form (what ``_load_csv`` reads)."""
-    with path.open("w", newline="") as file:
-        writer = csv.writer(file)
-        for stage in sorted(order):
-            writer.writerow([str(a) for a in order[stage]])
 
 
 def translate(cells: dict[int, Iterable[str]], *, stages: int, placement: Placement) -> dict[int, list[Action]]:
