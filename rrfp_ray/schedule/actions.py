@@ -66,7 +66,7 @@ class Action:
         return f"{self.virtual_stage}{self.kind.value}{self.microbatch}"
 
 
-OLD_NOTATION = "README.md, section 'Action notation (old to new)'"
+OLD_NOTATION = "docs/policies.md, section 'Action notation'"
 _PATTERN = re.compile(r"^(\d+)([FIWB])(\d+)$")
 _OLD = re.compile(r"^\d+[FBW]\d+c\d+$")
 
