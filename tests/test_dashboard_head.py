@@ -34,6 +34,7 @@ TINY = (
     "--n-head 2 --block-size 16 --no-compare --t-f 1 --log-level info"
 )
 JOB_S = 300.0
+AGENT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,17 @@ class Head:
             return json.loads(response.read())
 
     def ray(self, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run(
-            [str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        """The `ray` CLI against this head. A submission the head refuses because its job agent is
+        not up yet (a loaded machine starts it after the dashboard answers) is tried again, for up
+        to `AGENT_S`."""
+        deadline = time.monotonic() + AGENT_S
+        while True:
+            done = subprocess.run(
+                [str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+            )
+            if "No available agent to submit job" not in done.stdout + done.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(3)
         assert done.returncode == 0, f"ray {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
         return done.stdout
 
