@@ -40,6 +40,7 @@ from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
 
 _EXIT_S = 30.0  # how long the driver gets to exit on its own once its stages are down
+_SHUTDOWN_S = 90.0  # beyond the pipeline's timeout: the stages' exit, placement groups' removal, a loaded machine
 logger = logging.getLogger(__name__)
 
 
@@ -117,21 +118,34 @@ class RayBackend:
         self._spawn_driver()
 
     def close(self) -> None:
-        """Shut the stages down, then let the driver exit (killed if it does not), and end the
-        Ray this backend started: in that order, so that no call is left unrecorded (actors.teardown)."""
+        """Shut the stages down and wait for that call to finish, then let the driver exit (killed
+        if it does not), and end the Ray this backend started: in that order, so that no call is
+        left unrecorded (actors.teardown). A driver is killed at once only when its shutdown failed
+        or did not finish in time, and then with a warning that says which."""
         if self.driver is not None:
             driver, self.driver = self.driver, None
+            timeout_s = (self._pipeline.timeout_s if self._pipeline else 0.0) + _SHUTDOWN_S
             try:
-                ray.get(driver.shutdown.remote())
-            except ray.exceptions.RayError:
-                _end(driver)  # it died already (e.g. during startup), or cannot shut down: nothing to wait for
+                ray.get(driver.shutdown.remote(), timeout=timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                logger.warning("the pipeline driver did not shut its stages down within %g s; killing it", timeout_s)
+                _end(driver)
+            except ray.exceptions.RayActorError:
+                _end(driver)  # it died already (e.g. during startup): nothing to wait for
+            except ray.exceptions.RayError as error:
+                logger.warning("the pipeline driver's shutdown failed; killing it: %s", error)
+                _end(driver)
             else:
                 # its last handle dropped, Ray ends it gracefully; a __ray_terminate__ call of this
                 # process's might not be recorded before the job ends
                 actor_id = driver._actor_id.hex()
                 del driver
                 if await_exit([actor_id], timeout_s=_EXIT_S):
-                    ray.kill(ray.get_actor(self._name))
+                    logger.warning("the pipeline driver did not exit within %g s of its shutdown; killing it", _EXIT_S)
+                    try:
+                        ray.kill(ray.get_actor(self._name))
+                    except ValueError:
+                        pass  # it exited meanwhile and released its name
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False

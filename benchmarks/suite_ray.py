@@ -48,6 +48,7 @@ class RayPart:
         import ray
 
         from actors.driver import PipelineDriver
+        from actors.teardown import end_actors
 
         driver = PipelineDriver.remote(pipeline=pipeline, workload=workloads[0][1])
         try:
@@ -61,6 +62,7 @@ class RayPart:
                 self.next_iteration += rounds * len(runs)
                 yield case, {label: runs[self.warmup :] for label, runs in reports.items()}
             ray.get(driver.shutdown.remote())
+            end_actors([driver], timeout_s=30.0)  # exits after its last call, so Ray records that call as finished
         except Exception as error:  # keep what was measured; the report says what failed
             self.errors.append(f"{name}: {type(error).__name__}: {error}")
             log.warning("driver %s failed: %s", name, error)

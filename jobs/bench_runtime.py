@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     from actors.driver import PipelineDriver
+    from actors.teardown import end_actors
     from benchmarks import runtime
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
 
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
         reports = runtime.measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
         backend = ray.get(driver.link_backend.remote())
         ray.get(driver.shutdown.remote())
+        end_actors([driver], timeout_s=30.0)  # exits after its last call, so Ray records that call as finished
     finally:
         ray.kill(driver)
     results, transport = runtime.compare(

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     from actors.driver import PipelineDriver
+    from actors.teardown import end_actors
     from rrfp_ray.train.config import PipelineConfig
 
     pipeline = PipelineConfig(stages=args.stages, microbatches=args.microbatches, timeout_s=60)
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
                 first = rss()
         last = rss()
         ray.get(driver.shutdown.remote())
+        end_actors([driver], timeout_s=30.0)  # exits after its last call, so Ray records that call as finished
     finally:
         ray.kill(driver)
     mib = 1 << 20

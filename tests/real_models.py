@@ -1,4 +1,4 @@
-"""Toy models shaped like real ones, for the tests of issue 14: stages that pass a
+"""Toy models shaped like real ones, for the tests of tree-shaped boundaries and ties: stages that pass a
 (hidden, attention_mask) tuple or a dict, a tied embedding/head, token-weighted losses on
 variable-length batches; and the unsplit model's reference gradients."""
 

@@ -1,4 +1,4 @@
-"""Issue 14's models on the Ray backend (TCP links, one actor per stage): trees of tensors
+"""The toy models of tests/real_models.py on the Ray backend (TCP links, one actor per stage): trees of tensors
 across boundaries and a tied embedding/head train exactly as on the local backend, whose
 gradients the local tests check against the unsplit model."""
 

@@ -140,8 +140,8 @@ def test_a_csv_written_by_torch_loads_as_a_hint(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("text", ['{"0": ["0F0", "1B3c1"]}', '{"0": ["0F0", "0B0", "0W0"], "1": []}'])
-def test_old_notation_is_refused_pointing_at_the_readme_table(text: str) -> None:
-    with pytest.raises(ValueError, match="old action notation.*README.md, section 'Action notation"):
+def test_the_stage_and_chunk_notation_is_refused_pointing_at_its_table(text: str) -> None:
+    with pytest.raises(ValueError, match="stage-and-chunk.*docs/policies.md, section 'Action notation'"):
         parse_order(read_hint(text), stages=2, chunks=1, microbatches=1)
 
 

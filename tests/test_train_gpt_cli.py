@@ -69,7 +69,7 @@ def test_tp_that_does_not_divide_the_heads_is_named(capsys):
     ("flags", "expected"),
     [
         (["--backend", "nccl"], "--backend nccl: no CUDA device is visible"),
-        (["--gpus-per-stage", "-1"], "--gpus-per-stage must be >= 0, got -1"),  # it used to hang
+        (["--gpus-per-stage", "-1"], "--gpus-per-stage must be >= 0, got -1"),  # refused before placement
     ],
 )
 def test_gpu_flags_without_cuda_fail_before_ray_starts(flags, expected, monkeypatch, capsys, tmp_path):

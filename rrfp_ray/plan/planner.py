@@ -42,8 +42,8 @@ def default_hints(*, chunks: int, fixed_only: bool = False) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """`simulations`: the search budget in simulated iterations (a P=8, M=32 iteration took 16 ms
-    on the development machine, so 32 of them about 0.5 s); `samples`: noise samples per candidate;
+    """`simulations`: the search budget in simulated iterations (`python jobs/bench_simulator.py`
+    prints what a P=8, M=32 iteration costs); `samples`: noise samples per candidate;
     `time_limit_s`: a wall-clock limit that only stops a search early (None: none)."""
 
     hints: tuple[str, ...]

@@ -3,8 +3,8 @@
 Host frames are numpy arrays written and read through views, `struct` and a `ctypes` copy,
 so a link thread makes no torch op while it frames a message: almost every torch op gives up
 the GIL and takes it back, and each time the thread queues behind whichever other thread of
-its stage runs Python, up to the interpreter's 5 ms switch interval. On the 2-core
-development machine one 16 KB message framed and read back over torch ops took 211 us alone
+its stage runs Python, up to the interpreter's 5 ms switch interval. On 2 CPUs one 16 KB
+message framed and read back over torch ops took 211 us alone
 and 22 ms beside one busy Python thread, host frames 91 us and 1.4 ms (medians of
 `python jobs/bench_framing.py --messages 1000`). Device frames (NCCL)
 are torch tensors on the GPU, written with torch ops.

@@ -3,11 +3,10 @@
 Each directed link is one TCP connection from its sender to its receiver, authenticated when it
 forms (`rrfp_ray.runtime.tcp_pair`; the link's name is bound into the proofs). A frame goes out
 with one `sendall` of the tensor's own buffer and comes in with `recv_into` the receiver's, so
-a message costs two system calls and the receive thread's wake-up: on the 2-core development
-machine a 4 KB round trip between two processes took 30 us this way against 250 us over a
-gloo pair (1 MB: 0.48 ms against 3.6 ms), whose send and receive pass through gloo's worker
-threads and wait for the peer to post its receive. Unlike gloo, a send returns once the
-kernel holds the bytes, not once the receiver has taken them.
+a message costs two system calls and the receive thread's wake-up, where a gloo pair's send
+and receive pass through gloo's worker threads and wait for the peer to post its receive
+(`jobs/bench_runtime.py --backend tcp` against `--backend gloo` compares them on one trace).
+Unlike gloo, a send returns once the kernel holds the bytes, not once the receiver has taken them.
 
 Setup is two-phase, so a driver can wire every stage at once: each stage binds a listener per
 inbound link (`TcpLinks`, its `addresses`), then every stage calls `connect` with the addresses

@@ -2,9 +2,9 @@
 
 Every pair of ranks holds one TCP connection, authenticated with the group's `Secret` when it
 forms (`rrfp_ray.runtime.tcp_pair`); a round sends this rank's list to each peer and reads each
-peer's. On Ray on the 2-core development machine a round costs 0.13-0.2 ms this way
-(`jobs/bench_runtime.py --stages 2 --tp 2`, its ms/round column); as a gloo all-reduce, which
-passes through its process group's worker threads, it cost about 1.7 ms.
+peer's. `jobs/bench_runtime.py --stages 2 --tp 2` prints what a round costs (its ms/round
+column; on 2 CPUs 0.13-0.2 ms), and with `--tp-gather collective` what the gloo all-gather costs,
+which passes through its process group's worker threads and takes longer.
 
 Setup is two-phase, so a driver can form every group at once: each rank binds a listener
 (`address`), then every rank calls `connect` with all ranks' addresses, all at once (one

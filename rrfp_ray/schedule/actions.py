@@ -66,9 +66,9 @@ class Action:
         return f"{self.virtual_stage}{self.kind.value}{self.microbatch}"
 
 
-OLD_NOTATION = "README.md, section 'Action notation (old to new)'"
+NOTATION_DOC = "docs/policies.md, section 'Action notation'"
 _PATTERN = re.compile(r"^(\d+)([FIWB])(\d+)$")
-_OLD = re.compile(r"^\d+[FBW]\d+c\d+$")
+_STAGE_CHUNK = re.compile(r"^\d+[FBW]\d+c\d+$")
 
 
 def action_kind(text: str) -> Kind:
@@ -84,9 +84,10 @@ def parse_action(text: str, *, stages: int, placement: Placement = Placement.LOO
     word = text.strip()
     match = _PATTERN.match(word)
     if match is None:
-        if _OLD.match(word):
+        if _STAGE_CHUNK.match(word):
             raise ValueError(
-                f"{text!r} is in the old action notation (stage, kind, microbatch, chunk); see {OLD_NOTATION}"
+                f"{text!r} is in the stage-and-chunk action notation (stage, kind, microbatch, chunk), which is "
+                f"refused; see {NOTATION_DOC}"
             )
         raise ValueError(f"not an action: {text!r} (expected virtual stage, F|I|W|B, microbatch, e.g. '2F0' or '5I3')")
     virtual_stage, kind, microbatch = match.groups()

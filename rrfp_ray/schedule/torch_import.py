@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from rrfp_ray.schedule.actions import OLD_NOTATION, Action, Kind, Placement, parse_action
+from rrfp_ray.schedule.actions import NOTATION_DOC, Action, Kind, Placement, parse_action
 
 _COMPUTE = {"F": Kind.F, "I": Kind.I, "W": Kind.W, "B": Kind.B}
 _SKIPPED = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
@@ -92,7 +92,7 @@ def _split(action: Action) -> list[Action]:
 
 
 def _refuse_b_with_w(order: dict[int, list[Action]]) -> None:
-    """B and W of one microbatch: the old notation's split B (now I), never torch's."""
+    """B and W of one microbatch: the stage-and-chunk notation's B meant the input gradient (torch's I)."""
     kinds: dict[tuple[int, int], set[Kind]] = {}
     for actions in order.values():
         for a in actions:
@@ -100,6 +100,6 @@ def _refuse_b_with_w(order: dict[int, list[Action]]) -> None:
     for (vs, m), found in sorted(kinds.items()):
         if Kind.B in found and Kind.W in found:
             raise ValueError(
-                f"the order lists both {vs}B{m} and {vs}W{m}: in the old action notation B was the input gradient, "
-                f"now I (torch's BACKWARD_INPUT); see {OLD_NOTATION}"
+                f"the order lists both {vs}B{m} and {vs}W{m}: B is the full backward; the input gradient alone is "
+                f"I (torch's BACKWARD_INPUT), which the stage-and-chunk notation wrote B; see {NOTATION_DOC}"
             )
