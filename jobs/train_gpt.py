@@ -27,14 +27,14 @@ from rrfp_ray.installed import require_core
 
 require_core(program="train_gpt.py")  # before the first import of torch or ray
 
-from actors.job_setup import checked_run  # noqa: E402
-from actors.local_ray import start_ray  # noqa: E402
-from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, write_pictures  # noqa: E402
-from rrfp_ray.gpt_cli import baseline_of  # noqa: E402
+from actors.job_setup import checked_run
+from actors.local_ray import start_ray
+from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
+from rrfp_ray.gpt_cli import MODEL, PIPELINE, TRAIN, VARIABILITY, baseline_of
+from rrfp_ray.train.config import RunConfig
 
 if TYPE_CHECKING:
     from rrfp_ray.train.api import Trainer
-    from rrfp_ray.train.config import RunConfig
 
 DEFAULT_PLACEMENT_S = 600.0  # actors.placement.DEFAULT_TIMEOUT_S, without importing ray for --help
 
@@ -42,43 +42,7 @@ DEFAULT_PLACEMENT_S = 600.0  # actors.placement.DEFAULT_TIMEOUT_S, without impor
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
-    pipe.add_argument("--stages", type=int, default=4)
-    pipe.add_argument("--chunks", type=int, default=1)
-    pipe.add_argument("--microbatches", type=int, default=8)
-    pipe.add_argument(
-        "--policy",
-        default="bf",
-        help="a schedule (gpipe, 1f1b, interleaved, looped-bfs, zb-h1, 1f1b-2x, zb-h2, zb-interleaved, zbv, "
-        "dualpipev), ready-<schedule>, bf, bfw or cpw",
-    )
-    pipe.add_argument(
-        "--hint",
-        default=None,
-        help='JSON {stage: ["0F0", ...]} or torch\'s CSV schedule: the order for policies hint / ready-hint',
-    )
-    pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
-    pipe.add_argument(
-        "--backend",
-        default="auto",
-        help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
-    )
-    pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
-    pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
-    pipe.add_argument(
-        "--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective"
-    )
-    pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (--microbatches each)")
-    pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
-    pipe.add_argument(
-        "--no-overlap", action="store_true", help="with --dp: reduce gradients after every stage's last op"
-    )
-    pipe.add_argument(
-        "--zero",
-        type=int,
-        default=0,
-        choices=(0, 1),
-        help="1: shard the optimizer state over the --dp replicas (ZeRO-1)",
-    )
+    add_flags(pipe, model=RunConfig, flags=PIPELINE)
     pipe.add_argument(
         "--dp-check",
         action=argparse.BooleanOptionalAction,
@@ -105,28 +69,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         default=DEFAULT_PLACEMENT_S,
         help="seconds to wait for the cluster (its autoscaler) to hold every stage",
     )
-    pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
-    pipe.add_argument("--precision", default="fp32", help="fp32, or bf16 (autocast, fp32 master weights, bf16 links)")
-    pipe.add_argument(
-        "--activation-checkpointing", action="store_true", help="recompute each block's internals in its backward"
-    )
-    model = parser.add_argument_group("model")
-    model.add_argument("--n-layer", type=int, default=4)
-    model.add_argument("--n-head", type=int, default=4)
-    model.add_argument("--n-embd", type=int, default=64)
-    model.add_argument("--block-size", type=int, default=64)
-    model.add_argument("--untie-embeddings", action="store_true", help="the LM head gets its own weight")
+    add_flags(parser.add_argument_group("model"), model=RunConfig, flags=MODEL)
     train = parser.add_argument_group("training")
-    train.add_argument("--iterations", type=int, default=30)
-    train.add_argument("--micro-batch-size", type=int, default=8)
-    train.add_argument("--seq-len", type=int, default=64)
-    train.add_argument("--lr", type=float, default=3e-3)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument(
-        "--varlen", action="store_true", help="whole documents of varying length, padding masked out of the loss"
-    )
-    train.add_argument("--data", default=None, help="text file or directory (default: the Python stdlib's sources)")
-    train.add_argument("--val-every", type=int, default=10)
+    add_flags(train, model=RunConfig, flags=TRAIN)
     train.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
@@ -140,17 +85,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     train.add_argument(
         "--tensorboard", default=None, metavar="DIR", help="write TensorBoard scalars here (extra: tensorboard)"
     )
-    train.add_argument(
-        "--checkpoint-dir", default=None, help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)"
-    )
-    train.add_argument("--checkpoint-every", type=int, default=0, help="iterations between checkpoints (0: none)")
-    train.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    train.add_argument(
-        "--max-restarts", type=int, default=0, help="rebuild from the last checkpoint after a lost stage"
-    )
-    add_scenario_flags(parser, default="multimodal")
+    add_scenario_flags(parser, flags=VARIABILITY)
     add_log_level_flag(parser)
-    parser.set_defaults(t_f=10.0)
     args = parser.parse_args(argv)
     return args, checked_run(parser, args=args)
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rrfp_ray.models.gpt import GPTConfig
 from rrfp_ray.policy.agreement import TPGather, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.policy.pickers import Policy, describe_policies, make_policy
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.schedule.deps import Layout
@@ -30,9 +30,7 @@ class PipelineConfig(BaseModel):
     stages: int = Field(4, ge=1, description="P: pipeline stages (one actor each)")
     chunks: int = Field(1, ge=1, description="v: model chunks per stage (v > 1: interleaved)")
     microbatches: int = Field(8, ge=1, description="M: microbatches per iteration")
-    policy: str = Field(
-        "bf", description="fixed: gpipe, 1f1b, interleaved, zb-h1; readiness: ready-<schedule>, bf, bfw, cpw"
-    )
+    policy: str = Field("bf", description=describe_policies())
     cap: Cap = Field(
         Cap(multiple=2.0),
         description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'",
@@ -60,8 +58,8 @@ class PipelineConfig(BaseModel):
     dp_bucket_mb: float = Field(25.0, gt=0, description="MB of gradients per DP all-reduce bucket")
     dp_overlap: bool = Field(
         True,
-        description="reduce a chunk's gradients as soon as its last weight-gradient op is done "
-        "(False: everything after every stage's last op)",
+        description="reduce a chunk's gradients as soon as its last weight-gradient op is done, "
+        "not after every stage's last op",
     )
     zero: int = Field(
         0, ge=0, le=1, description="ZeRO stage: 1 shards the optimizer state over the D replicas (needs dp >= 2)"
@@ -141,7 +139,7 @@ class VariabilityConfig(BaseModel):
     model_config = _STRICT
 
     scenario: str = Field("none", description=f"'+'-joined names from {', '.join(SCENARIOS)}")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="seed of the generated trace")
     t_f: float = Field(20.0, gt=0, description="forward time per virtual stage in ms (synthetic workload)")
     params: dict[str, float] = Field(default_factory=dict, description="scenario parameters, e.g. {'sigma': 0.3}")
     trace_file: str | None = Field(None, description="load this trace JSON instead of generating one")
@@ -172,10 +170,10 @@ class VariabilityConfig(BaseModel):
 class TrainConfig(BaseModel):
     model_config = _STRICT
 
-    iterations: int = Field(30, ge=1)
-    micro_batch_size: int = Field(8, ge=1)
+    iterations: int = Field(30, ge=1, description="optimizer steps")
+    micro_batch_size: int = Field(8, ge=1, description="samples per microbatch")
     seq_len: int = Field(64, ge=1, description="tokens per sample; at most model.block_size")
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(3e-3, gt=0, description="peak learning rate, after the warmup")
     min_lr: float = Field(3e-4, ge=0)
     warmup: int = Field(5, ge=0, description="iterations of linear learning-rate warmup")
     weight_decay: float = Field(0.1, ge=0)
