@@ -35,6 +35,7 @@ class Flag:
     choices: tuple[Any, ...] | None = None
     metavar: str | None = None
     help: str = ""  # default: the field's description
+    alias: str = ""  # the flat path a sectioned model also takes, e.g. "pipeline.stages" for "pipeline.shape.stages"
 
     @property
     def name(self) -> str:
@@ -107,24 +108,39 @@ def flag_values(args: argparse.Namespace, *, flags: Sequence[Flag]) -> dict[str,
 
 
 def flag_names(flags: Sequence[Flag]) -> dict[str, str]:
-    """Field path -> the flag that sets it (`config_error` names flags with it)."""
-    return {flag.field: flag.name for flag in flags}
+    """Field path (and its flat alias) -> the flag that sets it (`config_error` names flags with it)."""
+    return {path: flag.name for flag in flags for path in (flag.field, flag.alias) if path}
 
 
 def model_flags(
     model: type[BaseModel], *, prefix: str = "", without: Iterable[str] = (), flags: Sequence[Flag] = ()
 ) -> tuple[Flag, ...]:
-    """A flag for every field of `model` but those `without`, in the model's order, at `prefix`
-    (e.g. "pipeline."); `flags` declare the fields whose flag is not the field's own name,
-    default or help (fields relative to `model`)."""
+    """A flag for every field of `model` (through its sections: fields that are models) but those
+    `without`, in the model's order, at `prefix` (e.g. "pipeline."); `flags` declare the fields
+    whose flag is not the field's own name, default or help (by field name, sections left out)."""
+    paths = _field_paths(model, prefix=prefix)
     without = set(without)
     own = {flag.field: flag for flag in flags if flag.field not in without}
-    unknown = (set(own) | without) - set(model.model_fields)
+    unknown = (set(own) | without) - set(paths)
     if unknown:
         raise ValueError(f"{model.__name__} has no fields {sorted(unknown)}")
     return tuple(
-        replace(own.get(name, Flag(name)), field=prefix + name) for name in model.model_fields if name not in without
+        replace(own.get(name, Flag(name)), field=path, alias=alias)
+        for name, (path, alias) in paths.items()
+        if name not in without
     )
+
+
+def _field_paths(model: type[BaseModel], *, prefix: str) -> dict[str, tuple[str, str]]:
+    """Field name -> (its dotted path, its flat alias or ""), a section's fields in its place."""
+    paths = {}
+    for name, info in model.model_fields.items():
+        kind = _optional(info.annotation)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            paths |= {leaf: (f"{prefix}{name}.{leaf}", prefix + leaf) for leaf in kind.model_fields}
+        else:
+            paths[name] = (prefix + name, "")
+    return paths
 
 
 # How the jobs spell the `PipelineConfig` fields whose flag is not the field's name.

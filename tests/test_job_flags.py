@@ -74,7 +74,9 @@ def _plain(value: Any) -> Any:
 def flags_of(parser: argparse.ArgumentParser, *, fields: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Per option (by its first spelling): its spellings, dest, default, type, choices, action
     and the config field it sets (`fields`: field -> flag, the job's own table)."""
-    field_of = {flag: field for field, flag in fields.items()}
+    field_of: dict[str, str] = {}
+    for field, flag in fields.items():
+        field_of.setdefault(flag, field)  # a field's path before its flat alias
     found = {}
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):

@@ -3,6 +3,7 @@ naming its field, raised before any actor starts."""
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -14,34 +15,65 @@ from rrfp_ray.policy.pickers import Policy, describe_policies, make_policy
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import LinkBackend
 from rrfp_ray.schedule.deps import Layout
-from rrfp_ray.schedule.validate import parse_order
+from rrfp_ray.schedule.validate import Hint, parse_order
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
 from rrfp_ray.train.precision import Precision
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
-class PipelineConfig(BaseModel):
-    """Strings given for `cap`, `backend` and `tp_protocol` are parsed here, once; the fields
-    hold a `Cap`, a `LinkBackend` and a `TPProtocol`."""
+class ShapeConfig(BaseModel):
+    """How the pipeline is cut: P stages of v chunks, M microbatches an iteration."""
 
     model_config = _STRICT
 
     stages: int = Field(4, ge=1, description="P: pipeline stages (one actor each)")
     chunks: int = Field(1, ge=1, description="v: model chunks per stage (v > 1: interleaved)")
     microbatches: int = Field(8, ge=1, description="M: microbatches per iteration")
+
+
+class ScheduleConfig(BaseModel):
+    """What each stage runs next: the policy, its hint order and the in-flight cap."""
+
+    model_config = _STRICT
+
     policy: str = Field("bf", description=describe_policies())
     cap: Cap = Field(
         Cap(multiple=2.0),
         description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'",
     )
-    buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
-    timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
-    link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
+    hint: dict[int, list[str]] | None = Field(
+        None,
+        description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint",
+    )
+
+    @field_validator("cap", mode="plain")
+    @classmethod
+    def _cap(cls, value: Any) -> Cap:
+        if isinstance(value, Cap):
+            return value
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            return Cap.parse(str(value))
+        raise ValueError(f"cap must be a Cap or text like '2x', '6' or 'inf', got {value!r}")
+
+
+class TransportConfig(BaseModel):
+    """What carries the activations and gradients between stages."""
+
+    model_config = _STRICT
+
     backend: LinkBackend = Field(
         LinkBackend.AUTO,
         description="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
     )
+    buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
+
+
+class ParallelConfig(BaseModel):
+    """Tensor and data parallelism around the pipeline."""
+
+    model_config = _STRICT
+
     tp: int = Field(1, ge=1, description="T: tensor-parallel ranks (actors) per stage")
     tp_protocol: TPProtocol = Field(
         TPProtocol.COMMON,
@@ -49,10 +81,6 @@ class PipelineConfig(BaseModel):
     )
     tp_gather: TPGather = Field(
         TPGather.TCP, description="what carries the TP agreement's all-gather: tcp or collective"
-    )
-    hint: dict[int, list[str]] | None = Field(
-        None,
-        description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint",
     )
     dp: int = Field(1, ge=1, description="D: data-parallel replicas of the whole pipeline (D x P x T actors)")
     dp_bucket_mb: float = Field(25.0, gt=0, description="MB of gradients per DP all-reduce bucket")
@@ -64,6 +92,22 @@ class PipelineConfig(BaseModel):
     zero: int = Field(
         0, ge=0, le=1, description="ZeRO stage: 1 shards the optimizer state over the D replicas (needs dp >= 2)"
     )
+
+
+class FaultConfig(BaseModel):
+    """How long a wait may last before it is a failure that names what it waited for."""
+
+    model_config = _STRICT
+
+    timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
+    link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
+
+
+class ComputeConfig(BaseModel):
+    """How each stage computes: number format and what it keeps for the backward."""
+
+    model_config = _STRICT
+
     precision: Precision = Field(
         Precision.FP32,
         description="fp32, or bf16: autocast compute, fp32 master weights, bf16 activations on the links",
@@ -72,14 +116,46 @@ class PipelineConfig(BaseModel):
         False, description="recompute each block's internals in its backward instead of keeping them"
     )
 
-    @field_validator("cap", mode="plain")
+
+class PipelineConfig(BaseModel):
+    """The pipeline in sections (shape, schedule, transport, parallel, faults, compute). Flat
+    keywords are accepted and read back as well: `PipelineConfig(stages=8, policy="bfw").stages`
+    is `config.shape.stages`. Text given for `cap`, `backend` and `tp_protocol` is parsed here,
+    once; the fields hold a `Cap`, a `LinkBackend` and a `TPProtocol`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ignored_types=(cached_property,))
+
+    shape: ShapeConfig = Field(default_factory=ShapeConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    transport: TransportConfig = Field(default_factory=TransportConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+
+    @model_validator(mode="before")
     @classmethod
-    def _cap(cls, value: Any) -> Cap:
-        if isinstance(value, Cap):
-            return value
-        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
-            return Cap.parse(str(value))
-        raise ValueError(f"cap must be a Cap or text like '2x', '6' or 'inf', got {value!r}")
+    def _flat_into_sections(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not any(name in SECTION_OF for name in data):
+            return data
+        nested = {name: value for name, value in data.items() if name not in SECTION_OF}
+        for name, value in data.items():
+            if name in SECTION_OF:
+                section = SECTION_OF[name]
+                given = nested.get(section, {})
+                if isinstance(given, BaseModel):
+                    given = {field: getattr(given, field) for field in type(given).model_fields}
+                nested[section] = {**given, name: value}
+        return nested
+
+    def __getattr__(self, name: str) -> Any:
+        section = SECTION_OF.get(name)
+        if section is None:
+            return super().__getattr__(name)
+        return getattr(getattr(self, section), name)
+
+    def replaced(self, **changes: Any) -> PipelineConfig:
+        """A copy with `changes` (flat field names or sections), checked again."""
+        return PipelineConfig(**{name: getattr(self, name) for name in type(self).model_fields}, **changes)
 
     @model_validator(mode="after")
     def _policy_fits(self) -> PipelineConfig:
@@ -112,7 +188,7 @@ class PipelineConfig(BaseModel):
         """D x M: the microbatches of an iteration over every replica (what the data source holds)."""
         return self.dp * self.microbatches
 
-    @property
+    @cached_property
     def layout(self) -> Layout:
         policy = self.resolved_policy(self.policy)
         return Layout(
@@ -128,11 +204,24 @@ class PipelineConfig(BaseModel):
         """Deprecated alias of `cap` (which now holds the parsed `Cap`); goes in the next release."""
         return self.cap
 
+    @cached_property
+    def parsed_hint(self) -> Hint | None:
+        """The hint order checked against the shape, parsed once."""
+        if self.hint is None:
+            return None
+        return parse_order(self.hint, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches)
+
     def resolved_policy(self, name: str) -> Policy:
-        hint = None
-        if self.hint is not None:
-            hint = parse_order(self.hint, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches)
-        return make_policy(name=name, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, hint=hint)
+        return make_policy(
+            name=name, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, hint=self.parsed_hint
+        )
+
+
+SECTION_OF = {  # a flat field name -> the PipelineConfig section that holds it
+    name: section
+    for section, info in PipelineConfig.model_fields.items()
+    for name in info.annotation.model_fields  # type: ignore[union-attr]
+}
 
 
 class VariabilityConfig(BaseModel):

@@ -172,7 +172,7 @@ def source_lines(summary: Summary) -> list[str]:
 def dp_check(*, run: RunConfig, losses: list[float]) -> Summary:
     """The same iterations trained as one pipeline of dp x microbatches in this process, without
     injected delays: the largest relative difference from `losses` and the reference losses."""
-    pipeline = run.pipeline.model_copy(update={"dp": 1, "zero": 0, "microbatches": run.pipeline.global_microbatches})
+    pipeline = run.pipeline.replaced(dp=1, zero=0, microbatches=run.pipeline.global_microbatches)
     quiet = run.variability.model_copy(update={"scenario": "none", "trace_file": None})
     reference = run.model_copy(update={"pipeline": pipeline, "variability": quiet})
     with gpt_trainer(reference) as trainer:
