@@ -30,8 +30,8 @@ require_core(program="train_gpt.py")  # before the first import of torch or ray
 from actors.job_setup import checked_run
 from actors.local_ray import start_ray
 from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
-from rrfp_ray.gpt_cli import MODEL, PIPELINE, TRAIN, VARIABILITY, baseline_of
-from rrfp_ray.train.config import RunConfig
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_cli import MODEL, PIPELINE, TRAIN, VARIABILITY, baseline_of
 
 if TYPE_CHECKING:
     from rrfp_ray.train.api import Trainer
@@ -97,7 +97,7 @@ def train(
     """`policy` trained to the run's iterations, a line per iteration under a progress bar; its summary and reports."""
     from tqdm import tqdm
 
-    from rrfp_ray.train.gpt_run import PolicyRun, state_lines
+    from rrfp_ray.recipes.gpt_run import PolicyRun, state_lines
 
     session = PolicyRun(
         trainer=trainer, run=run, policy=policy, telemetry=out / f"telemetry-{policy}.jsonl", tensorboard=tensorboard
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
     from actors.backend import RayBackend
     from actors.capacity import CapacityError
-    from rrfp_ray.train.gpt_run import dp_check, dp_check_line, outcome_lines, speedup_vs_baseline
-    from rrfp_ray.train.gpt_workload import gpt_trainer
+    from rrfp_ray.recipes.gpt_run import dp_check, dp_check_line, outcome_lines, speedup_vs_baseline
+    from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from rrfp_ray.cli import Flag, add_flags, flag_names, flag_values, model_flags
-from rrfp_ray.gpt_cli import FLAGS, PIPELINE
+from rrfp_ray.recipes.gpt_cli import FLAGS, PIPELINE
 from rrfp_ray.train.config import SECTION_OF
 
 

@@ -99,7 +99,7 @@ def flags_of(parser: argparse.ArgumentParser, *, fields: dict[str, str]) -> dict
 def config_fields(name: str) -> dict[str, str]:
     """The job's table of config field -> flag, where it has one."""
     if name == "train_gpt":
-        from rrfp_ray.gpt_cli import FLAGS
+        from rrfp_ray.recipes.gpt_cli import FLAGS
     elif name == "bench_runtime":
         from benchmarks.runtime import FLAGS
     else:

@@ -10,7 +10,17 @@ import pytest
 
 LIBRARY = Path(__file__).resolve().parents[1] / "rrfp_ray"
 # A layer may import its own modules and those of strictly lower rank.
-RANKS = {"schedule": 0, "models": 0, "observe": 1, "policy": 1, "sim": 2, "plan": 3, "runtime": 4, "train": 5}
+RANKS = {
+    "schedule": 0,
+    "models": 0,
+    "observe": 1,
+    "policy": 1,
+    "sim": 2,
+    "plan": 3,
+    "runtime": 4,
+    "train": 5,
+    "recipes": 6,
+}
 TOP = max(RANKS.values()) + 1  # rrfp_ray/__init__.py and rrfp_ray/cli.py: the public surface
 
 

@@ -15,10 +15,10 @@ import ray
 import torch
 
 from actors.backend import RayBackend
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import latest, load_stage
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
 
 ITERATIONS = 6
 

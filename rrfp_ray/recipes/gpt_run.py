@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_trainer
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import corpus_source, gpt_trainer
 
 Summary = dict[str, Any]
 

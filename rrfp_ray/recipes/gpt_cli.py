@@ -24,11 +24,12 @@ from rrfp_ray.cli import (
     variability,
 )
 from rrfp_ray.models.gpt import GPTConfig
+from rrfp_ray.recipes.config import RunConfig, TrainConfig
+from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_workload
 from rrfp_ray.schedule.validate import read_hint
 from rrfp_ray.train.api import workload_fingerprint
 from rrfp_ray.train.checkpoint import CheckpointError, resume_point
-from rrfp_ray.train.config import PipelineConfig, RunConfig, TrainConfig
-from rrfp_ray.train.gpt_workload import corpus_source, gpt_workload
+from rrfp_ray.train.config import PipelineConfig
 
 PIPELINE = model_flags(
     PipelineConfig, prefix="pipeline.", without=("buffer_limit", "link_timeout_s"), flags=PIPELINE_FLAGS
