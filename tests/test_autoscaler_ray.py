@@ -6,12 +6,9 @@ one's checkpoint on fresh nodes. Slow (a few minutes), run by CI (`make test`)."
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 from fake_autoscaler import ROOT, STANDIN_RESOURCE, FakeCluster
 
 pytestmark = pytest.mark.slow  # `make test-slow`

@@ -1,5 +1,5 @@
 """jobs/bench_suite.py (its simulator part, --quick) and jobs/results.py, run as a user would, and the
-benchmarks/ modules behind them (the suite's parts, the claims and the report)."""
+jobs/benchmarks/ modules behind them (the suite's parts, the claims and the report)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from benchmarks.attribution import attribute, heavy_notes, targets
 from benchmarks.claims import target_claim, tp_claim
 from benchmarks.pytorch_target import target_rows
@@ -29,6 +28,7 @@ from benchmarks.suite import (
     runtime_runs,
 )
 from benchmarks.suite_ray import by_layout, tp_figures, tp_workload
+
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
@@ -37,7 +37,6 @@ from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
 import bench_suite
 import results
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 from rrfp_ray.runtime.transport import LinkBackend
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_gpt.py"
-sys.path.insert(0, str(JOB.parent))
 import train_gpt
 
 
@@ -79,7 +77,7 @@ def test_gpu_flags_without_cuda_fail_before_ray_starts(flags, expected, monkeypa
         raise AssertionError("Ray started")
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # no cluster: the stages would run here
-    monkeypatch.setattr(train_gpt, "start_ray", no_ray)
+    monkeypatch.setattr("actors.train_gpt.start_ray", no_ray)
     monkeypatch.chdir(tmp_path)  # the default --out, had the flags passed
     with pytest.raises(SystemExit) as exit_info:
         train_gpt.main(flags)

@@ -17,7 +17,6 @@ from rrfp_ray.train.runner import partition
 from rrfp_ray.train.workload import ModelExecutor, ModelWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
 import train_gpt
 
 TINY = {
