@@ -83,7 +83,7 @@ def add_flags(group: argparse._ActionsContainer, *, model: type[BaseModel], flag
             continue
         default = info.get_default(call_default_factory=True) if flag.default is _MODEL_DEFAULT else flag.default
         if default is not None:
-            help += " (default %(default)s)"
+            help = help.replace("%", "%%") + " (default %(default)s)"
         group.add_argument(
             flag.name,
             type=kind if kind in (int, float) else None,

@@ -3,8 +3,9 @@ flags by name. That host frames give up no GIL is tested without a clock: tests/
 
 from __future__ import annotations
 
-import bench_framing  # noqa: E402
 import pytest
+
+import bench_framing
 
 
 @pytest.mark.slow

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import bench_runtime  # noqa: E402
 import pytest
+
+import bench_runtime
 
 
 @pytest.mark.parametrize(

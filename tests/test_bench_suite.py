@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from benchmarks.attribution import attribute, heavy_notes, targets
 from benchmarks.claims import target_claim, tp_claim
 from benchmarks.pytorch_target import target_rows
@@ -28,7 +29,6 @@ from benchmarks.suite import (
     runtime_runs,
 )
 from benchmarks.suite_ray import by_layout, tp_figures, tp_workload
-
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from benchmarks.peers.sleep_module import delivery_wait_s, stage_costs
 from benchmarks.peers.torch_pipelining import KEYS, measure, measure_all
-
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.schedule.actions import Placement

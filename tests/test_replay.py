@@ -50,7 +50,6 @@ def test_a_report_missing_ops_is_refused_naming_them() -> None:
 def test_the_replay_job_reads_a_telemetry_file_and_finds_its_shape(tmp_path, capsys) -> None:
 
     import replay as job
-
     from rrfp_ray.observe.telemetry import append_jsonl
 
     trace = generate(scenario="lognormal", stages=3, microbatches=6, chunks=1, seed=2)
