@@ -74,5 +74,7 @@ def test_the_layout_and_hint_are_parsed_once(monkeypatch):
     assert len(calls) == 1
     copy = pickle.loads(pickle.dumps(config))
     assert copy == config and copy.layout == first
-    fresh = PipelineConfig(stages=2, microbatches=2, policy="ready-hint", hint=hint)  # its layout not worked out yet
-    assert fresh == config and hash(fresh) == hash(config)
+    assert PipelineConfig(stages=2, microbatches=2, policy="ready-hint", hint=hint) == config  # layout not cached
+    plain = PipelineConfig(stages=2)
+    plain.layout  # noqa: B018
+    assert plain == PipelineConfig(stages=2) and hash(plain) == hash(PipelineConfig(stages=2))
