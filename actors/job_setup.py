@@ -12,12 +12,12 @@ from pydantic import ValidationError
 
 from actors.local_ray import attaching
 from rrfp_ray.cli import config_error, writable_dir
-from rrfp_ray.gpt_cli import default_out, gpus_per_stage, run_config
+from rrfp_ray.recipes.gpt_cli import default_out, gpus_per_stage, run_config
 from rrfp_ray.runtime.transport import LinkBackend
 
 if TYPE_CHECKING:
     from actors.placement import StagePlacement
-    from rrfp_ray.train.config import RunConfig
+    from rrfp_ray.recipes.config import RunConfig
 
 
 def checked_run(parser: argparse.ArgumentParser, *, args: argparse.Namespace) -> RunConfig:

@@ -1,6 +1,6 @@
 """Print what one message costs in the framing: host frames against frames built with torch ops,
 on one thread (alone and beside a busy Python thread) and between two processes over TCP
-(benchmarks/framing.py says what each figure includes).
+(jobs/benchmarks/framing.py says what each figure includes).
 
     python jobs/bench_framing.py [--payload-elems 4096,262144] [--messages 2000] [--repeats 3]
 """

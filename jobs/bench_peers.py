@@ -6,7 +6,7 @@ each one's measured makespan next to the simulated makespan of the order it ran.
 
 ``--schedule`` takes a comma-separated list; the schedules then run one after another in the
 same P processes (torch.multiprocessing spawn, gloo on 127.0.0.1, one thread each), each sleeping
-the trace's F / B / W times (benchmarks/peers/torch_pipelining.py says how they are timed and
+the trace's F / B / W times (jobs/benchmarks/peers/torch_pipelining.py says how they are timed and
 what the ideal is). ``order`` says whether PyTorch's order is our schedule of the same name.
 
 Schedules: gpipe (ScheduleGPipe), 1f1b (Schedule1F1B), interleaved (ScheduleInterleaved1F1B,

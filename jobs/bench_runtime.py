@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from actors.local_ray import start_ray
-from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
+from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
 
 if TYPE_CHECKING:
     from rrfp_ray.sim.variability import Trace
@@ -59,28 +59,11 @@ if TYPE_CHECKING:
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
     """The flags, the pipeline, the trace of each TP rank (one unless --rank-comm) and the policies."""
     from benchmarks import runtime
+    from rrfp_ray.train.config import PipelineConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
-    for name, key, default in runtime.SHAPE:
-        help = f"default {default}; with --trace, the trace's {key}"
-        pipe.add_argument(f"--{name}", type=int, default=None, help=help)
-    pipe.add_argument("--cap", default="2x", help="in-flight cap: 1x/2x of the hint's peak, a count, or inf")
-    pipe.add_argument(
-        "--backend",
-        default="auto",
-        help="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
-    )
-    pipe.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (actors) per stage")
-    pipe.add_argument("--tp-protocol", default="common", help="TP agreement: first or common")
-    pipe.add_argument(
-        "--tp-gather", default="tcp", help="what carries the TP agreement's all-gather: tcp or collective"
-    )
-    pipe.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the whole pipeline")
-    pipe.add_argument("--dp-bucket-mb", type=float, default=25.0, help="MB of gradients per DP all-reduce bucket")
-    pipe.add_argument(
-        "--no-overlap", action="store_true", help="with --dp: reduce every gradient after every stage's last op"
-    )
+    add_flags(pipe, model=PipelineConfig, flags=runtime.PIPELINE)
     pipe.add_argument("--grad-mb", type=float, default=25.0, help="with --dp: MB of synthetic gradient per chunk")
     pipe.add_argument(
         "--grad-layers",
@@ -103,7 +86,6 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         action="store_true",
         help="with --tp: each TP rank's messages take their own latencies (the scenario drawn with seed + rank)",
     )
-    pipe.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled stage is an error")
     bench = parser.add_argument_group("benchmark")
     bench.add_argument(
         "--policies", default=None, help="comma-separated (default: 1f1b,bf,bfw; interleaved,bf,bfw for v > 1)"
@@ -123,7 +105,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     bench.add_argument(
         "--out", default=None, metavar="DIR", help="write a Perfetto trace and a diagram per policy here"
     )
-    add_scenario_flags(parser, default="lognormal")
+    add_scenario_flags(parser, flags=runtime.VARIABILITY)
     add_log_level_flag(parser)
     args = parser.parse_args(argv)
     pipeline, traces, names = runtime.checked(parser, args=args)

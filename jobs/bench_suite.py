@@ -19,18 +19,18 @@ each run is logged with the commit it ran, which RESULTS.md's run log shows.
    `policy_names()` lists) at caps 1x, 2x and inf; ready-1f1b, ready-zb-h1 and, at v=2,
    ready-interleaved, ready-zbv and ready-dualpipev at 1x and 2x; makespan, speedup over
    fixed 1f1b, makespan / lower bound, blocked fraction, peak in-flight and peak activation
-   memory. It prints what readiness itself buys against the targets (benchmarks/attribution.py).
+   memory. It prints what readiness itself buys against the targets (jobs/benchmarks/attribution.py).
    Then bf's receive-buffer limit swept on multimodal+comm.
 2. runtime: the Ray runtime at each P of --ray-stages (4 and 8), M = 4P, synthetic sleep
    workload, --seeds traces per scenario (seeds 1000..): 1f1b, 1f1b-2x, zb-h1, zb-h2,
    interleaved, and the readiness rules at caps 1x and 2x; a warm-up and then --iterations
    timed iterations per run and seed, the runs taking turns; per seed the median, and the
    simulator's prediction for the very same trace and cap. It prints the targets on the
-   measured cells beside the same targets on their simulation (benchmarks/ray_attribution.py).
+   measured cells beside the same targets on their simulation (jobs/benchmarks/ray_attribution.py).
 3. peers: PyTorch's Schedule1F1B, ScheduleInterleavedZeroBubble (zb-h1),
    ScheduleInterleaved1F1B, ScheduleZBVZeroBubble and ScheduleDualPipeV
-   (benchmarks/peers/torch_pipelining.py) on the same traces, message latency a delivery delay
-   as in rrfp-ray's runtime (benchmarks/peers/sleep_module.py).
+   (jobs/benchmarks/peers/torch_pipelining.py) on the same traces, message latency a delivery delay
+   as in rrfp-ray's runtime (jobs/benchmarks/peers/sleep_module.py).
 4. tp: the Ray runtime at PP=2 x TP=2, M=8 on lognormal-0.3, comm and multimodal+comm: 1f1b,
    bf@2x and bfw@2x under each TP agreement protocol (first, common) and without TP (tp1),
    one driver each, a warm-up and then --iterations timed iterations per run; the median, and
@@ -38,7 +38,7 @@ each run is logged with the commit it ran, which RESULTS.md's run log shows.
    seed-0 trace; on the comm scenarios rank t's messages take the latencies drawn with seed t.
 5. fidelity: a real GPT run with no injected sleeps (`--varlen` data, in-process backend)
    at P=2 and 4, fixed 1f1b and bf, each timed iteration replayed in the simulator on its own
-   measured trace (benchmarks/fidelity.py).
+   measured trace (jobs/benchmarks/fidelity.py).
 
 Interleaved (v=2) runs the same model: its trace is the v=1 trace with every op cut into two
 equal halves, one per chunk (so each stage does exactly the same work per microbatch, and

@@ -21,10 +21,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--checkpoint-dir", required=True, help="a checkpoint directory of jobs/train_gpt.py")
     parser.add_argument("--out", required=True, help="where the state dict goes (torch.save)")
     args = parser.parse_args(argv)
+    from rrfp_ray.recipes.gpt_workload import MODEL_FILE, SavedModel
     from rrfp_ray.train.api import model_fingerprint
     from rrfp_ray.train.checkpoint import latest, load_stage
     from rrfp_ray.train.export import unsplit_state_dict
-    from rrfp_ray.train.gpt_workload import MODEL_FILE, SavedModel
 
     directory = Path(args.checkpoint_dir)
     if not (directory / MODEL_FILE).is_file():

@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _workload(args: argparse.Namespace, pipeline):
     if args.workload == "gpt":
-        from rrfp_ray.train.config import RunConfig
-        from rrfp_ray.train.gpt_workload import gpt_workload
+        from rrfp_ray.recipes.config import RunConfig
+        from rrfp_ray.recipes.gpt_workload import gpt_workload
 
         run = RunConfig(
             model={"n_layer": 4, "n_embd": 64, "n_head": 4, "block_size": 32},

@@ -1,27 +1,172 @@
-"""What the job scripts share: scenario and log-level flags, config errors as flag errors, and pictures."""
+"""What the job scripts share: flags made from the config models' fields, scenario and log-level
+flags, config errors as flag errors, and pictures."""
 
 from __future__ import annotations
 
 import argparse
+import enum
 import logging
 import os
-from collections.abc import Mapping
+import types
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.variability import SCENARIOS, scenario_params
 
+_MODEL_DEFAULT: Any = object()
 
-def add_scenario_flags(parser: argparse.ArgumentParser, *, default: str = "none") -> None:
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line flag that sets one field of a config model: its type, default and help are
+    the field's unless the job gives its own."""
+
+    field: str  # dotted path from the job's model, e.g. "pipeline.stages"
+    spelling: str = ""  # default: --<the field's name, dashes for underscores>
+    default: Any = _MODEL_DEFAULT  # a job's own default, where it differs from the model's
+    negate: bool = False  # a store_true flag that sets a bool field False (e.g. --no-overlap)
+    choices: tuple[Any, ...] | None = None
+    metavar: str | None = None
+    help: str = ""  # default: the field's description
+    alias: str = ""  # the flat path a sectioned model also takes, e.g. "pipeline.stages" for "pipeline.shape.stages"
+
+    @property
+    def name(self) -> str:
+        return self.spelling or "--" + self.field.rsplit(".", 1)[-1].replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+
+def model_field(model: type[BaseModel], path: str) -> FieldInfo:
+    """The field at dotted `path` below `model` (through its nested models)."""
+    *parents, last = path.split(".")
+    for part in parents:
+        model = _optional(model.model_fields[part].annotation)
+    return model.model_fields[last]
+
+
+def _optional(annotation: Any) -> Any:
+    """X for `X | None`, else the annotation."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        kinds = [kind for kind in get_args(annotation) if kind is not type(None)]
+        return kinds[0] if len(kinds) == 1 else annotation
+    return annotation
+
+
+def _as_text(value: Any) -> Any:
+    """A model default as the flag's: numbers, text and None as they are, an enum's value, else its text."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return value.value if isinstance(value, enum.Enum) else str(value)
+
+
+def add_flags(group: argparse._ActionsContainer, *, model: type[BaseModel], flags: Sequence[Flag]) -> None:
+    """One flag per `Flag`: int and float fields parse as such, bool fields are store_true
+    switches, every other field takes text that the model parses (an enum, a cap, a path)."""
+    for flag in flags:
+        info = model_field(model, flag.field)
+        kind = _optional(info.annotation)
+        help = flag.help or info.description or ""
+        if kind is bool:
+            if info.default is not flag.negate:
+                raise ValueError(f"{flag.name}: a switch turns {flag.field} from its default {info.default}")
+            group.add_argument(flag.name, action="store_true", help=f"turn off: {help}" if flag.negate else help)
+            continue
+        default = info.get_default(call_default_factory=True) if flag.default is _MODEL_DEFAULT else flag.default
+        if default is not None:
+            help = help.replace("%", "%%") + " (default %(default)s)"
+        group.add_argument(
+            flag.name,
+            type=kind if kind in (int, float) else None,
+            default=_as_text(default),
+            choices=flag.choices,
+            metavar=flag.metavar,
+            help=help,
+        )
+
+
+def flag_values(args: argparse.Namespace, *, flags: Sequence[Flag]) -> dict[str, Any]:
+    """The fields `flags` set, nested as the model's: {"pipeline": {"stages": 4, ...}, ...}."""
+    values: dict[str, Any] = {}
+    for flag in flags:
+        value = getattr(args, flag.dest)
+        *parents, last = flag.field.split(".")
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = not value if flag.negate else value
+    return values
+
+
+def flag_names(flags: Sequence[Flag]) -> dict[str, str]:
+    """Field path (and its flat alias) -> the flag that sets it (`config_error` names flags with it)."""
+    return {path: flag.name for flag in flags for path in (flag.field, flag.alias) if path}
+
+
+def model_flags(
+    model: type[BaseModel], *, prefix: str = "", without: Iterable[str] = (), flags: Sequence[Flag] = ()
+) -> tuple[Flag, ...]:
+    """A flag for every field of `model` (through its sections: fields that are models) but those
+    `without`, in the model's order, at `prefix` (e.g. "pipeline."); `flags` declare the fields
+    whose flag is not the field's own name, default or help (by field name, sections left out)."""
+    paths = _field_paths(model, prefix=prefix)
+    without = set(without)
+    own = {flag.field: flag for flag in flags if flag.field not in without}
+    unknown = (set(own) | without) - set(paths)
+    if unknown:
+        raise ValueError(f"{model.__name__} has no fields {sorted(unknown)}")
+    return tuple(
+        replace(own.get(name, Flag(name)), field=path, alias=alias)
+        for name, (path, alias) in paths.items()
+        if name not in without
+    )
+
+
+def _field_paths(model: type[BaseModel], *, prefix: str) -> dict[str, tuple[str, str]]:
+    """Field name -> (its dotted path, its flat alias or ""), a section's fields in its place."""
+    paths = {}
+    for name, info in model.model_fields.items():
+        kind = _optional(info.annotation)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            paths |= {leaf: (f"{prefix}{name}.{leaf}", prefix + leaf) for leaf in kind.model_fields}
+        else:
+            paths[name] = (prefix + name, "")
+    return paths
+
+
+# How the jobs spell the `PipelineConfig` fields whose flag is not the field's name.
+PIPELINE_FLAGS = (
+    Flag("hint", help='a file: JSON {stage: ["0F0", ...]} or torch\'s CSV schedule, for policies hint/ready-hint'),
+    Flag("dp_overlap", "--no-overlap", negate=True),
+    Flag("zero", choices=(0, 1)),
+    Flag("timeout_s", "--timeout"),
+)
+
+
+def scenario_flags(**defaults: Any) -> tuple[Flag, ...]:
+    """The `VariabilityConfig` flags; `defaults` (field -> value) are a job's own, e.g. scenario="multimodal"."""
+    from rrfp_ray.train.config import VariabilityConfig
+
+    spelled = {"seed": Flag("seed", "--variability-seed"), "trace_file": Flag("trace_file", "--trace", metavar="FILE")}
+    own = [replace(spelled.get(name, Flag(name)), default=value) for name, value in defaults.items()]
+    return model_flags(VariabilityConfig, without=("params",), flags=[*spelled.values(), *own])
+
+
+def add_scenario_flags(parser: argparse.ArgumentParser, *, flags: Sequence[Flag] | None = None) -> None:
+    """The `scenario_flags` (default: the model's defaults) and one flag per scenario parameter."""
+    from rrfp_ray.train.config import VariabilityConfig
+
     group = parser.add_argument_group("variability (durations in ms)")
-    group.add_argument("--scenario", default=default, help=f"'+'-joined names from: {', '.join(SCENARIOS)}")
-    group.add_argument("--t-f", type=float, default=20.0, help="forward time per virtual stage (ms)")
-    group.add_argument("--variability-seed", type=int, default=0, help="seed of the generated trace")
-    group.add_argument("--trace", default=None, metavar="FILE", help="load this trace JSON instead of generating one")
+    add_flags(group, model=VariabilityConfig, flags=scenario_flags() if flags is None else flags)
     names = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)})
     for name in names:
         group.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help="scenario parameter")
@@ -55,14 +200,9 @@ def scenario_kwargs(args: argparse.Namespace) -> dict[str, float]:
     return {name: getattr(args, name) for name in sorted(names) if getattr(args, name) is not None}
 
 
-def variability(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "scenario": args.scenario,
-        "seed": args.variability_seed,
-        "t_f": args.t_f,
-        "params": scenario_kwargs(args),
-        "trace_file": args.trace,
-    }
+def variability(args: argparse.Namespace, *, flags: Sequence[Flag] | None = None) -> dict[str, Any]:
+    """The `VariabilityConfig` fields that `add_scenario_flags(flags=flags)` set."""
+    return {**flag_values(args, flags=scenario_flags() if flags is None else flags), "params": scenario_kwargs(args)}
 
 
 def baseline_policy(*, chunks: int, placement: Placement = Placement.LOOPED) -> str:

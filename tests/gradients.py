@@ -6,8 +6,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from rrfp_ray.models.gpt import GPT
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_workload
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_workload
 
 
 class GradCapture:

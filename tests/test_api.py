@@ -308,7 +308,7 @@ def test_the_readme_example_runs_as_printed():
 
 def test_the_library_imports_no_ray():
     code = (
-        "import sys, rrfp_ray; from rrfp_ray import Trainer, LocalBackend; import rrfp_ray.train.gpt_workload, rrfp_ray.train.dryrun; "
+        "import sys, rrfp_ray; from rrfp_ray import Trainer, LocalBackend; import rrfp_ray.recipes.gpt_workload, rrfp_ray.train.dryrun; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'actors')); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -7,13 +7,10 @@ one's checkpoint on fresh nodes. Slow (a few minutes), run by CI (`make test`)."
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 from fake_autoscaler import ROOT, STANDIN_RESOURCE, FakeCluster
 from ray_tasks import job_tasks
 

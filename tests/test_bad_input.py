@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
-sys.path.insert(0, str(JOBS))
 import bench_runtime
 import simulate
 import train_gpt

@@ -3,13 +3,9 @@ flags by name. That host frames give up no GIL is tested without a clock: tests/
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
-import bench_framing  # noqa: E402
+import bench_framing
 
 
 @pytest.mark.slow

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
-import bench_runtime  # noqa: E402
+import bench_runtime
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """jobs/bench_suite.py (its simulator part, --quick) and jobs/results.py, run as a user would, and the
-benchmarks/ modules behind them (the suite's parts, the claims and the report)."""
+jobs/benchmarks/ modules behind them (the suite's parts, the claims and the report)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
 import bench_suite
 import results
 

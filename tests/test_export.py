@@ -14,9 +14,9 @@ from real_models import PaddedTokens, tied_model, token_loss, tuple_model
 
 from examples.multimodal import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from rrfp_ray import Optim, PipelineConfig, Trainer
-from rrfp_ray.train.config import RunConfig
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 from rrfp_ray.train.export import load_unsplit
-from rrfp_ray.train.gpt_workload import gpt_trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 

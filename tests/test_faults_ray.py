@@ -19,12 +19,12 @@ import ray
 import torch
 
 from actors.backend import RayBackend
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import latest, load_stage
-from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.faults import Crash, FaultPlan, FaultyWorkload, Moment
-from rrfp_ray.train.gpt_workload import gpt_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 6
@@ -119,8 +119,8 @@ import sys
 import ray
 from ray.util.placement_group import placement_group_table
 from actors.backend import RayBackend
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
 run = RunConfig(
     model={"n_layer": 2, "n_embd": 16, "n_head": 2, "block_size": 16},

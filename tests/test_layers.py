@@ -9,8 +9,19 @@ from pathlib import Path
 import pytest
 
 LIBRARY = Path(__file__).resolve().parents[1] / "rrfp_ray"
+ACTORS = LIBRARY.parent / "actors"
 # A layer may import its own modules and those of strictly lower rank.
-RANKS = {"schedule": 0, "models": 0, "observe": 1, "policy": 1, "sim": 2, "plan": 3, "runtime": 4, "train": 5}
+RANKS = {
+    "schedule": 0,
+    "models": 0,
+    "observe": 1,
+    "policy": 1,
+    "sim": 2,
+    "plan": 3,
+    "runtime": 4,
+    "train": 5,
+    "recipes": 6,
+}
 TOP = max(RANKS.values()) + 1  # rrfp_ray/__init__.py and rrfp_ray/cli.py: the public surface
 
 
@@ -56,6 +67,13 @@ def test_no_module_imports_a_higher_layer(path: Path):
         if (layer := layer_of(module)) in RANKS and layer != own and RANKS[layer] >= rank
     )
     assert not upward, f"{path.relative_to(LIBRARY)} (layer {own}) imports {upward}"
+
+
+@pytest.mark.parametrize("path", sorted(ACTORS.rglob("*.py")), ids=lambda p: str(p.relative_to(ACTORS)))
+def test_no_installed_module_imports_the_jobs_or_their_benchmarks(path: Path):
+    """The wheel holds rrfp_ray and actors only: neither may import what stays in jobs/."""
+    bad = sorted(m for m in imported_modules(path) if m.split(".")[0] in ("jobs", "benchmarks"))
+    assert not bad, f"actors/{path.relative_to(ACTORS)} imports {bad}"
 
 
 def test_the_checker_sees_an_upward_import(tmp_path: Path):

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from rrfp_ray.models.gpt import GPT, INIT_STD, Block, Embed, GPTConfig, Head, build_layers
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
 CONFIG = GPTConfig(block_size=16, n_layer=3, n_head=2, n_embd=16)
 

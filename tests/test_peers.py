@@ -1,9 +1,8 @@
-"""benchmarks/peers/torch_pipelining.py: PyTorch's own schedules replaying a duration trace; and
+"""jobs/benchmarks/peers/torch_pipelining.py: PyTorch's own schedules replaying a duration trace; and
 jobs/bench_peers.py, its command, refusing bad flags before any rank starts."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
 import bench_peers
 
 

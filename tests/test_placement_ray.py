@@ -5,7 +5,6 @@ resolves `auto` where it runs. The tests on that cluster are the slow tier (`mak
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -114,7 +113,6 @@ def test_a_pipeline_bigger_than_the_local_ray_is_refused_before_any_actor_starts
 
 @pytest.mark.slow  # a cluster of its own: `make test-slow`
 def test_train_gpt_names_the_flags_when_no_node_can_ever_hold_a_stage(cluster, monkeypatch, tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "jobs"))
     import train_gpt
 
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # attached: its GPUs are the cluster's to have

@@ -7,8 +7,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rrfp_ray.train.config import PipelineConfig, RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
+from rrfp_ray.train.config import PipelineConfig
 
 TOLERANCE = 0.01  # relative, per iteration, bf16 against fp32 (measured: 0.0002)
 

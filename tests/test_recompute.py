@@ -9,8 +9,8 @@ from gradients import GradCapture
 
 from examples.mlp import Regression
 from rrfp_ray import PipelineConfig, Trainer
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
 
 def _run(policy: str, checkpointing: bool) -> RunConfig:

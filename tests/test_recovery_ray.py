@@ -15,10 +15,10 @@ import ray
 import torch
 
 from actors.backend import RayBackend
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import latest, load_stage
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
 
 ITERATIONS = 6
 
@@ -104,7 +104,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_checkpoint(ray_sess
 def test_a_killed_actor_in_replica_1_rebuilds_the_whole_dp_zero_group(ray_session, tmp_path):
     def run(directory: Path, *, max_restarts: int) -> RunConfig:
         config = _run(directory, max_restarts=max_restarts)
-        pipeline = config.pipeline.model_copy(update={"stages": 2, "dp": 2, "zero": 1})
+        pipeline = config.pipeline.replaced(stages=2, dp=2, zero=1)
         return config.model_copy(update={"pipeline": pipeline})
 
     with gpt_trainer(run(tmp_path / "clean", max_restarts=0), backend=LocalBackend()) as clean:

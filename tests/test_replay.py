@@ -48,13 +48,9 @@ def test_a_report_missing_ops_is_refused_naming_them() -> None:
 
 
 def test_the_replay_job_reads_a_telemetry_file_and_finds_its_shape(tmp_path, capsys) -> None:
-    import sys
-    from pathlib import Path
 
-    from rrfp_ray.observe.telemetry import append_jsonl
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
     import replay as job
+    from rrfp_ray.observe.telemetry import append_jsonl
 
     trace = generate(scenario="lognormal", stages=3, microbatches=6, chunks=1, seed=2)
     policy = make_policy(name="bfw", stages=3, chunks=1, microbatches=6)

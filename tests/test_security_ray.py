@@ -16,8 +16,8 @@ from ray._raylet import AuthenticationTokenLoader
 from actors.backend import RayBackend
 from jobs.train_gpt import train
 from rrfp_ray.cli import write_pictures
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
 WILDCARDS = ("0.0.0.0", "::")
 

@@ -13,7 +13,6 @@ import pytest
 from rrfp_ray.sim.variability import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
 import simulate
 
 

@@ -98,8 +98,8 @@ def test_tied_copies_that_would_start_different_are_refused_before_any_stage_sta
 def test_the_gpt_ties_embedding_and_head_by_default_and_its_gradients_equal_the_unsplit_models(tie, tp):
     from gradients import GradCapture, gpt_reference
 
-    from rrfp_ray.train.config import RunConfig
-    from rrfp_ray.train.gpt_workload import gpt_trainer
+    from rrfp_ray.recipes.config import RunConfig
+    from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
     run = RunConfig(
         model={"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": tie},

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from actors.backend import RayBackend
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
 
 def _run(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 from rrfp_ray.runtime.transport import LinkBackend
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_gpt.py"
-sys.path.insert(0, str(JOB.parent))
 import train_gpt
 
 
@@ -79,7 +77,7 @@ def test_gpu_flags_without_cuda_fail_before_ray_starts(flags, expected, monkeypa
         raise AssertionError("Ray started")
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # no cluster: the stages would run here
-    monkeypatch.setattr(train_gpt, "start_ray", no_ray)
+    monkeypatch.setattr("actors.train_gpt.start_ray", no_ray)
     monkeypatch.chdir(tmp_path)  # the default --out, had the flags passed
     with pytest.raises(SystemExit) as exit_info:
         train_gpt.main(flags)
@@ -150,8 +148,8 @@ def test_resume_from_a_bad_checkpoint_is_a_clean_error_naming_the_file(setup, ex
 
 def test_resume_with_a_stage_file_missing_names_it(tmp_path, capsys):
     run = train_gpt.parse(["--checkpoint-dir", str(tmp_path)])[1]
+    from rrfp_ray.recipes.gpt_workload import gpt_workload
     from rrfp_ray.train.api import workload_fingerprint
-    from rrfp_ray.train.gpt_workload import gpt_workload
 
     fingerprint = workload_fingerprint(pipeline=run.pipeline, workload=gpt_workload(run))
     files = '{"0": {"path": "iter-00000004/stage-0.pt", "sha256": "00"}}'
@@ -163,7 +161,7 @@ def test_resume_with_a_stage_file_missing_names_it(tmp_path, capsys):
 
 def test_op_times_say_how_much_of_an_op_was_an_injected_sleep(capsys):
     from rrfp_ray.observe.telemetry import IterationReport, OpEvent
-    from rrfp_ray.train.gpt_run import op_times, source_lines
+    from rrfp_ray.recipes.gpt_run import op_times, source_lines
 
     _, run = train_gpt.parse(["--stages", "2", "--microbatches", "2", "--scenario", "none"])
     event = OpEvent(stage=0, action="0F1", start_ms=0.0, end_ms=3.0, ready_ms=0.0, hint_pos=0, overtook=False)
@@ -214,7 +212,7 @@ def test_outputs_default_to_the_home_on_a_cluster(monkeypatch, tmp_path):
 
 
 def test_the_dp_line_prints_the_bytes_summed_and_received_and_their_share() -> None:
-    from rrfp_ray.train.gpt_run import state_lines
+    from rrfp_ray.recipes.gpt_run import state_lines
 
     summary = {
         "policy": "bfw",

@@ -11,13 +11,12 @@ import pytest
 import torch
 from gradients import gpt_reference
 
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_workload
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.train.runner import partition
 from rrfp_ray.train.workload import ModelExecutor, ModelWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
 import train_gpt
 
 TINY = {

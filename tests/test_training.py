@@ -9,9 +9,9 @@ import torch
 from gradients import GradCapture, gpt_reference
 
 from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.runtime.local import LocalPipeline
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_workload
 from rrfp_ray.train.runner import partition
 
 TINY = {

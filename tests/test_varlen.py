@@ -8,9 +8,9 @@ import torch
 from gradients import GradCapture
 
 from rrfp_ray.models.gpt import GPT, lm_loss_sum
-from rrfp_ray.train.config import RunConfig
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_trainer
 from rrfp_ray.train.data import IGNORE
-from rrfp_ray.train.gpt_workload import corpus_source, gpt_trainer
 from rrfp_ray.train.runner import partition
 
 RUN = RunConfig(

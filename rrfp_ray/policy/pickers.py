@@ -88,6 +88,12 @@ def policy_names() -> list[str]:
     return [*SCHEDULES, *(f"ready-{name}" for name in SCHEDULES), *(r.value for r in Rule), "hint", "ready-hint"]
 
 
+def describe_policies() -> str:
+    """The policy names in one line, as help texts give them."""
+    rules = ", ".join(r.value for r in Rule)
+    return f"fixed: {', '.join(SCHEDULES)}; readiness: ready-<schedule>, {rules}; a user order: hint, ready-hint"
+
+
 def make_policy(*, name: str, stages: int, chunks: int, microbatches: int, hint: Hint | None = None) -> Policy:
     """Resolve a CLI policy name; `hint` is the user's order for `hint` / `ready-hint`."""
     base = name.removeprefix("ready-")

@@ -1,5 +1,5 @@
 """The results suite's scenario table and runs, and its simulator parts (sim and buffer), for
-`jobs/bench_suite.py`; benchmarks/suite_ray.py holds the parts measured on Ray and PyTorch.
+`jobs/bench_suite.py`; jobs/benchmarks/suite_ray.py holds the parts measured on Ray and PyTorch.
 
 Interleaved (v=2) runs the same model: its trace is the v=1 trace with every op cut into two
 equal halves, one per chunk (so each stage does exactly the same work per microbatch, and
@@ -31,7 +31,7 @@ from rrfp_ray.sim.variability import Trace, generate
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T_F = 20.0
 PARTS = ("sim", "runtime", "peers", "tp", "fidelity")
 CELL_PARTS = ("runtime", "peers")  # re-measuring some of their (scenario, P) cells keeps the others
@@ -54,7 +54,7 @@ READY_LISTS = (
     ("ready-dualpipev", 2),
 )
 READY_CAPS = tuple(Cap.parse(text) for text in ("1x", "2x"))
-# cpw was designed on seeds 200-239 and reported on 0-9 (benchmarks/attribution.py CPW_SEEDS): the suite uses others.
+# cpw was designed on seeds 200-239 and reported on 0-9 (jobs/benchmarks/attribution.py CPW_SEEDS): the suite uses others.
 SEEDS = range(1000, 1003)
 QUICK_SEEDS = range(1000, 1002)
 BUFFER_SCENARIO = "multimodal+comm"

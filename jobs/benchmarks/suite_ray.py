@@ -1,6 +1,6 @@
 """The results suite's measured parts, for `jobs/bench_suite.py`: the Ray runtime at P=4 (runtime),
 PP=2 x TP=2 under each TP agreement protocol (tp), and PyTorch's own schedules on the same traces
-(peers, in benchmarks/peers/torch_pipelining.py); each keeps what it measured when a driver fails.
+(peers, in jobs/benchmarks/peers/torch_pipelining.py); each keeps what it measured when a driver fails.
 """
 
 from __future__ import annotations

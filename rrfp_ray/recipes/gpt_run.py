@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
+from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_trainer
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import corpus_source, gpt_trainer
 
 Summary = dict[str, Any]
 
@@ -172,7 +172,7 @@ def source_lines(summary: Summary) -> list[str]:
 def dp_check(*, run: RunConfig, losses: list[float]) -> Summary:
     """The same iterations trained as one pipeline of dp x microbatches in this process, without
     injected delays: the largest relative difference from `losses` and the reference losses."""
-    pipeline = run.pipeline.model_copy(update={"dp": 1, "zero": 0, "microbatches": run.pipeline.global_microbatches})
+    pipeline = run.pipeline.replaced(dp=1, zero=0, microbatches=run.pipeline.global_microbatches)
     quiet = run.variability.model_copy(update={"scenario": "none", "trace_file": None})
     reference = run.model_copy(update={"pipeline": pipeline, "variability": quiet})
     with gpt_trainer(reference) as trainer:

@@ -13,11 +13,23 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from rrfp_ray.cli import baseline_policy, config_error, file_dir, one_placement, variability, writable_dir
+from rrfp_ray.cli import (
+    PIPELINE_FLAGS,
+    Flag,
+    baseline_policy,
+    config_error,
+    file_dir,
+    flag_names,
+    flag_values,
+    model_flags,
+    one_placement,
+    scenario_flags,
+    variability,
+    writable_dir,
+)
 from rrfp_ray.observe.telemetry import IterationReport, dp_summary, tp_summary
 from rrfp_ray.runtime.breakdown import Phase
 from rrfp_ray.runtime.breakdown import summarize as summarize_phases
@@ -26,28 +38,22 @@ from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
 from rrfp_ray.sim.variability import Trace
-
-if TYPE_CHECKING:
-    from rrfp_ray.train.config import PipelineConfig
-
+from rrfp_ray.train.config import PipelineConfig
 
 SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
-FLAGS = {  # config field: the flag that sets it
-    "backend": "--backend",
-    "tp": "--tp",
-    "tp_protocol": "--tp-protocol",
-    "tp_gather": "--tp-gather",
-    "dp": "--dp",
-    "dp_bucket_mb": "--dp-bucket-mb",
-    "stages": "--stages",
-    "chunks": "--chunks",
-    "microbatches": "--microbatches",
-    "cap": "--cap",
-    "timeout_s": "--timeout",
-    "scenario": "--scenario",
-    "t_f": "--t-f",
-    "params": "scenario parameters",
-}
+PIPELINE = model_flags(  # the policy is each run's own
+    PipelineConfig,
+    without=("policy", "hint", "buffer_limit", "link_timeout_s", "zero", "precision", "activation_checkpointing"),
+    flags=(
+        *PIPELINE_FLAGS,
+        *(
+            Flag(name, default=None, help=f"default {default}; with --trace, the trace's {key}")
+            for name, key, default in SHAPE
+        ),
+    ),
+)
+VARIABILITY = scenario_flags(scenario="lognormal")
+FLAGS = {**flag_names(PIPELINE), **flag_names(VARIABILITY), "params": "scenario parameters"}
 
 
 def shape_from_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -74,7 +80,7 @@ def checked(
 ) -> tuple[PipelineConfig, list[Trace], list[str]]:
     """The flags checked (errors name the flag): the pipeline, the trace of each TP rank (one unless
     --rank-comm) and the policies, the baseline first."""
-    from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
+    from rrfp_ray.train.config import VariabilityConfig
 
     if args.iterations < 1:
         parser.error(f"--iterations must be >= 1, got {args.iterations}")
@@ -103,26 +109,15 @@ def checked(
     names = [n.strip() for n in (args.policies or f"{baseline},bf,bfw").split(",") if n.strip()]
 
     def pipeline_of(policy: str) -> PipelineConfig:
-        return PipelineConfig(
-            stages=args.stages,
-            chunks=args.chunks,
-            microbatches=args.microbatches,
-            policy=policy,
-            cap=args.cap,
-            timeout_s=args.timeout,
-            backend=args.backend,
-            tp=args.tp,
-            tp_protocol=args.tp_protocol,
-            tp_gather=args.tp_gather,
-            dp=args.dp,
-            dp_bucket_mb=args.dp_bucket_mb,
-            dp_overlap=not args.no_overlap,
-        )
+        return PipelineConfig(**flag_values(args, flags=PIPELINE), policy=policy)
 
     try:
         pipeline = pipeline_of(baseline)
         seeds = range(args.variability_seed, args.variability_seed + (args.tp if args.rank_comm else 1))
-        traces = [VariabilityConfig(**{**variability(args), "seed": seed}).trace(pipeline=pipeline) for seed in seeds]
+        traces = [
+            VariabilityConfig(**{**variability(args, flags=VARIABILITY), "seed": seed}).trace(pipeline=pipeline)
+            for seed in seeds
+        ]
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
     except ValueError as error:

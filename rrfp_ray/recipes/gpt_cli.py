@@ -11,49 +11,48 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from rrfp_ray.cli import baseline_policy, config_error, read_text, variability
+from rrfp_ray.cli import (
+    PIPELINE_FLAGS,
+    Flag,
+    baseline_policy,
+    config_error,
+    flag_names,
+    flag_values,
+    model_flags,
+    read_text,
+    scenario_flags,
+    variability,
+)
+from rrfp_ray.models.gpt import GPTConfig
+from rrfp_ray.recipes.config import RunConfig, TrainConfig
+from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_workload
 from rrfp_ray.schedule.validate import read_hint
 from rrfp_ray.train.api import workload_fingerprint
 from rrfp_ray.train.checkpoint import CheckpointError, resume_point
-from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import corpus_source, gpt_workload
+from rrfp_ray.train.config import PipelineConfig
 
+PIPELINE = model_flags(
+    PipelineConfig, prefix="pipeline.", without=("buffer_limit", "link_timeout_s"), flags=PIPELINE_FLAGS
+)
+MODEL = model_flags(
+    GPTConfig,
+    prefix="model.",
+    without=("vocab_size", "bias"),
+    flags=(Flag("tie_embeddings", "--untie-embeddings", negate=True),),
+)
+TRAIN = model_flags(
+    TrainConfig,
+    prefix="train.",
+    without=("min_lr", "warmup", "weight_decay", "max_grad_norm", "val_microbatches", "device"),
+    flags=(
+        Flag("checkpoint_dir", help="checkpoints here (default with --checkpoint-every: OUT/checkpoints)"),
+        Flag("checkpoint_every", default=0),
+    ),
+)
+VARIABILITY = scenario_flags(scenario="multimodal", t_f=10.0)
 FLAGS = {
-    "pipeline.stages": "--stages",
-    "pipeline.chunks": "--chunks",
-    "pipeline.microbatches": "--microbatches",
-    "pipeline.policy": "--policy",
-    "pipeline.cap": "--cap",
-    "pipeline.backend": "--backend",
-    "pipeline.timeout_s": "--timeout",
-    "pipeline.hint": "--hint",
-    "pipeline.tp": "--tp",
-    "pipeline.tp_protocol": "--tp-protocol",
-    "pipeline.tp_gather": "--tp-gather",
-    "pipeline.dp": "--dp",
-    "pipeline.dp_bucket_mb": "--dp-bucket-mb",
-    "pipeline.zero": "--zero",
-    "pipeline.precision": "--precision",
-    "pipeline.activation_checkpointing": "--activation-checkpointing",
-    "train.varlen": "--varlen",
-    "model.tie_embeddings": "--untie-embeddings",
-    "train.iterations": "--iterations",
-    "train.micro_batch_size": "--micro-batch-size",
-    "train.seq_len": "--seq-len",
-    "train.seed": "--seed",
-    "train.lr": "--lr",
-    "train.data": "--data",
-    "train.val_every": "--val-every",
-    "train.checkpoint_dir": "--checkpoint-dir",
-    "train.checkpoint_every": "--checkpoint-every",
-    "train.resume": "--resume",
-    "train.max_restarts": "--max-restarts",
-    "model.n_layer": "--n-layer",
-    "model.n_head": "--n-head",
-    "model.n_embd": "--n-embd",
-    "model.block_size": "--block-size",
-    "variability.scenario": "--scenario",
-    "variability.t_f": "--t-f",
+    **flag_names((*PIPELINE, *MODEL, *TRAIN)),
+    **{f"variability.{field}": flag for field, flag in flag_names(VARIABILITY).items()},
     "variability.params": "scenario parameters",
 }
 
@@ -72,50 +71,10 @@ def run_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run
     if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
         parser.error("--tensorboard needs the tensorboard package: pip install 'rrfp-ray[tensorboard]'")
     try:
-        run = RunConfig(
-            model={
-                "n_layer": args.n_layer,
-                "n_head": args.n_head,
-                "n_embd": args.n_embd,
-                "block_size": args.block_size,
-                "tie_embeddings": not args.untie_embeddings,
-            },
-            pipeline={
-                "stages": args.stages,
-                "chunks": args.chunks,
-                "microbatches": args.microbatches,
-                "policy": args.policy,
-                "cap": args.cap,
-                "backend": args.backend,
-                "timeout_s": args.timeout,
-                "hint": _hint(parser, args.hint) if args.hint else None,
-                "tp": args.tp,
-                "tp_protocol": args.tp_protocol,
-                "tp_gather": args.tp_gather,
-                "dp": args.dp,
-                "dp_bucket_mb": args.dp_bucket_mb,
-                "dp_overlap": not args.no_overlap,
-                "zero": args.zero,
-                "precision": args.precision,
-                "activation_checkpointing": args.activation_checkpointing,
-            },
-            variability=variability(args),
-            train={
-                "iterations": args.iterations,
-                "micro_batch_size": args.micro_batch_size,
-                "seq_len": args.seq_len,
-                "lr": args.lr,
-                "seed": args.seed,
-                "data": args.data,
-                "val_every": args.val_every,
-                "checkpoint_dir": checkpoint_dir(args),
-                "checkpoint_every": args.checkpoint_every,
-                "resume": args.resume,
-                "max_restarts": args.max_restarts,
-                "varlen": args.varlen,
-                "device": "cuda" if gpus_per_stage(args) else "cpu",
-            },
-        )
+        values = flag_values(args, flags=(*PIPELINE, *MODEL, *TRAIN))
+        values["pipeline"]["hint"] = _hint(parser, args.hint) if args.hint else None
+        values["train"] |= {"checkpoint_dir": checkpoint_dir(args), "device": "cuda" if gpus_per_stage(args) else "cpu"}
+        run = RunConfig(**values, variability=variability(args, flags=VARIABILITY))
         corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
         if args.trace:
             _read_trace(parser, run)

@@ -53,7 +53,7 @@ def target_section(suite: Suite) -> list[str]:
         f"Iteration wall time (ms): per seed the median of {section.get('iterations', '?')} timed iterations after "
         f"{section.get('warmup', '?')} warm-up, then the median over seeds {', '.join(map(str, seeds))}; in "
         "parentheses the least and most per-seed ratio. PyTorch: `torch.distributed.pipelining` in P processes "
-        "over gloo (`benchmarks/peers/torch_pipelining.py`); rrfp-ray: P Ray stage actors over TCP links. Both "
+        "over gloo (`jobs/benchmarks/peers/torch_pipelining.py`); rrfp-ray: P Ray stage actors over TCP links. Both "
         "sleep the same traces. rrfp-ray's best is the fastest readiness run with peak activation memory <= 2x "
         "fixed 1F1B's. *ideal* is the simulated makespan of the order PyTorch ran, in our model (no transport "
         "cost, message latency overlapped with compute).",

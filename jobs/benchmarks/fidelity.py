@@ -20,8 +20,9 @@ POLICIES = ("1f1b", "bf")
 
 
 def fidelity_part(*, stages: Sequence[int], warmup: int, iterations: int) -> dict[str, Any]:
-    from rrfp_ray.train.config import PipelineConfig, RunConfig, TrainConfig
-    from rrfp_ray.train.gpt_workload import gpt_trainer
+    from rrfp_ray.recipes.config import RunConfig, TrainConfig
+    from rrfp_ray.recipes.gpt_workload import gpt_trainer
+    from rrfp_ray.train.config import PipelineConfig
 
     rows = []
     for p in stages:

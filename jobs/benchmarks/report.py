@@ -1,6 +1,6 @@
 """The suite's JSON read back (`Suite`), and the helpers that format its figures for the report.
 
-Shared by benchmarks/claims.py, benchmarks/render.py and benchmarks/plots.py; `jobs/results.py`
+Shared by jobs/benchmarks/claims.py, jobs/benchmarks/render.py and jobs/benchmarks/plots.py; `jobs/results.py`
 renders docs/RESULTS.md with them.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = {"json": ROOT / "docs/results/suite.json", "out": ROOT / "docs/RESULTS.md", "plots": ROOT / "docs/results"}
 SUITE = "python jobs/bench_suite.py"
 MEMORY_LIMIT = 2.0 + 1e-9  # "no more than 2x 1F1B's activation memory"
