@@ -12,9 +12,10 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from rrfp_ray.runtime.breakdown import Breakdown, Phase
+from rrfp_ray.runtime.cpu import ThreadClock
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageWriter
 from rrfp_ray.runtime.tree import Tree
@@ -37,6 +38,7 @@ class LinkSender:
         self._sending = False
         self._busy_s = 0.0
         self._breakdown = Breakdown()
+        self.clock = ThreadClock()  # the send thread's CPU
         self._thread = threading.Thread(target=self._loop, name=f"send {link}", daemon=True)
         self._thread.start()
 
@@ -74,6 +76,7 @@ class LinkSender:
 
     def _loop(self) -> None:
         while True:
+            self.clock.mark()
             with self._cond:
                 while not self._queue or self._queue[0][0] > time.perf_counter():
                     self._cond.wait(timeout=None if not self._queue else self._queue[0][0] - time.perf_counter())
@@ -85,6 +88,7 @@ class LinkSender:
             except BaseException as error:  # reported to the compute thread
                 self._on_error(error)
             sent = time.perf_counter()
+            self.clock.mark()
             with self._cond:
                 self._sending = False
                 if not header.is_stop:
@@ -94,3 +98,12 @@ class LinkSender:
                 self._cond.notify_all()
             if header.is_stop:
                 return
+
+
+def wait_idle(senders: Iterable[LinkSender], *, timeout_s: float) -> Link | None:
+    """The first link whose posted messages did not all leave within `timeout_s` (shared), or None."""
+    deadline = time.monotonic() + timeout_s
+    for sender in senders:
+        if not sender.wait_idle(timeout_s=max(0.0, deadline - time.monotonic())):
+            return sender.link
+    return None

@@ -31,9 +31,8 @@ from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
-_FIXED = (
-    10  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, dtype, ndim, requires grad
-)
+_FIXED = 11  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, released at, dtype,
+# ndim, requires grad
 MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
 _ALIGN = 8
 _KIND_CODE = {Kind.F: 1, Kind.B: 2}
@@ -94,6 +93,7 @@ class Header:
     structure: Structure = LEAF
     leaves: tuple[Leaf, ...] = (Leaf(dtype=torch.float32, shape=()),)
     sent_at: float = 0.0  # when its frame left, in wall-clock seconds (set on receipt; 0: not sent)
+    released_at: float = 0.0  # wall-clock seconds: its sender's hand-off plus the latency injected on its link
 
     def description(self) -> bytes:
         """Empty for a lone tensor that fits in the header; else the JSON that follows it."""
@@ -116,6 +116,7 @@ class Header:
             len(described),
             body_bytes,
             sent_us,
+            round(self.released_at * 1e6),
         ]
         leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
         fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
@@ -123,23 +124,24 @@ class Header:
 
     @classmethod
     def decode(cls, fields: Sequence[int], *, description: bytes = b"") -> Header:
-        code, vs, mb, iteration, _, _, sent_us, dtype, ndim, grad, *shape = fields
+        code, vs, mb, iteration, _, _, sent_us, released_us, dtype, ndim, grad, *shape = fields
         if code == _STOP:
             return cls(message=None)
         kind = Kind.F if code == _KIND_CODE[Kind.F] else Kind.B
         message = Message(kind=kind, virtual_stage=vs, microbatch=mb)
-        sent_at = sent_us / 1e6
+        times = {"sent_at": sent_us / 1e6, "released_at": released_us / 1e6}
         if not description:
             leaf = Leaf(dtype=DTYPES[dtype], shape=tuple(shape[:ndim]), requires_grad=bool(grad))
-            return cls(message=message, iteration=iteration, leaves=(leaf,), sent_at=sent_at)
+            return cls(message=message, iteration=iteration, leaves=(leaf,), **times)
         spec = json.loads(description)
         leaves = tuple(Leaf(dtype=DTYPES[d], shape=tuple(s), requires_grad=bool(g)) for d, g, s in spec["leaves"])
-        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves, sent_at=sent_at)
+        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves, **times)
 
     @classmethod
-    def for_payload(cls, *, message: Message, iteration: int, payload: Tree) -> Header:
+    def for_payload(cls, *, message: Message, iteration: int, payload: Tree, released_at: float = 0.0) -> Header:
         tensors, structure = flatten(payload)
-        return cls(message=message, iteration=iteration, structure=structure, leaves=tuple(Leaf.of(t) for t in tensors))
+        leaves = tuple(Leaf.of(t) for t in tensors)
+        return cls(message=message, iteration=iteration, structure=structure, leaves=leaves, released_at=released_at)
 
     @property
     def is_stop(self) -> bool:
