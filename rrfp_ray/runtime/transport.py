@@ -73,6 +73,15 @@ class Channel(Protocol):
         ...
 
 
+class NonBlockingChannel(Channel, Protocol):
+    """A channel whose sender may also write without waiting (`rrfp_ray.runtime.links` lets the compute
+    thread write a message itself when its link is idle)."""
+
+    def try_send(self, tensor: torch.Tensor) -> int:
+        """Write what fits at once of `tensor`'s bytes, waiting for nothing; how many bytes went."""
+        ...
+
+
 @dataclass(frozen=True)
 class Leaf:
     dtype: torch.dtype
@@ -158,6 +167,11 @@ class MessageWriter:
         self._frame_bytes = HEADER_BYTES  # what the receiver posts for the next message
 
     def send(self, *, header: Header, payload: Tree | None) -> None:
+        for frame in self.frames(header=header, payload=payload):
+            self.channel.send(frame)
+
+    def frames(self, *, header: Header, payload: Tree | None) -> list[torch.Tensor]:
+        """The frames of one message, to go out in order on this writer's channel (the caller sends them)."""
         frames = self._frames
         described = b"" if header.is_stop else header.description()
         tensors = [] if payload is None else flatten(payload)[0]
@@ -173,12 +187,10 @@ class MessageWriter:
         for tensor, size in zip(tensors, sections[1:]):
             frames.put_tensor(body, offset, tensor)
             offset += size
-        self.channel.send(frames.tensor(frame))
         if inline or header.is_stop:
-            return
-        if body_bytes:
-            self.channel.send(frames.tensor(body))
+            return [frames.tensor(frame)]
         self._frame_bytes = HEADER_BYTES + body_bytes
+        return [frames.tensor(frame), frames.tensor(body)] if body_bytes else [frames.tensor(frame)]
 
 
 class MessageReader:
@@ -229,6 +241,10 @@ class LocalChannel:
 
     def send(self, tensor: torch.Tensor) -> None:
         self._queue.put(tensor.numpy().tobytes())
+
+    def try_send(self, tensor: torch.Tensor) -> int:
+        self.send(tensor)  # the queue has no bound: all of it
+        return tensor.numel()
 
     def recv(self, tensor: torch.Tensor) -> None:
         try:
