@@ -2,7 +2,7 @@
 each one's measured makespan next to the simulated makespan of the order it ran.
 
     python jobs/bench_peers.py --schedule 1f1b --stages 4 --microbatches 16 \\
-        --scenario lognormal --sigma 0.3 --t-f 20 --iterations 5 [--variability-seed 0] [--trace FILE] [--json OUT]
+        --scenario lognormal --sigma 0.3 --t-f 20 --iterations 5 [--variability-seed 0] [--trace FILE] [--cpu] [--json OUT]
 
 ``--schedule`` takes a comma-separated list; the schedules then run one after another in the
 same P processes (torch.multiprocessing spawn, gloo on 127.0.0.1, one thread each), each sleeping
@@ -26,6 +26,13 @@ from typing import Any
 from benchmarks.peers.torch_pipelining import PEERS, measure_all, our_order
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate, scenario_params
 
+CPU_KEYS = ("all", "compute", "other", "op", "idle")
+CPU_NOTE = (
+    "CPU per executed op, us, per rank over the timed steps: all = the process's CPU clock (every thread, gloo's "
+    "too) less its idle baseline (idle: the same process with no ops, over the same wall time) and the passes' own "
+    "work (op: their sleeps and copies, by their thread's clock); compute: the main thread's clock less op; "
+    "other: the rest of the process"
+)
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
 
 
@@ -44,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         warmup=args.warmup,
         payload_elems=args.payload_elems,
         timeout_s=args.timeout,
+        cpu=args.cpu,
     )
     source = args.trace or f"{args.scenario} seed={args.variability_seed}"
     print(f"PyTorch pipelining, P={trace.stages} v={trace.chunks} M={trace.microbatches}, trace {source}")
@@ -54,6 +62,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:<16} {r['pytorch_class']:<30} {r['measured_ms']:>12.1f} {r['ideal_ms']:>9.1f} "
             f"{r['ratio']:>6.3f}  {same}"
         )
+    if args.cpu:
+        print(CPU_NOTE)
+        print(f"{'schedule':<16} {'rank':>4}" + "".join(f" {key:>9}" for key in CPU_KEYS))
+        for name, r in results.items():
+            for rank, figures in enumerate(r["cpu_per_rank"]):
+                print(f"{name:<16} {rank:>4}" + "".join(f" {figures.get(key, float('nan')):9.1f}" for key in CPU_KEYS))
     if args.json:
         Path(args.json).write_text(json.dumps({"trace": source, "results": results}, indent=2))
 
@@ -101,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout", type=_positive, default=300.0, help="seconds a rank waits on another (default 300)"
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also print each rank's CPU per op, less its idle baseline (rrfp_ray.runtime.cpu)",
     )
     parser.add_argument("--json", metavar="OUT", help="write {trace, results: {schedule: figures}} here")
     return parser

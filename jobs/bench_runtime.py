@@ -14,7 +14,9 @@ It also simulates the trace under the transport model (`rrfp_ray.sim.simulator.T
 each message costs what this run measured, or --message-ms, and a link carries one message at a
 time: over TCP for the median send of this run, over gloo or NCCL until the receiver took it) and
 prints meas/sim both ways. --breakdown prints the runtime's per-op overhead
-(`rrfp_ray.runtime.breakdown`), median and p90 in microseconds:
+(`rrfp_ray.runtime.breakdown`, "one message" among it: the transport model's message cost), median and
+p90 in microseconds, and its CPU per executed op by thread role (`rrfp_ray.runtime.cpu`; in --json
+as cpu_us_per_op):
 
     python jobs/bench_runtime.py --stages 8 --microbatches 32 --iterations 3 --t-f 2 --breakdown
 

@@ -33,9 +33,8 @@ from rrfp_ray.cli import (
 from rrfp_ray.observe.telemetry import IterationReport, dp_summary, tp_summary
 from rrfp_ray.runtime.breakdown import Phase
 from rrfp_ray.runtime.breakdown import summarize as summarize_phases
+from rrfp_ray.runtime.cpu import Role, per_op_us
 from rrfp_ray.runtime.transport import LinkBackend
-from rrfp_ray.schedule.actions import parse_action
-from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
 from rrfp_ray.sim.variability import Trace
 from rrfp_ray.train.config import PipelineConfig
@@ -160,35 +159,13 @@ def measure(*, driver, pipeline, names: list[str], iterations: int) -> dict[str,
     return {name: runs[1:] if len(runs) > 1 else runs for name, runs in reports.items()}
 
 
-def message_cost_ms(*, reports: dict[str, list[IterationReport]], pipeline: PipelineConfig, trace: Trace) -> float:
-    """The runtime's cost of one message, measured: the median, over every message between two
-    stages, of its consumer's ready time less its sender's op end and the trace's latency, plus
-    the median wake-up of a waiting compute thread (what `TransportModel.message_ms` stands for)."""
-    delays = []
-    for name, runs in reports.items():
-        policy = pipeline.resolved_policy(name)
-        layout = layout_for(policy=policy, trace=trace)
-        for report in runs:
-            delays += _message_delays(report=report, layout=layout, trace=trace, placement=policy.placement)
-    wakeup = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[Phase.WAKEUP][
-        0
-    ]
-    return statistics.median(delays) + (0.0 if math.isnan(wakeup) else wakeup / 1e3)
-
-
-def _message_delays(*, report: IterationReport, layout: Layout, trace: Trace, placement) -> list[float]:
-    actions = [(parse_action(e.action, stages=layout.stages, placement=placement), e) for e in report.events]
-    sent = {}
-    for action, event in actions:
-        message = layout.sends(action)
-        if message is not None and not layout.is_local(message):
-            sent[message] = event.end_ms
-    delays = []
-    for action, event in actions:
-        message = layout.message_need(action)
-        if message in sent:
-            delays.append(event.ready_ms - sent[message] - trace.latency(message))
-    return delays
+def message_cost_ms(*, reports: dict[str, list[IterationReport]]) -> float:
+    """The runtime's cost of one message, measured: the median `Phase.MESSAGE` (a message's hand-off by
+    the sending compute thread until the receiving one can start its op, the injected latency excluded),
+    over every message of the run: what `TransportModel.message_ms` stands for."""
+    stages = (s.overhead_us for runs in reports.values() for r in runs for s in r.stages)
+    median = summarize_phases(stages)[Phase.MESSAGE][0]
+    return 0.0 if math.isnan(median) else median / 1e3
 
 
 def summarize(
@@ -210,11 +187,17 @@ def summarize(
             "ratio_transport": schedule[name] / with_transport[name],
             "speedup_measured": measured[baseline] / measured[name],
             "speedup_predicted": simulated[baseline] / simulated[name],
+            "cpu_us_per_op": cpu_per_op(runs).get("all", math.nan),
             **tp_summary(runs),
             **dp_summary(runs),
         }
         for name, runs in reports.items()
     }
+
+
+def cpu_per_op(runs: list[IterationReport]) -> dict[str, float]:
+    """`rrfp_ray.runtime.cpu.per_op_us` of one policy's runs: each stage actor's iterations pooled, the median over them."""
+    return per_op_us([s.cpu for s in actor] for actor in zip(*(r.stages for r in runs)))
 
 
 def predict_exposed(
@@ -263,7 +246,7 @@ def compare(
     this run, over a collective one until the receiver has taken it."""
     message_ms = args.message_ms
     if message_ms is None:
-        message_ms = message_cost_ms(reports=reports, pipeline=pipeline, trace=trace)
+        message_ms = message_cost_ms(reports=reports)
     send_ms = None
     if backend is LinkBackend.TCP:
         send_us = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[
@@ -318,6 +301,20 @@ def breakdown_table(*, reports: dict[str, list[IterationReport]]) -> list[str]:
     for name, runs in reports.items():
         figures = summarize_phases(s.overhead_us for r in runs for s in r.stages)
         lines.append(f"{name:<12}" + "".join(f" {f'{m:.0f} / {p:.0f} ({n})':>22}" for m, p, n in figures.values()))
+    keys = ["all", *(role.value for role in Role), "op", "idle"]
+    lines += [
+        "",
+        (
+            "CPU per executed op, us, median over stage actors: all = the process's CPU clock (every thread, Ray's "
+            "too) less its idle baseline (idle: the same process with no ops, over the same wall time) and the ops' "
+            "own work (op: the synthetic op's sleep, by the compute thread's clock); compute / send / receive: those "
+            "threads' own clocks; other: the rest of the process"
+        ),
+        f"{'policy':<12}" + "".join(f" {key:>9}" for key in keys),
+    ]
+    for name, runs in reports.items():
+        figures = cpu_per_op(runs)
+        lines.append(f"{name:<12}" + "".join(f" {figures.get(key, math.nan):9.1f}" for key in keys))
     return lines
 
 

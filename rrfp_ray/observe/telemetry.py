@@ -37,6 +37,7 @@ class StageStats:
     send_busy_ms: float = 0.0
     recv_busy_ms: float = 0.0
     overhead_us: dict[str, list[int]] = field(default_factory=dict)  # runtime only: `rrfp_ray.runtime.breakdown`
+    cpu: dict[str, float] = field(default_factory=dict)  # runtime only: `rrfp_ray.runtime.cpu.CpuUse`, its fields
     overtakes: int = 0
     peak_inflight: int = 0
     peak_buffered: int = 0

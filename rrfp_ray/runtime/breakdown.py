@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import enum
 import statistics
+import threading
+import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rrfp_ray.runtime.transport import Header
 
 
 class Phase(enum.Enum):
@@ -19,6 +25,9 @@ class Phase(enum.Enum):
     TRANSIT = "send->received"  # a frame leaving until the receive thread has it (the stages share a clock)
     ARRIVAL = "arrival->ready"  # a message's header received until its action is marked ready
     WAKEUP = "compute wake-up"  # an arrival's notify until the waiting compute thread runs again
+    # one message: the sending compute thread's hand-off (plus the latency injected on its link) until the receiving
+    # compute thread can start the op that needs it (woken for it, or at its delivery if it was busy then)
+    MESSAGE = "one message"
 
 
 class Breakdown:
@@ -54,3 +63,30 @@ def _quantile(values: list[int], q: float) -> float:
     if len(values) == 1:
         return float(values[0])
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+class MessageClock:
+    """`Phase.MESSAGE` samples; calls come under the worker's lock. A message delivered while the compute
+    thread waits (`waiting`) becomes usable when it runs again (`woke`); else at its delivery."""
+
+    def __init__(self) -> None:
+        self.waiting = False
+        self._woken_for: list[float] = []  # release times of the messages delivered during the wait
+
+    def delivered(self, *, header: Header, received: float, into: Breakdown) -> None:
+        """`header`'s message is delivered; its frame came in at `received` (wall-clock seconds)."""
+        into.add(Phase.TRANSIT, received - header.sent_at)
+        if self.waiting:
+            self._woken_for.append(header.released_at)
+        else:
+            into.add(Phase.MESSAGE, time.time() - header.released_at)
+
+    def wait(self, cond: threading.Condition, *, timeout_s: float, into: Breakdown) -> None:
+        """The compute thread's wait for an arrival, on the worker's `cond` (held)."""
+        self.waiting = True
+        cond.wait(timeout=timeout_s)
+        self.waiting = False
+        now = time.time()
+        for released in self._woken_for:
+            into.add(Phase.MESSAGE, now - released)
+        self._woken_for.clear()

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-HEADER_LEN = 18  # int64 fields
+HEADER_LEN = 19  # int64 fields
 HEADER_BYTES = HEADER_LEN * 8
 _HEADER = struct.Struct(f"<{HEADER_LEN}q")
 _NUMPY = {

@@ -4,23 +4,35 @@ A link's messages leave one at a time, in the order they become due (an injected
 delays its message's release); a collective send returns once the receiver has taken the
 frame, so a slow receiver holds back its own link only, never another. Each link has its
 own lock, so posting wakes that link's thread alone.
+
+Over a channel that can write without waiting (`NonBlockingChannel`: TCP, in memory), a small
+message due at once on an idle link goes out from the posting (compute) thread itself, with no
+hop to the send thread: whatever the kernel does not take at once (a full socket buffer, as when
+two stages send to each other faster than they read) is left to the send thread, so posting
+never blocks. Collective channels (gloo, NCCL) keep to their one thread per communicator.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+import torch
 
 from rrfp_ray.runtime.breakdown import Breakdown, Phase
+from rrfp_ray.runtime.cpu import ThreadClock
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageWriter
 from rrfp_ray.runtime.tree import Tree
 from rrfp_ray.schedule.deps import Link
 
 _STOP = Header(message=None)
+DIRECT_BYTES = 64 * 1024  # the largest payload the posting thread frames and writes itself
+_Frames = list[torch.Tensor] | None  # what is left to write of a message framed already; None: frame it
 
 
 class LinkSender:
@@ -32,19 +44,51 @@ class LinkSender:
         self._handoff = handoff
         self._on_error = on_error
         self._cond = threading.Condition()
-        self._queue: list[tuple[float, int, Header, Tree | None, Fence]] = []  # (release, seq, header, payload, fence)
+        self._channel = channel
+        self._direct = hasattr(channel, "try_send")  # a `NonBlockingChannel`
+        # (release, seq, header, payload, fence, frames left)
+        self._queue: list[tuple[float, int, Header, Tree | None, Fence, _Frames]] = []
         self._seq = itertools.count()
         self._sending = False
         self._busy_s = 0.0
         self._breakdown = Breakdown()
+        self.clock = ThreadClock()  # the send thread's CPU
         self._thread = threading.Thread(target=self._loop, name=f"send {link}", daemon=True)
         self._thread.start()
 
     def post(self, *, header: Header, payload: Tree, release: float, fence: Fence = None) -> None:
-        """Queue a message; it leaves at `release` (perf_counter seconds) or later, once `fence` is passed."""
+        """Queue a message; it leaves at `release` (perf_counter seconds) or later, once `fence` is passed;
+        written at once from this thread where it can be (see the module's doc)."""
         with self._cond:
-            heapq.heappush(self._queue, (release, next(self._seq), header, payload, fence))
+            rest = None
+            if self._direct and fence is None and not self._queue and not self._sending and _small(header):
+                taken = time.perf_counter()
+                if release <= taken:
+                    rest = self._write_now(header=header, payload=payload, release=release, taken=taken)
+                    if not rest:
+                        return
+            heapq.heappush(self._queue, (release, next(self._seq), header, payload, fence, rest))
             self._cond.notify()
+
+    def _write_now(self, *, header: Header, payload: Tree, release: float, taken: float) -> _Frames:
+        """Under the lock, on the posting thread: the message's frames, written as far as they go without
+        waiting; what is left of them (None: all went, or the channel failed and the failure is reported)."""
+        try:
+            frames = self._writer.frames(header=header, payload=payload)
+            while frames:
+                wrote = self._channel.try_send(frames[0])
+                if wrote < frames[0].numel():
+                    frames[0] = frames[0][wrote:]
+                    return frames
+                frames.pop(0)
+        except (OSError, ValueError) as error:  # as the send thread's: reported to the compute thread
+            self._on_error(error)
+            return None
+        sent = time.perf_counter()
+        self._busy_s += sent - taken
+        self._breakdown.add(Phase.HANDOFF, taken - release)
+        self._breakdown.add(Phase.SEND, sent - taken)
+        return None
 
     def wait_idle(self, *, timeout_s: float) -> bool:
         """Whether every posted message left within `timeout_s`."""
@@ -74,17 +118,22 @@ class LinkSender:
 
     def _loop(self) -> None:
         while True:
+            self.clock.mark()
             with self._cond:
                 while not self._queue or self._queue[0][0] > time.perf_counter():
                     self._cond.wait(timeout=None if not self._queue else self._queue[0][0] - time.perf_counter())
-                release, _, header, payload, fence = heapq.heappop(self._queue)
+                release, _, header, payload, fence, rest = heapq.heappop(self._queue)
                 self._sending = True
                 taken = time.perf_counter()
             try:
-                self._handoff.send(writer=self._writer, header=header, payload=payload, fence=fence)
+                if rest is None:
+                    self._handoff.send(writer=self._writer, header=header, payload=payload, fence=fence)
+                for frame in rest or ():  # the frames the posting thread could not write at once
+                    self._channel.send(frame)
             except BaseException as error:  # reported to the compute thread
                 self._on_error(error)
             sent = time.perf_counter()
+            self.clock.mark()
             with self._cond:
                 self._sending = False
                 if not header.is_stop:
@@ -94,3 +143,20 @@ class LinkSender:
                 self._cond.notify_all()
             if header.is_stop:
                 return
+
+
+def wait_idle(senders: Iterable[LinkSender], *, timeout_s: float) -> Link | None:
+    """The first link whose posted messages did not all leave within `timeout_s` (shared), or None."""
+    deadline = time.monotonic() + timeout_s
+    for sender in senders:
+        if not sender.wait_idle(timeout_s=max(0.0, deadline - time.monotonic())):
+            return sender.link
+    return None
+
+
+def _small(header: Header) -> bool:
+    """A message the posting thread may write itself (never STOP: it ends the send thread)."""
+    return (
+        not header.is_stop
+        and sum(leaf.dtype.itemsize * math.prod(leaf.shape) for leaf in header.leaves) <= DIRECT_BYTES
+    )

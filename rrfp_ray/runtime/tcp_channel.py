@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from rrfp_ray.runtime.tcp_pair import Listener, Member, Secret, configure, dial, read_into
+from rrfp_ray.runtime.tcp_pair import Listener, Member, Secret, block_with_deadline, dial, read_into
 from rrfp_ray.schedule.deps import Link
 
 _RECEIVER, _SENDER = 0, 1  # the ranks of a link's two ends
@@ -38,13 +38,22 @@ class TcpChannel:
         self.device = "cpu"
         self.timeout_s = timeout_s
         self._sock = sock
-        configure(sock, timeout_s=timeout_s)
+        block_with_deadline(sock, timeout_s=timeout_s)
 
     def send(self, tensor: torch.Tensor) -> None:
         try:
             self._sock.sendall(_buffer(tensor))
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             raise TimeoutError(f"channel {self.name}: the receiver took nothing for {self.timeout_s:g} s") from None
+        except OSError as error:
+            raise ConnectionError(f"channel {self.name}: send failed (the receiver is gone?): {error}") from error
+
+    def try_send(self, tensor: torch.Tensor) -> int:
+        """What of the frame the kernel takes at once (`MSG_DONTWAIT`): a full socket buffer waits for nothing."""
+        try:
+            return self._sock.send(_buffer(tensor), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return 0
         except OSError as error:
             raise ConnectionError(f"channel {self.name}: send failed (the receiver is gone?): {error}") from error
 

@@ -109,13 +109,24 @@ def configure(sock: socket.socket, *, timeout_s: float) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+def block_with_deadline(sock: socket.socket, *, timeout_s: float) -> None:
+    """A blocking socket whose every send and receive fails after `timeout_s` (the kernel's SO_SNDTIMEO and
+    SO_RCVTIMEO, raised as BlockingIOError): one system call a read or write, where a socket timeout polls first."""
+    configure(sock, timeout_s=timeout_s)
+    sock.settimeout(None)
+    seconds = int(timeout_s)
+    limit = struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+
+
 def read_into(sock: socket.socket, view: memoryview, *, who: str, what: str, timeout_s: float) -> None:
     """Fill `view` from `sock`; TimeoutError or ConnectionError naming `who` and `what` it waited for."""
     got, size = 0, len(view)
     while got < size:
         try:
-            n = sock.recv_into(view[got:])
-        except TimeoutError:
+            n = sock.recv_into(view[got:] if got else view)
+        except (TimeoutError, BlockingIOError):
             raise TimeoutError(f"{who}: waited {timeout_s:g} s for {what}") from None
         except OSError as error:
             raise ConnectionError(f"{who}: connection failed while waiting for {what}: {error}") from error

@@ -31,9 +31,8 @@ from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
-_FIXED = (
-    10  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, dtype, ndim, requires grad
-)
+_FIXED = 11  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, released at, dtype,
+# ndim, requires grad
 MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
 _ALIGN = 8
 _KIND_CODE = {Kind.F: 1, Kind.B: 2}
@@ -74,6 +73,15 @@ class Channel(Protocol):
         ...
 
 
+class NonBlockingChannel(Channel, Protocol):
+    """A channel whose sender may also write without waiting (`rrfp_ray.runtime.links` lets the compute
+    thread write a message itself when its link is idle)."""
+
+    def try_send(self, tensor: torch.Tensor) -> int:
+        """Write what fits at once of `tensor`'s bytes, waiting for nothing; how many bytes went."""
+        ...
+
+
 @dataclass(frozen=True)
 class Leaf:
     dtype: torch.dtype
@@ -94,6 +102,7 @@ class Header:
     structure: Structure = LEAF
     leaves: tuple[Leaf, ...] = (Leaf(dtype=torch.float32, shape=()),)
     sent_at: float = 0.0  # when its frame left, in wall-clock seconds (set on receipt; 0: not sent)
+    released_at: float = 0.0  # wall-clock seconds: its sender's hand-off plus the latency injected on its link
 
     def description(self) -> bytes:
         """Empty for a lone tensor that fits in the header; else the JSON that follows it."""
@@ -116,6 +125,7 @@ class Header:
             len(described),
             body_bytes,
             sent_us,
+            round(self.released_at * 1e6),
         ]
         leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
         fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
@@ -123,23 +133,24 @@ class Header:
 
     @classmethod
     def decode(cls, fields: Sequence[int], *, description: bytes = b"") -> Header:
-        code, vs, mb, iteration, _, _, sent_us, dtype, ndim, grad, *shape = fields
+        code, vs, mb, iteration, _, _, sent_us, released_us, dtype, ndim, grad, *shape = fields
         if code == _STOP:
             return cls(message=None)
         kind = Kind.F if code == _KIND_CODE[Kind.F] else Kind.B
         message = Message(kind=kind, virtual_stage=vs, microbatch=mb)
-        sent_at = sent_us / 1e6
+        times = {"sent_at": sent_us / 1e6, "released_at": released_us / 1e6}
         if not description:
             leaf = Leaf(dtype=DTYPES[dtype], shape=tuple(shape[:ndim]), requires_grad=bool(grad))
-            return cls(message=message, iteration=iteration, leaves=(leaf,), sent_at=sent_at)
+            return cls(message=message, iteration=iteration, leaves=(leaf,), **times)
         spec = json.loads(description)
         leaves = tuple(Leaf(dtype=DTYPES[d], shape=tuple(s), requires_grad=bool(g)) for d, g, s in spec["leaves"])
-        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves, sent_at=sent_at)
+        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves, **times)
 
     @classmethod
-    def for_payload(cls, *, message: Message, iteration: int, payload: Tree) -> Header:
+    def for_payload(cls, *, message: Message, iteration: int, payload: Tree, released_at: float = 0.0) -> Header:
         tensors, structure = flatten(payload)
-        return cls(message=message, iteration=iteration, structure=structure, leaves=tuple(Leaf.of(t) for t in tensors))
+        leaves = tuple(Leaf.of(t) for t in tensors)
+        return cls(message=message, iteration=iteration, structure=structure, leaves=leaves, released_at=released_at)
 
     @property
     def is_stop(self) -> bool:
@@ -156,6 +167,11 @@ class MessageWriter:
         self._frame_bytes = HEADER_BYTES  # what the receiver posts for the next message
 
     def send(self, *, header: Header, payload: Tree | None) -> None:
+        for frame in self.frames(header=header, payload=payload):
+            self.channel.send(frame)
+
+    def frames(self, *, header: Header, payload: Tree | None) -> list[torch.Tensor]:
+        """The frames of one message, to go out in order on this writer's channel (the caller sends them)."""
         frames = self._frames
         described = b"" if header.is_stop else header.description()
         tensors = [] if payload is None else flatten(payload)[0]
@@ -171,12 +187,10 @@ class MessageWriter:
         for tensor, size in zip(tensors, sections[1:]):
             frames.put_tensor(body, offset, tensor)
             offset += size
-        self.channel.send(frames.tensor(frame))
         if inline or header.is_stop:
-            return
-        if body_bytes:
-            self.channel.send(frames.tensor(body))
+            return [frames.tensor(frame)]
         self._frame_bytes = HEADER_BYTES + body_bytes
+        return [frames.tensor(frame), frames.tensor(body)] if body_bytes else [frames.tensor(frame)]
 
 
 class MessageReader:
@@ -227,6 +241,10 @@ class LocalChannel:
 
     def send(self, tensor: torch.Tensor) -> None:
         self._queue.put(tensor.numpy().tobytes())
+
+    def try_send(self, tensor: torch.Tensor) -> int:
+        self.send(tensor)  # the queue has no bound: all of it
+        return tensor.numel()
 
     def recv(self, tensor: torch.Tensor) -> None:
         try:

@@ -22,10 +22,11 @@ from rrfp_ray.observe.telemetry import OpEvent, StageStats, stage_stats
 from rrfp_ray.policy.agreement import Agreement, TPContext
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.breakdown import Breakdown, Phase
+from rrfp_ray.runtime.breakdown import Breakdown, MessageClock, Phase
+from rrfp_ray.runtime.cpu import StageCpu
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Executor
-from rrfp_ray.runtime.links import LinkSender
+from rrfp_ray.runtime.links import LinkSender, wait_idle
 from rrfp_ray.runtime.reduce import DPContext, GradSink, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
@@ -64,6 +65,7 @@ class StageWorker:
         self._recv_busy = 0.0
         self._breakdown = Breakdown()
         self._notified_at = 0.0  # perf_counter of the last arrival that woke the compute thread
+        self._messages, self._cpu = MessageClock(), StageCpu()
         self._stopping = False
         self._threads = [
             threading.Thread(target=self._receive_loop, args=(link, channel), name=f"recv {link}", daemon=True)
@@ -109,6 +111,7 @@ class StageWorker:
             self._ready_at, self._breakdown = {}, Breakdown()
             for sender in self._senders.values():
                 sender.take_stats(into=Breakdown())  # what came before this iteration: dropped
+            self._cpu.begin(send=[sender.clock for sender in self._senders.values()])
             self._cond.notify_all()
         events: list[OpEvent] = []
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
@@ -130,9 +133,10 @@ class StageWorker:
                 with self._cond:
                     payload = self._take_input(layout, action)
                 release = self._release(dp=dp, action=action, weight_ops_left=weight_ops_left)
-                start = self._now()
+                start, op_cpu = self._now(), time.thread_time()
                 output = executor.run(action=action, iteration=iteration, payload=payload, release=release)
                 end = self._now()
+                self._cpu.op.add(since=op_cpu)
                 with self._cond:
                     message = arbiter.on_done(action)
                     local = message is not None and layout.is_local(message)
@@ -156,6 +160,7 @@ class StageWorker:
                 if release is not None:
                     dp.reducer.complete(key=action.chunk)
             self._wait_outbox_empty()
+            cpu = self._cpu.end(ops=len(events))
         finally:
             with self._cond:
                 self._arbiter = None
@@ -182,6 +187,7 @@ class StageWorker:
             stats.skipped_step = step.skipped
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         stats.started_at = started_at
+        stats.cpu = cpu.to_dict()
         with self._cond:
             send_busy = sum(sender.take_stats(into=self._breakdown) for sender in self._senders.values())
             stats.overhead_us = self._breakdown.to_us()
@@ -251,7 +257,7 @@ class StageWorker:
                     f"iteration {self._iteration}: nothing eligible for {self.timeout_s:g} s; {arbiter.waiting_for()}"
                 )
             waited = time.perf_counter()
-            self._cond.wait(timeout=left)
+            self._messages.wait(self._cond, timeout_s=left, into=self._breakdown)
             woke = time.perf_counter() - self._notified_at if self._notified_at > waited else None
 
     def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
@@ -311,27 +317,26 @@ class StageWorker:
     ) -> None:
         if output is None:
             raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
-        release = time.perf_counter() + (latency(message) / 1e3 if latency else 0.0)
-        header = Header.for_payload(message=message, iteration=iteration, payload=output)
+        delay = latency(message) / 1e3 if latency else 0.0
+        header = Header.for_payload(
+            message=message, iteration=iteration, payload=output, released_at=time.time() + delay
+        )
         self._senders[layout.link(message)].post(
-            header=header, payload=output, release=release, fence=self._handoff.produced(output)
+            header=header, payload=output, release=time.perf_counter() + delay, fence=self._handoff.produced(output)
         )
 
     def _wait_outbox_empty(self) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        for sender in self._senders.values():
-            if not sender.wait_idle(timeout_s=max(0.0, deadline - time.monotonic())):
-                with self._cond:
-                    self._raise_if_failed()
-                raise PipelineError(
-                    f"stage {self.stage}: outgoing messages on {sender.link} not sent within {self.timeout_s:g} s"
-                )
+        late = wait_idle(self._senders.values(), timeout_s=self.timeout_s)
         with self._cond:
             self._raise_if_failed()
+        if late is not None:
+            raise PipelineError(f"stage {self.stage}: outgoing messages on {late} not sent within {self.timeout_s:g} s")
 
     def _receive_loop(self, link: Link, channel: Channel) -> None:
         reader = MessageReader(channel=channel)
+        clock = self._cpu.receiver()
         while True:
+            clock.mark()
             with self._cond:
                 # only what the running iteration expects (or STOP): an idle link never times out
                 while not self._stopping and not (
@@ -340,6 +345,7 @@ class StageWorker:
                     self._cond.wait(timeout=self.timeout_s)
                 if not self._stopping:
                     self._expected[link] -= 1
+            clock.mark()
             try:
                 header, payload, fence = self._handoff.receive(reader=reader)
             except TimeoutError as error:
@@ -351,8 +357,7 @@ class StageWorker:
                 return
             if header.is_stop:
                 return
-            arrived = time.perf_counter()
-            transit = time.time() - header.sent_at
+            arrived, received = time.perf_counter(), time.time()
             with self._cond:
                 if not self._wait_to_deliver(link=link, header=header):
                     return
@@ -364,7 +369,7 @@ class StageWorker:
                 self._notified_at = time.perf_counter()
                 self._recv_busy += self._notified_at - began
                 self._breakdown.add(Phase.ARRIVAL, self._notified_at - arrived)
-                self._breakdown.add(Phase.TRANSIT, transit)
+                self._messages.delivered(header=header, received=received, into=self._breakdown)
                 self._cond.notify_all()
 
     def _wait_to_deliver(self, *, link: Link, header: Header) -> bool:

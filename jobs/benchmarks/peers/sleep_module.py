@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rrfp_ray.runtime.cpu import OpClock
 from rrfp_ray.schedule.actions import Kind, Placement
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.sim.variability import Trace
@@ -104,9 +105,11 @@ class _Turn:
     microbatch: int
     costs: StageCosts
     log: list[tuple[str, int, int]]
+    op_clock: OpClock
 
     def sleep(self, kind: str, *, received: torch.Tensor) -> None:
         """Wait for `received` to be delivered, then sleep the pass's own time."""
+        began = OpClock.now()
         self.log.append((kind, self.virtual_stage, self.microbatch))
         m = self.microbatch
         latency = self.costs.activation_latency_s[m] if kind == "F" else self.costs.gradient_latency_s[m]
@@ -114,12 +117,15 @@ class _Turn:
         wait = delivery_wait_s(sent_at=float(received[0, SENT_AT]), latency_s=latency, now=now)
         seconds = {"F": self.costs.forward_s, "B": self.costs.input_grad_s, "W": self.costs.weight_grad_s}[kind]
         time.sleep(wait + seconds[m])
+        self.op_clock.add(since=began)
 
 
-def _stamped(tensor: torch.Tensor) -> torch.Tensor:
+def _stamped(tensor: torch.Tensor, *, turn: _Turn) -> torch.Tensor:
     """A copy of what an op sends, with the time it ends in its SENT_AT column."""
+    began = OpClock.now()
     out = tensor.clone()
     out[:, SENT_AT] = time.clock_gettime(time.CLOCK_MONOTONIC)
+    turn.op_clock.add(since=began)
     return out
 
 
@@ -129,12 +135,12 @@ class _InputPath(torch.autograd.Function):
         del anchor
         turn.sleep("F", received=x)
         ctx.turn = turn
-        return _stamped(x)
+        return _stamped(x, turn=turn)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         ctx.turn.sleep("B", received=grad)
-        return _stamped(grad), None, None
+        return _stamped(grad, turn=ctx.turn), None, None
 
 
 class _WeightPath(torch.autograd.Function):
@@ -154,19 +160,29 @@ class SleepStage(nn.Module):
 
     Every pass appends ``(kind, virtual_stage, microbatch)`` to ``log`` as it starts: ``F`` for
     the forward, ``B`` and ``W`` for the two backward sleeps (both inside one op when PyTorch
-    does not split the backward).
+    does not split the backward). ``op_clock`` counts the CPU of the passes' own work (the sleeps
+    and the copies they send).
     """
 
-    def __init__(self, *, costs: StageCosts, virtual_stage: int, log: list[tuple[str, int, int]]) -> None:
+    def __init__(
+        self, *, costs: StageCosts, virtual_stage: int, log: list[tuple[str, int, int]], op_clock: OpClock | None = None
+    ) -> None:
         super().__init__()
         self.costs = costs
         self.virtual_stage = virtual_stage
         self.log = log
+        self.op_clock = op_clock or OpClock()
         self.weight = nn.Parameter(torch.zeros(()))
         self.anchor = torch.zeros((), requires_grad=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        turn = _Turn(virtual_stage=self.virtual_stage, microbatch=int(x[0, 0].item()), costs=self.costs, log=self.log)
+        turn = _Turn(
+            virtual_stage=self.virtual_stage,
+            microbatch=int(x[0, 0].item()),
+            costs=self.costs,
+            log=self.log,
+            op_clock=self.op_clock,
+        )
         return _InputPath.apply(x, self.anchor, turn) + _WeightPath.apply(self.weight, x.detach(), turn)
 
 

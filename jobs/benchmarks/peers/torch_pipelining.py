@@ -46,6 +46,7 @@ from torch.distributed import pipelining
 from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.runtime.cpu import Meter, OpClock, idle_rate, per_op_us
 from rrfp_ray.schedule.actions import Action, Placement, parse_action
 from rrfp_ray.schedule.generators import Chunks, lookup
 from rrfp_ray.schedule.validate import Hint
@@ -107,6 +108,7 @@ class _Job:
     port: int
     timeout_s: float
     out: str
+    cpu: bool
 
 
 def measure(
@@ -117,9 +119,10 @@ def measure(
     warmup: int = 1,
     payload_elems: int = 4096,
     timeout_s: float = 300.0,
+    cpu: bool = False,
 ) -> dict[str, Any]:
     """One schedule's figures; see :func:`measure_all`."""
-    options = {"warmup": warmup, "payload_elems": payload_elems, "timeout_s": timeout_s}
+    options = {"warmup": warmup, "payload_elems": payload_elems, "timeout_s": timeout_s, "cpu": cpu}
     return measure_all(schedules=[schedule], trace=trace, iterations=iterations, **options)[schedule]
 
 
@@ -131,6 +134,7 @@ def measure_all(
     warmup: int = 1,
     payload_elems: int = 4096,
     timeout_s: float = 300.0,
+    cpu: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Run PyTorch's ``schedules`` on ``trace``, in P = trace.stages processes started once.
 
@@ -138,7 +142,9 @@ def measure_all(
     untimed ones), measured_ms (their median), rank0_ms (median of rank 0's own step time),
     ideal_ms (the simulated makespan of the order PyTorch ran), ratio (measured / ideal) and
     order_matches (that order is our schedule's). ``timeout_s`` bounds
-    every wait of a rank on another.
+    every wait of a rank on another. With ``cpu``, also cpu_per_rank: each rank's CPU per op over
+    the timed steps (`rrfp_ray.runtime.cpu.per_op_us`: its process's CPU clock less the idle
+    baseline, measured before the first schedule, and the passes' own sleeps and copies).
     """
     if isinstance(schedules, str) or not schedules:
         raise ValueError(f"schedules must be a non-empty list of names, got {schedules!r}")
@@ -160,6 +166,7 @@ def measure_all(
             port=_free_port(),
             timeout_s=timeout_s,
             out=str(Path(tmp) / "result.json"),
+            cpu=cpu,
         )
         _launch(job)
         raw = json.loads(Path(job.out).read_text())
@@ -189,6 +196,7 @@ def _figures(schedule: str, *, raw: dict[str, Any], ours: dict[int, list[Action]
     ideal = simulate(policy=make_policy(name="hint", **shape, hint=hint), trace=trace, cap=Cap.parse("inf")).makespan_ms
     runs = [1000 * (max(ends) - min(starts)) for starts, ends in raw["times"]]
     measured = statistics.median(runs)
+    cpu = {"cpu_per_rank": [per_op_us([uses]) for uses in raw["cpu"]]} if raw["cpu"] else {}
     return {
         "schedule": schedule,
         "pytorch_class": PEERS[schedule].pytorch_class,
@@ -200,6 +208,7 @@ def _figures(schedule: str, *, raw: dict[str, Any], ours: dict[int, list[Action]
         "ideal_ms": ideal,
         "ratio": measured / ideal,
         "order_matches": ours == ran,
+        **cpu,
     }
 
 
@@ -236,7 +245,8 @@ def _worker(rank: int, job: _Job) -> None:
         timeout=timedelta(seconds=job.timeout_s),
     )
     try:
-        mine = {name: _run(name, rank=rank, job=job) for name in job.schedules}
+        idle = idle_rate() if job.cpu else None
+        mine = {name: _run(name, rank=rank, job=job, idle=idle) for name in job.schedules}
         gathered: list[Any] = [None] * job.trace.stages
         dist.all_gather_object(gathered, mine)
         if rank == 0:
@@ -245,10 +255,12 @@ def _worker(rank: int, job: _Job) -> None:
         dist.destroy_process_group()
 
 
-def _run(schedule: str, *, rank: int, job: _Job) -> dict[str, Any]:
-    """This rank's (start, end) of every timed step and the order its last step ran in."""
+def _run(schedule: str, *, rank: int, job: _Job, idle: float | None) -> dict[str, Any]:
+    """This rank's (start, end) of every timed step, the order its last step ran in and, with an
+    `idle` baseline (CPU s per wall s), the CPU of every timed step (`CpuUse.to_dict()`)."""
     trace, peer = job.trace, PEERS[schedule]
     log: list[tuple[str, int, int]] = []
+    op_clock = OpClock()
     held = [peer.placement.virtual_stage(stage=rank, chunk=c, stages=trace.stages) for c in range(trace.chunks)]
     stages = [
         _stage(
@@ -258,6 +270,7 @@ def _run(schedule: str, *, rank: int, job: _Job) -> dict[str, Any]:
             split=peer.split,
             payload_elems=job.payload_elems,
             log=log,
+            op_clock=op_clock,
         )
         for vs in held
     ]
@@ -265,15 +278,19 @@ def _run(schedule: str, *, rank: int, job: _Job) -> dict[str, Any]:
     runner = make(stages if peer.multi else stages[0], n_microbatches=trace.microbatches, loss_fn=_loss)
     batch = microbatch_inputs(microbatches=trace.microbatches, payload_elems=job.payload_elems)
     target = torch.zeros_like(batch)
-    times = []
+    times, cpu = [], []
     for i in range(job.warmup + job.iterations):
         log.clear()
         dist.barrier()
+        meter, op_clock.cpu_s = Meter(idle=idle or 0.0), 0.0
         start = time.clock_gettime(time.CLOCK_MONOTONIC)  # system-wide on Linux: comparable across ranks
         runner.step(batch, target=target, return_outputs=False)
         if i >= job.warmup:
             times.append((start, time.clock_gettime(time.CLOCK_MONOTONIC)))
-    return {"times": times, "order": _ran(log, split=peer.split)}
+            if idle is not None:
+                ops = len(_ran(log, split=peer.split))
+                cpu.append(meter.stop(ops=ops, op=op_clock, send=(), receive=()).to_dict())
+    return {"times": times, "order": _ran(log, split=peer.split), "cpu": cpu}
 
 
 def _merge(schedule: str, gathered: list[dict[str, Any]]) -> dict[str, Any]:
@@ -283,6 +300,7 @@ def _merge(schedule: str, gathered: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "times": [([start for start, _ in step], [end for _, end in step]) for step in steps],
         "order": {rank: r["order"] for rank, r in enumerate(per_rank)},
+        "cpu": [r["cpu"] for r in per_rank] if all(r["cpu"] for r in per_rank) else [],
     }
 
 
@@ -311,10 +329,11 @@ def _stage(
     split: bool,
     payload_elems: int,
     log: list[tuple[str, int, int]],
+    op_clock: OpClock,
 ) -> pipelining.PipelineStage:
     example = torch.zeros(1, payload_elems, dtype=torch.float64)
     costs = stage_costs(trace=trace, virtual_stage=virtual_stage, placement=placement, split=split)
-    module = SleepStage(costs=costs, virtual_stage=virtual_stage, log=log)
+    module = SleepStage(costs=costs, virtual_stage=virtual_stage, log=log, op_clock=op_clock)
     return pipelining.PipelineStage(
         module,
         stage_index=virtual_stage,
