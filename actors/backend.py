@@ -32,6 +32,7 @@ from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement
 from actors.placement import check as check_placement
 from actors.placement import remove_orphans
 from actors.teardown import await_exit
+from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.worker import PipelineError
@@ -141,8 +142,8 @@ class RayBackend:
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, PipelineError):
-                raise error.cause from None  # the driver's own, with its culprit
+            if isinstance(error.cause, RrfpError):
+                raise error.cause from None  # the driver's own (a PipelineError with its culprit, a PlacementError)
             raise
         except ray.exceptions.RayActorError as error:
             self._driver_lost = True

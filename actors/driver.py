@@ -20,11 +20,12 @@ from actors.names import run_tag, stage_name
 from actors.placement import StagePlacement, place
 from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
+from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPGather
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.errors import PipelineError, joint_exit_code
 from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.tcp_pair import Secret
@@ -326,7 +327,8 @@ class RayStages:
         owners = dict(zip(refs, labels))
         deadline = time.monotonic() + timeout_s + 5.0
         pending = list(refs)
-        failures: list[tuple[bool, str, str]] = []  # (not died, message, culprit): dead actors sort first
+        # (not died, message, culprit, the stage's error: None if it died): dead actors sort first
+        failures: list[tuple[bool, str, str, BaseException | None]] = []
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
@@ -336,17 +338,25 @@ class RayStages:
             except RayActorError as error:
                 pid = f" (pid {self.pids[error.actor_id]})" if error.actor_id in self.pids else ""
                 failures.append(
-                    (False, f"{owners[done[0]]} died during {what}: {error}", f"{owners[done[0]]}{pid} died")
+                    (False, f"{owners[done[0]]} died during {what}: {error}", f"{owners[done[0]]}{pid} died", None)
                 )
             except RayError as error:
-                failures.append((True, f"{owners[done[0]]} failed during {what}: {error}", f"{owners[done[0]]} failed"))
+                cause = getattr(error, "cause", None)
+                text = cause if isinstance(cause, RrfpError) else error  # ours: its message; else with its traceback
+                failures.append(
+                    (True, f"{owners[done[0]]} failed during {what}: {text}", f"{owners[done[0]]} failed", cause)
+                )
             if failures:
                 deadline = min(deadline, time.monotonic() + _GRACE_S)
         if pending:  # a stalled stage is named beside the errors its neighbours ran into
             waited = f"{timeout_s:g} s" if not failures else f"{_GRACE_S:g} s of the first failure"
             silent = ", ".join(owners[r] for r in pending)
-            failures.append((True, f"{what}: no answer within {waited} from {silent}", f"{silent} stalled"))
+            failures.append((True, f"{what}: no answer within {waited} from {silent}", f"{silent} stalled", None))
         if failures:
             failures.sort(key=lambda f: f[0])
-            raise PipelineError("\n".join(message for _, message, _ in failures), culprit=failures[0][2])
+            raise PipelineError(
+                "\n".join(f[1] for f in failures),
+                culprit=failures[0][2],
+                exit_code=joint_exit_code([f[3] for f in failures]),
+            )
         return ray.get(refs)

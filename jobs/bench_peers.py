@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.torch_pipelining import PEERS, measure_all, our_order
+from rrfp_ray.job import run_job
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate, scenario_params
 
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
@@ -131,4 +132,4 @@ def _checked(parser: argparse.ArgumentParser, flag: str, make: Callable[[], Any]
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -16,6 +16,7 @@ from pathlib import Path
 from benchmarks.plots import plots
 from benchmarks.render import render
 from benchmarks.report import DEFAULTS, SUITE, Suite
+from rrfp_ray.job import run_job
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -44,4 +45,4 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

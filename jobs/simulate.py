@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rrfp_ray.cli import add_log_level_flag, configure_logging, file_dir, writable_dir, write_pictures
+from rrfp_ray.job import run_job  # noqa: E402
 from rrfp_ray.observe.telemetry import IterationReport  # noqa: E402
 from rrfp_ray.plan.loop import Planning, run  # noqa: E402
 from rrfp_ray.plan.planner import PlannerConfig  # noqa: E402
@@ -262,4 +263,4 @@ def table(results: dict[str, dict[str, float]]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

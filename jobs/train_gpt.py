@@ -31,6 +31,7 @@ from actors.job_setup import checked_run  # noqa: E402
 from actors.local_ray import start_ray  # noqa: E402
 from rrfp_ray.cli import add_log_level_flag, add_scenario_flags, configure_logging, write_pictures  # noqa: E402
 from rrfp_ray.gpt_cli import baseline_of  # noqa: E402
+from rrfp_ray.job import run_job  # noqa: E402
 
 if TYPE_CHECKING:
     from rrfp_ray.train.api import Trainer
@@ -224,4 +225,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)
