@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"baseline": baseline, "cap": str(cap), "policies": results}, indent=2))
     if args.out:
-        write_pictures(out=Path(args.out), runs=reports)
-        print(f"wrote traces and diagrams to {args.out}/")
+        diagrams = write_pictures(out=Path(args.out), runs=reports)
+        print(f"wrote traces{' and diagrams' if diagrams else ''} to {args.out}/")
 
 
 def build_parser() -> argparse.ArgumentParser:
