@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from actors.driver import PipelineDriver
 from actors.local_ray import init_ray
-from actors.names import driver_name, run_tag
+from actors.names import driver_name, replacement, run_tag
 from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement
 from actors.placement import check as check_placement
 from actors.placement import remove_orphans
@@ -65,6 +65,8 @@ class RayBackend:
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False
         self._name = ""  # the driver actor's
+        self._run = ""  # its run tag (actors.names), once started
+        self._drivers = 0  # how many drivers it has started
         self._pipeline: PipelineConfig | None = None
         self._workload: ModelWorkload | None = None  # the last given: a rebuilt driver starts with it
         self._driver_lost = False
@@ -82,9 +84,12 @@ class RayBackend:
             raise
 
     def _spawn_driver(self) -> None:
-        self._name = driver_name(run=run_tag())  # fresh: a dead driver may not have released its name
+        self._run = self._run or run_tag()  # one tag for the job's driver and its stages (actors.names)
+        run = replacement(self._run, mark="d", count=self._drivers)  # a dead driver may not have released its name
+        self._drivers += 1
+        self._name = driver_name(run=run)
         self.driver = PipelineDriver.options(name=self._name).remote(
-            pipeline=self._pipeline, workload=self._workload, placement=self.placement
+            pipeline=self._pipeline, workload=self._workload, placement=self.placement, run=run
         )
         self._driver_lost = False
         self.startup_s = self._call(self.driver.startup_seconds.remote())

@@ -16,7 +16,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
-from actors.names import run_tag, stage_name
+from actors.names import replacement, run_tag, stage_name
 from actors.placement import StagePlacement, place
 from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
@@ -47,14 +47,20 @@ class PipelineDriver:
     """Hands out the policy and collects each iteration's telemetry; the group does the driving."""
 
     def __init__(
-        self, *, pipeline: PipelineConfig, workload: Workload, placement: StagePlacement | None = None
+        self,
+        *,
+        pipeline: PipelineConfig,
+        workload: Workload,
+        placement: StagePlacement | None = None,
+        run: str | None = None,
     ) -> None:
-        """`placement`: what each stage's bundle asks (default: 1 CPU, no GPU) and how long placement waits."""
+        """`placement`: what each stage's bundle asks (default: 1 CPU, no GPU) and how long placement waits;
+        `run`: the tag in the stages' names, the driver's own (`actors.names`; default: a fresh one)."""
         collective.register_backends()
         self.pipeline = pipeline
         started = time.perf_counter()
         ties = tuple(dict.fromkeys(tie.stages for tie in getattr(workload, "ties", ())))
-        fabric = RayStages(pipeline=pipeline, placement=placement or StagePlacement(), ties=ties)
+        fabric = RayStages(pipeline=pipeline, placement=placement or StagePlacement(), ties=ties, run=run)
         self.group = StageGroup(
             fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
         )
@@ -133,9 +139,16 @@ class RayStages:
     (STRICT_PACK), one stage actor per (replica, stage, TP rank), their links."""
 
     def __init__(
-        self, *, pipeline: PipelineConfig, placement: StagePlacement, ties: tuple[tuple[int, ...], ...] = ()
+        self,
+        *,
+        pipeline: PipelineConfig,
+        placement: StagePlacement,
+        ties: tuple[tuple[int, ...], ...] = (),
+        run: str | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.run = run or run_tag()  # the tag in the stage actors' names (actors.names)
+        self._starts = 0  # how many sets of stage actors it has started
         self.ties = ties  # each a set of stages holding a tied parameter: a collective group of them per TP rank
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
@@ -157,7 +170,8 @@ class RayStages:
         )  # logs its waiting and its end
         spawn_s = max(self.timeout_s, _SPAWN_S)
         waited = time.perf_counter()
-        run = run_tag()  # fresh names: a restart's old actors may not have released theirs
+        run = replacement(self.run, mark="r", count=self._starts)  # a restart's old actors may hold their names
+        self._starts += 1
         self.stages = [
             StageActor.options(
                 name=stage_name(
