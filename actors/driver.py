@@ -61,10 +61,16 @@ class PipelineDriver:
         started = time.perf_counter()
         ties = tuple(dict.fromkeys(tie.stages for tie in getattr(workload, "ties", ())))
         fabric = RayStages(pipeline=pipeline, placement=placement or StagePlacement(), ties=ties, run=run)
-        self.group = StageGroup(
-            fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
-        )
-        self.group.set_workload(workload=workload)
+        self.group: StageGroup | None = None
+        # raised to the caller by startup_seconds: out of __init__ it would arrive as this actor's death alone
+        self.startup_error: RrfpError | None = None
+        try:
+            self.group = StageGroup(
+                fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
+            )
+            self.group.set_workload(workload=workload)
+        except RrfpError as error:  # placement that timed out, stages that failed to start
+            self.startup_error = error
         self.startup_s = time.perf_counter() - started
 
     def set_workload(self, *, workload: Workload) -> None:
@@ -115,6 +121,8 @@ class PipelineDriver:
         )
 
     def startup_seconds(self) -> float:
+        if self.startup_error is not None:
+            raise self.startup_error
         return self.startup_s
 
     def link_backend(self) -> LinkBackend:
@@ -131,7 +139,8 @@ class PipelineDriver:
 
     def shutdown(self) -> None:
         """Stop the stages: gracefully unless an iteration failed."""
-        self.group.close()
+        if self.group is not None:
+            self.group.close()
 
 
 class RayStages:

@@ -68,3 +68,28 @@ def test_resuming_from_a_checkpoint_carrying_code_exits_2_with_one_line(tmp_path
         )
     ], resumed.stderr
     assert not planted.exists()
+
+
+def test_placement_that_times_out_arrives_as_itself_not_as_a_dead_driver(ray_session):
+    """An error of ours in the driver actor's start reaches the caller with its kind and its message."""
+    from actors.backend import RayBackend
+    from actors.placement import PlacementError
+    from rrfp_ray.errors import ExitCode
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.sim.variability import generate
+    from rrfp_ray.train.config import PipelineConfig
+
+    ray = ray_session
+    blocker = ray.util.placement_group([{"CPU": 1}] * int(ray.available_resources()["CPU"]))  # every free CPU
+    ray.get(blocker.ready(), timeout=60)
+    config = PipelineConfig(stages=2, microbatches=4, timeout_s=30)
+    trace = generate(scenario="none", stages=2, microbatches=4, chunks=1, seed=0, t_f=1.0)
+    backend = RayBackend(placement_timeout_s=1)
+    try:
+        with pytest.raises(PlacementError, match=r"^placement timed out after 1 s waiting for 2 x \{CPU: 1\}") as error:
+            backend.start(pipeline=config, workload=SyntheticWorkload(trace=trace, payload_elems=16))
+        assert error.value.exit_code is ExitCode.RUN_FAILED
+        assert "Traceback" not in str(error.value) and "\n" not in str(error.value)
+    finally:
+        backend.close()
+        ray.util.remove_placement_group(blocker)
