@@ -27,11 +27,12 @@ from pydantic import ValidationError
 
 from actors.driver import PipelineDriver
 from actors.local_ray import init_ray
-from actors.names import driver_name, run_tag
+from actors.names import driver_name, replacement, run_tag
 from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement
 from actors.placement import check as check_placement
 from actors.placement import remove_orphans
 from actors.teardown import await_exit
+from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.worker import PipelineError
@@ -65,6 +66,8 @@ class RayBackend:
         self.startup_s: float | None = None  # placement, actors and links, as the driver measured it
         self._owns_ray = False
         self._name = ""  # the driver actor's
+        self._run = ""  # its run tag (actors.names), once started
+        self._drivers = 0  # how many drivers it has started
         self._pipeline: PipelineConfig | None = None
         self._workload: ModelWorkload | None = None  # the last given: a rebuilt driver starts with it
         self._driver_lost = False
@@ -82,9 +85,12 @@ class RayBackend:
             raise
 
     def _spawn_driver(self) -> None:
-        self._name = driver_name(run=run_tag())  # fresh: a dead driver may not have released its name
+        self._run = self._run or run_tag()  # one tag for the job's driver and its stages (actors.names)
+        run = replacement(self._run, mark="d", count=self._drivers)  # a dead driver may not have released its name
+        self._drivers += 1
+        self._name = driver_name(run=run)
         self.driver = PipelineDriver.options(name=self._name).remote(
-            pipeline=self._pipeline, workload=self._workload, placement=self.placement
+            pipeline=self._pipeline, workload=self._workload, placement=self.placement, run=run
         )
         self._driver_lost = False
         self.startup_s = self._call(self.driver.startup_seconds.remote())
@@ -155,8 +161,8 @@ class RayBackend:
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, PipelineError):
-                raise error.cause from None  # the driver's own, with its culprit
+            if isinstance(error.cause, RrfpError):
+                raise error.cause from None  # the driver's own (a PipelineError with its culprit, a PlacementError)
             raise
         except ray.exceptions.RayActorError as error:
             self._driver_lost = True

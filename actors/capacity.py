@@ -13,8 +13,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rrfp_ray.errors import BadInput
 
-class CapacityError(ValueError):
+
+class CapacityError(BadInput):
     """The cluster can never hold the pipeline's placement groups."""
 
 

@@ -16,12 +16,28 @@ from rrfp_ray.schedule.actions import Action, Kind
 _COLOURS = {Kind.F: "thread_state_running", Kind.I: "rail_response", Kind.B: "rail_response", Kind.W: "good"}
 
 
-class ProfiledExecutor:
-    """An executor whose every action is a span `stage s: 2F0` on the Ray timeline."""
+def span_args(*, action: Action, policy: str, iteration: int) -> dict[str, str | int]:
+    """What an op's span on the Ray timeline carries (its `args`): which op, of which policy's run and
+    iteration, numbers as numbers (Ray stores them as JSON); `name` and `cname` set its label and colour."""
+    return {
+        "name": str(action),
+        "policy": policy,
+        "iteration": iteration,
+        "stage": action.stage,
+        "virtual_stage": action.virtual_stage,
+        "microbatch": action.microbatch,
+        "cname": _COLOURS[action.kind],
+    }
 
-    def __init__(self, inner: Executor, *, stage: int) -> None:
+
+class ProfiledExecutor:
+    """An executor whose every action, in an iteration under `policy`, is a span `2F0` on the Ray timeline
+    (category `stage s: F`)."""
+
+    def __init__(self, inner: Executor, *, stage: int, policy: str) -> None:
         self.inner = inner
         self.stage = stage
+        self.policy = policy
 
     def __getattr__(self, name: str) -> object:  # begin, finish, save, load, evaluate: as the inner one's
         return getattr(self.inner, name)
@@ -29,7 +45,7 @@ class ProfiledExecutor:
     def run(
         self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None
     ) -> torch.Tensor | None:
-        extra = {"name": str(action), "iteration": str(iteration), "cname": _COLOURS[action.kind]}
+        extra = span_args(action=action, policy=self.policy, iteration=iteration)
         with profiling.profile(f"stage {self.stage}: {action.kind.value}", extra_data=extra):
             return self.inner.run(action=action, iteration=iteration, payload=payload, release=release)
 

@@ -16,15 +16,16 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors import collective
-from actors.names import run_tag, stage_name
+from actors.names import replacement, run_tag, stage_name
 from actors.placement import StagePlacement, place
 from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
+from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPGather
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.errors import PipelineError, joint_exit_code
 from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.tcp_pair import Secret
@@ -46,18 +47,30 @@ class PipelineDriver:
     """Hands out the policy and collects each iteration's telemetry; the group does the driving."""
 
     def __init__(
-        self, *, pipeline: PipelineConfig, workload: Workload, placement: StagePlacement | None = None
+        self,
+        *,
+        pipeline: PipelineConfig,
+        workload: Workload,
+        placement: StagePlacement | None = None,
+        run: str | None = None,
     ) -> None:
-        """`placement`: what each stage's bundle asks (default: 1 CPU, no GPU) and how long placement waits."""
+        """`placement`: what each stage's bundle asks (default: 1 CPU, no GPU) and how long placement waits;
+        `run`: the tag in the stages' names, the driver's own (`actors.names`; default: a fresh one)."""
         collective.register_backends()
         self.pipeline = pipeline
         started = time.perf_counter()
         ties = tuple(dict.fromkeys(tie.stages for tie in getattr(workload, "ties", ())))
-        fabric = RayStages(pipeline=pipeline, placement=placement or StagePlacement(), ties=ties)
-        self.group = StageGroup(
-            fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
-        )
-        self.group.set_workload(workload=workload)
+        fabric = RayStages(pipeline=pipeline, placement=placement or StagePlacement(), ties=ties, run=run)
+        self.group: StageGroup | None = None
+        # raised to the caller by startup_seconds: out of __init__ it would arrive as this actor's death alone
+        self.startup_error: RrfpError | None = None
+        try:
+            self.group = StageGroup(
+                fabric=fabric, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
+            )
+            self.group.set_workload(workload=workload)
+        except RrfpError as error:  # placement that timed out, stages that failed to start
+            self.startup_error = error
         self.startup_s = time.perf_counter() - started
 
     def set_workload(self, *, workload: Workload) -> None:
@@ -108,6 +121,8 @@ class PipelineDriver:
         )
 
     def startup_seconds(self) -> float:
+        if self.startup_error is not None:
+            raise self.startup_error
         return self.startup_s
 
     def link_backend(self) -> LinkBackend:
@@ -124,7 +139,8 @@ class PipelineDriver:
 
     def shutdown(self) -> None:
         """Stop the stages: gracefully unless an iteration failed."""
-        self.group.close()
+        if self.group is not None:
+            self.group.close()
 
 
 class RayStages:
@@ -132,9 +148,16 @@ class RayStages:
     (STRICT_PACK), one stage actor per (replica, stage, TP rank), their links."""
 
     def __init__(
-        self, *, pipeline: PipelineConfig, placement: StagePlacement, ties: tuple[tuple[int, ...], ...] = ()
+        self,
+        *,
+        pipeline: PipelineConfig,
+        placement: StagePlacement,
+        ties: tuple[tuple[int, ...], ...] = (),
+        run: str | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.run = run or run_tag()  # the tag in the stage actors' names (actors.names)
+        self._starts = 0  # how many sets of stage actors it has started
         self.ties = ties  # each a set of stages holding a tied parameter: a collective group of them per TP rank
         self.timeout_s = pipeline.timeout_s
         self.layout = pipeline.layout
@@ -156,7 +179,8 @@ class RayStages:
         )  # logs its waiting and its end
         spawn_s = max(self.timeout_s, _SPAWN_S)
         waited = time.perf_counter()
-        run = run_tag()  # fresh names: a restart's old actors may not have released theirs
+        run = replacement(self.run, mark="r", count=self._starts)  # a restart's old actors may hold their names
+        self._starts += 1
         self.stages = [
             StageActor.options(
                 name=stage_name(
@@ -326,7 +350,8 @@ class RayStages:
         owners = dict(zip(refs, labels))
         deadline = time.monotonic() + timeout_s + 5.0
         pending = list(refs)
-        failures: list[tuple[bool, str, str]] = []  # (not died, message, culprit): dead actors sort first
+        # (not died, message, culprit, the stage's error: None if it died): dead actors sort first
+        failures: list[tuple[bool, str, str, BaseException | None]] = []
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
@@ -336,17 +361,25 @@ class RayStages:
             except RayActorError as error:
                 pid = f" (pid {self.pids[error.actor_id]})" if error.actor_id in self.pids else ""
                 failures.append(
-                    (False, f"{owners[done[0]]} died during {what}: {error}", f"{owners[done[0]]}{pid} died")
+                    (False, f"{owners[done[0]]} died during {what}: {error}", f"{owners[done[0]]}{pid} died", None)
                 )
             except RayError as error:
-                failures.append((True, f"{owners[done[0]]} failed during {what}: {error}", f"{owners[done[0]]} failed"))
+                cause = getattr(error, "cause", None)
+                text = cause if isinstance(cause, RrfpError) else error  # ours: its message; else with its traceback
+                failures.append(
+                    (True, f"{owners[done[0]]} failed during {what}: {text}", f"{owners[done[0]]} failed", cause)
+                )
             if failures:
                 deadline = min(deadline, time.monotonic() + _GRACE_S)
         if pending:  # a stalled stage is named beside the errors its neighbours ran into
             waited = f"{timeout_s:g} s" if not failures else f"{_GRACE_S:g} s of the first failure"
             silent = ", ".join(owners[r] for r in pending)
-            failures.append((True, f"{what}: no answer within {waited} from {silent}", f"{silent} stalled"))
+            failures.append((True, f"{what}: no answer within {waited} from {silent}", f"{silent} stalled", None))
         if failures:
             failures.sort(key=lambda f: f[0])
-            raise PipelineError("\n".join(message for _, message, _ in failures), culprit=failures[0][2])
+            raise PipelineError(
+                "\n".join(f[1] for f in failures),
+                culprit=failures[0][2],
+                exit_code=joint_exit_code([f[3] for f in failures]),
+            )
         return ray.get(refs)

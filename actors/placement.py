@@ -31,6 +31,7 @@ from ray.experimental import internal_kv
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 from actors.capacity import Demand, check_capacity, stage_bundle
+from rrfp_ray.errors import RunFailed
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ _AUTOSCALER_STATUS_KEY = "__autoscaling_status"  # what Ray's v1 autoscaler repo
 _NAME = "rrfp-placement-"  # + "<owner actor id>: <label>"
 
 
-class PlacementError(RuntimeError):
+class PlacementError(RunFailed):
     pass
 
 

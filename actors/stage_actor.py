@@ -187,7 +187,7 @@ class StageActor:
         if getattr(workload, "ties", ()):
             workload = workload.with_ties(reduce=self._tie_reduce)
         self._workload = workload
-        self._executor = ProfiledExecutor(workload.executor(stage=self.stage, layout=layout), stage=self.stage)
+        self._executor = workload.executor(stage=self.stage, layout=layout)
 
     def run_iteration(
         self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int, tp_protocol: TPProtocol
@@ -199,7 +199,7 @@ class StageActor:
             layout=layout,
             policy=policy,
             cap=cap,
-            executor=self._executor,
+            executor=ProfiledExecutor(self._executor, stage=self.stage, policy=policy.name),
             buffer_limit=buffer_limit,
             latency=self._workload.latency,
             all_reduce=self._all_reduce,

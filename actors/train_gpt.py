@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 from actors.job_setup import checked_run
 from actors.local_ray import start_ray
 from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
+from rrfp_ray.installed import missing_extra
+from rrfp_ray.job import run_job
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_cli import MODEL, PIPELINE, TRAIN, VARIABILITY, baseline_of
 
@@ -91,18 +93,23 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
 def train(
     *, trainer: Trainer, run: RunConfig, policy: str, out: Path, tensorboard: str | None = None
 ) -> tuple[dict, list]:
-    """`policy` trained to the run's iterations, a line per iteration under a progress bar; its summary and reports."""
-    from tqdm import tqdm
-
+    """`policy` trained to the run's iterations, a line per iteration under a progress bar (with tqdm, the
+    `jobs` extra); its summary and reports."""
     from rrfp_ray.recipes.gpt_run import PolicyRun, state_lines
 
     session = PolicyRun(
         trainer=trainer, run=run, policy=policy, telemetry=out / f"telemetry-{policy}.jsonl", tensorboard=tensorboard
     )
-    with tqdm(total=run.train.iterations, initial=trainer.iteration, desc=policy, disable=None, leave=False) as bar:
+    if missing_extra("tqdm", extra="jobs"):
         for line in session.iterations():
-            bar.write(line)
-            bar.update()
+            print(line)
+    else:
+        from tqdm import tqdm
+
+        with tqdm(total=run.train.iterations, initial=trainer.iteration, desc=policy, disable=None, leave=False) as bar:
+            for line in session.iterations():
+                bar.write(line)
+                bar.update()
     summary = session.summary()
     for line in state_lines(summary):
         print(line)
@@ -121,6 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
     log_level = configure_logging(args)
     print(start_ray(num_cpus=max(2, run.pipeline.actors), log_level=log_level))
     print(f"outputs: {out}")
+    if missing := missing_extra("tqdm", extra="jobs"):
+        print(f"progress bars skipped: {missing}")
     started = time.perf_counter()
     backend = RayBackend(
         gpus_per_stage=args.placement.gpus_per_stage,
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
         policy = run.pipeline.policy
         result, runs[policy] = train(trainer=trainer, run=run, policy=policy, out=out, tensorboard=args.tensorboard)
         summary |= result
-    write_pictures(out=out, runs=runs)
+    diagrams = write_pictures(out=out, runs=runs)
     if baseline is not None:
         summary["speedup_vs_baseline"] = speedup_vs_baseline(summary)
     print("\n" + "\n".join(outcome_lines(summary)))
@@ -152,5 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
         summary["dp_check"] = dp_check(run=run, losses=[r.loss for r in runs[policy]])
         print(dp_check_line(run=run, check=summary["dp_check"]))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"wrote {out}/: summary.json, telemetry, Perfetto traces, diagrams ({time.perf_counter() - started:.0f} s)")
+    pictures = "Perfetto traces, diagrams" if diagrams else "Perfetto traces"
+    print(f"wrote {out}/: summary.json, telemetry, {pictures} ({time.perf_counter() - started:.0f} s)")
     return summary
+
+
+def command() -> None:
+    """The `rrfp-train` command: `main` as every job runs it (`rrfp_ray.job.run_job`)."""
+    run_job(main)

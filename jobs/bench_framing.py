@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.framing import FRAMES, in_thread, ping_pong
+from rrfp_ray.job import run_job
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,4 +49,4 @@ def _median(repeats: int, measure: Callable[[], float]) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

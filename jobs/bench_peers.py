@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.torch_pipelining import PEERS, measure_all, our_order
+from rrfp_ray.job import run_job
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate, scenario_params
 
 CPU_KEYS = ("all", "compute", "other", "op", "idle")
@@ -150,4 +151,4 @@ def _checked(parser: argparse.ArgumentParser, flag: str, make: Callable[[], Any]
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.console import show_progress
 from benchmarks.policies import SCENARIOS, SENSITIVITY_CAPS, SENSITIVITY_SCENARIOS, markdown, paired, suite_row
+from rrfp_ray.job import run_job
 from rrfp_ray.policy.arbiter import Cap
 
 
@@ -73,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

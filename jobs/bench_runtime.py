@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 
 from actors.local_ray import start_ray
 from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
+from rrfp_ray.job import run_job
 
 if TYPE_CHECKING:
     from rrfp_ray.sim.variability import Trace
@@ -165,4 +166,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

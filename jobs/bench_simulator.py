@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rrfp_ray.job import run_job
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.sim.simulator import Case, bounds, simulate, simulate_many
@@ -199,4 +200,4 @@ def markdown(*, timing: str, rows: list[dict], cap: Cap, seeds: int) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -80,6 +80,7 @@ from benchmarks.suite import (
     timed,
 )
 from benchmarks.suite_ray import TP, TP_SCENARIOS, peers_part, runtime_part, tp_part
+from rrfp_ray.job import run_job
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -224,4 +225,4 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -20,6 +20,7 @@ import argparse
 import statistics
 
 from rrfp_ray.cli import add_log_level_flag, configure_logging
+from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
@@ -120,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from rrfp_ray.job import run_job
+
 _WAIT_S = 60.0
 
 
@@ -159,4 +161,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from rrfp_ray.job import run_job
+
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,4 +45,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -17,6 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
+from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
@@ -74,4 +75,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

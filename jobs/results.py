@@ -13,9 +13,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.plots import plots
 from benchmarks.render import render
 from benchmarks.report import DEFAULTS, SUITE, Suite
+from rrfp_ray.installed import missing_extra
+from rrfp_ray.job import run_job
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -35,7 +36,14 @@ def main(argv: Sequence[str] | None = None) -> Path:
         suite = Suite(json.loads(source.read_text()))
     except (ValueError, KeyError) as error:
         parser.error(f"argument --json: {source} is not the suite's JSON ({error})")
-    made = plots(suite, directory=Path(args.plots))
+    missing = missing_extra("matplotlib", extra="plots")
+    if missing:
+        print(f"plots skipped: {missing}")
+        made = {}
+    else:
+        from benchmarks.plots import plots
+
+        made = plots(suite, directory=Path(args.plots))
     out.write_text(
         render(suite, source=source.resolve(), out=out.resolve(), plots={k: v.resolve() for k, v in made.items()})
     )
@@ -44,4 +52,4 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

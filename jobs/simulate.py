@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
+from rrfp_ray.job import run_job
 from rrfp_ray.recipes.simulate import main
 
 __all__ = ["main"]
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

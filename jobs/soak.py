@@ -13,6 +13,7 @@ import time
 
 from actors.local_ray import start_ray
 from rrfp_ray.cli import add_log_level_flag, configure_logging
+from rrfp_ray.job import run_job
 
 WORKLOADS = ("synthetic", "gpt")
 
@@ -87,4 +88,4 @@ def _workload(args: argparse.Namespace, pipeline):
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -11,8 +11,9 @@ from rrfp_ray.installed import require_core
 require_core(program="train_gpt.py")  # before the first import of torch or ray
 
 from actors.train_gpt import main, parse, train
+from rrfp_ray.job import run_job
 
 __all__ = ["main", "parse", "train"]
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

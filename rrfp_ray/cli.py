@@ -16,6 +16,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from rrfp_ray.installed import missing_extra
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.variability import SCENARIOS, scenario_params
@@ -242,19 +243,25 @@ def median_report(reports: list):
     return sorted(reports, key=lambda r: r.makespan_ms)[len(reports) // 2]
 
 
-def write_pictures(*, out: Path, runs: dict[str, list]) -> None:
-    """A Perfetto trace and a pipeline diagram per run; one comparison diagram for two runs."""
+def write_pictures(*, out: Path, runs: dict[str, list]) -> bool:
+    """A Perfetto trace per run; with matplotlib (the `plots` extra), a pipeline diagram per run and one
+    comparison diagram for two runs, else one line saying the diagrams were skipped. Whether it drew them."""
     from rrfp_ray.observe.diagram import compare_png, pipeline_png
     from rrfp_ray.observe.perfetto import write_trace
 
     out.mkdir(parents=True, exist_ok=True)
-
     for name, reports in runs.items():
         write_trace(out / f"trace-{name}.json", reports)
+    missing = missing_extra("matplotlib", extra="plots")
+    if missing:
+        print(f"diagrams skipped: {missing}")
+        return False
+    for name, reports in runs.items():
         pipeline_png(out / f"pipeline-{name}.png", median_report(reports))
     if len(runs) == 2:
         top, bottom = (median_report(reports) for reports in runs.values())
         compare_png(out / "compare.png", top, bottom)
+    return True
 
 
 def writable_dir(parser: argparse.ArgumentParser, *, flag: str, path: str) -> None:

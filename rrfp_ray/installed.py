@@ -1,10 +1,11 @@
 """Whether this Python holds the project's core packages: a job run by another Python (say
 `ray job submit -- python ...` on a head started outside the virtualenv) says so at once,
-not with a ModuleNotFoundError from deep inside an import. Imports nothing outside the
-standard library."""
+not with a ModuleNotFoundError from deep inside an import; and what an optional extra's
+absence skips. Imports nothing outside the standard library."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 
@@ -22,3 +23,13 @@ def require_core(*, program: str) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2)
+
+
+def missing_extra(module: str, *, extra: str) -> str | None:
+    """Why the optional `extra` cannot be used here (its `module` does not import), or None: for a
+    job that goes on without it, saying so in one line."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return f"{module} is not installed (pip install 'rrfp-ray[{extra}]')"
+    return None

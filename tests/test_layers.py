@@ -86,3 +86,9 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path):
 def test_no_library_module_is_over_400_lines():
     long = {str(p.relative_to(LIBRARY)): n for p in modules() if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
+
+
+def test_the_error_base_imports_nothing_of_the_project():
+    """rrfp_ray/errors.py is what every layer's errors derive from, so it sits below them all."""
+    imported = imported_modules(LIBRARY / "errors.py")
+    assert not sorted(m for m in imported if m.split(".")[0] in ("rrfp_ray", "actors", "jobs", "benchmarks"))

@@ -71,6 +71,7 @@ def test_saved_trace_replays_to_the_same_numbers(
         "--trace", str(saved), "--json", str(second), "--policies", "interleaved,bf", capsys=capsys
     )
     assert code == 0, err
+    # exact on purpose: one process, and JSON keeps every float (repr), so the replay is bit for bit by construction
     assert json.loads(first.read_text()) == json.loads(second.read_text())
     assert simulate_main("--trace", str(saved), *args, capsys=capsys)[0] == 2  # 1f1b needs one chunk
 

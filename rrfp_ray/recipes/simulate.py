@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rrfp_ray.cli import add_log_level_flag, configure_logging, file_dir, writable_dir, write_pictures
+from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import PlannerConfig
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"baseline": baseline, "cap": str(cap), "policies": results}, indent=2))
     if args.out:
-        write_pictures(out=Path(args.out), runs=reports)
-        print(f"wrote traces and diagrams to {args.out}/")
+        diagrams = write_pictures(out=Path(args.out), runs=reports)
+        print(f"wrote traces{' and diagrams' if diagrams else ''} to {args.out}/")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,3 +261,8 @@ def table(results: dict[str, dict[str, float]]) -> str:
             f"{r['peak_inflight']:>15d} {r['makespan_ms'] / r['lb_ms']:>8.3f}"
         )
     return "\n".join(lines)
+
+
+def command() -> None:
+    """The `rrfp-simulate` command: `main` as every job runs it (`rrfp_ray.job.run_job`)."""
+    run_job(main)

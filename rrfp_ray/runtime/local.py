@@ -23,7 +23,7 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPContext, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.errors import PipelineError
+from rrfp_ray.runtime.errors import PipelineError, joint_exit_code
 from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.group import StageGroup, stage_label
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
@@ -243,16 +243,19 @@ class ThreadStages:
     def wait(self, pending: list[Future], *, labels: list[str], what: str) -> list:
         timeout_s = self.timeout_s + _SLACK_S
         _, late = wait_all(pending, timeout=timeout_s)
-        failures = [
-            f"{label} failed during {what}: {_text(future.exception())}"
+        errors = {
+            label: future.exception()
             for future, label in zip(pending, labels)
             if future not in late and future.exception() is not None
-        ]
+        }
+        failures = [f"{label} failed during {what}: {_text(error)}" for label, error in errors.items()]
+        causes: list[BaseException | None] = list(errors.values())
         if late:  # a stalled stage is named beside the errors its neighbours ran into
             names = ", ".join(label for future, label in zip(pending, labels) if future in late)
             failures.append(f"{what}: no answer within {timeout_s:g} s from {names}")
+            causes.append(None)
         if failures:
-            raise PipelineError("\n".join(failures))
+            raise PipelineError("\n".join(failures), exit_code=joint_exit_code(causes))
         return [future.result() for future in pending]
 
     def stop(self, *, graceful: bool) -> None:

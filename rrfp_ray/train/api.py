@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from rrfp_ray.errors import ExitCode
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.worker import PipelineError
@@ -270,6 +271,8 @@ class Trainer:
                     self._restore(manifest)
                 return
             except PipelineError as again:
+                if again.exit_code is ExitCode.BAD_INPUT:
+                    raise  # a checkpoint the stages refuse: no restart can load it
                 error, failed = again, f"restart {self.restarts}"
 
     def _restore(self, manifest: Manifest) -> None:

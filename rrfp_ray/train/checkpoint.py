@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from rrfp_ray.errors import BadInput
+
 _MANIFEST = re.compile(r"^manifest-(\d{8})\.json$")
 _GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")  # how torch names what it refused
 
@@ -80,6 +82,10 @@ def commit(*, directory: Path, manifest: Manifest) -> Path:
     return path
 
 
+class CheckpointError(BadInput):
+    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
+
+
 def load_stage(*, directory: Path, file: StageFile) -> dict[str, Any]:
     """One stage's state: tensors and plain data only, so a tampered file cannot run code here.
 
@@ -88,20 +94,16 @@ def load_stage(*, directory: Path, file: StageFile) -> dict[str, Any]:
     path = directory / file.path
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != file.sha256:
-        raise ValueError(f"checkpoint file {path} is corrupt (its digest does not match the manifest)")
+        raise CheckpointError(f"checkpoint file {path} is corrupt (its digest does not match the manifest)")
     try:
         return torch.load(io.BytesIO(data), weights_only=True)
     except pickle.UnpicklingError as error:
         named = _GLOBAL.search(str(error))
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint file {path} holds objects other than tensors and plain data"
             + (f" ({named.group(1)})" if named else "")
             + ", so it was refused unread; load only checkpoints this project wrote"
         ) from None
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
 
 
 def latest(*, directory: Path, fingerprint: str) -> Manifest | None:
