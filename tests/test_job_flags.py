@@ -62,7 +62,9 @@ def job_parser(name: str, *, monkeypatch: pytest.MonkeyPatch) -> argparse.Argume
 
 
 def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
+    if isinstance(value, str):
+        return value.replace(str(ROOT), "<checkout>")  # a default under the checkout, wherever it is
+    if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
