@@ -9,22 +9,19 @@ from ray._private import profiling  # the only way to add spans to `ray timeline
 from ray.util.metrics import Gauge
 
 from rrfp_ray.observe.telemetry import StageStats
-from rrfp_ray.runtime.executor import Executor
+from rrfp_ray.runtime.executor import Executor, ExecutorWrapper
 from rrfp_ray.runtime.reduce import GradSink
 from rrfp_ray.schedule.actions import Action, Kind
 
 _COLOURS = {Kind.F: "thread_state_running", Kind.I: "rail_response", Kind.B: "rail_response", Kind.W: "good"}
 
 
-class ProfiledExecutor:
+class ProfiledExecutor(ExecutorWrapper):
     """An executor whose every action is a span `stage s: 2F0` on the Ray timeline."""
 
     def __init__(self, inner: Executor, *, stage: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.stage = stage
-
-    def __getattr__(self, name: str) -> object:  # begin, finish, save, load, evaluate: as the inner one's
-        return getattr(self.inner, name)
 
     def run(
         self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None

@@ -12,7 +12,7 @@ from rrfp_ray.policy.agreement import TPGather, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy, make_policy
 from rrfp_ray.runtime.reduce import DPSpec
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.validate import parse_order
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
@@ -23,7 +23,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 class PipelineConfig(BaseModel):
     """Strings given for `cap`, `backend` and `tp_protocol` are parsed here, once; the fields
-    hold a `Cap`, a `LinkBackend` and a `TPProtocol`."""
+    hold a `Cap`, a `LinkTransport` and a `TPProtocol`."""
 
     model_config = _STRICT
 
@@ -40,8 +40,8 @@ class PipelineConfig(BaseModel):
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for any message, op or actor before an error")
     link_timeout_s: float = Field(1800.0, gt=0, description="longest a link may stay silent, between iterations too")
-    backend: LinkBackend = Field(
-        LinkBackend.AUTO,
+    backend: LinkTransport = Field(
+        LinkTransport.AUTO,
         description="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
     )
     tp: int = Field(1, ge=1, description="T: tensor-parallel ranks (actors) per stage")
