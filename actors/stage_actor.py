@@ -81,10 +81,11 @@ class StageActor:
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
 
-    def join_group(self, *, name: str, address: str, rank: int, world_size: int, transport: LinkTransport) -> None:
-        self._group_device = "cuda" if transport is LinkTransport.NCCL else "cpu"  # where the groups' tensors live
+    def join_group(self, *, name: str, address: str, rank: int, world_size: int, library: LinkTransport) -> None:
+        """Join collective group `name` over `library` (gloo or NCCL: `collective.group_library`)."""
+        self._group_device = "cuda" if library is LinkTransport.NCCL else "cpu"  # where the groups' tensors live
         collective.join_group(
-            name=name, address=address, rank=rank, world_size=world_size, transport=transport, timeout_s=self.timeout_s
+            name=name, address=address, rank=rank, world_size=world_size, library=library, timeout_s=self.timeout_s
         )
 
     def listen_agreement(self, *, secret: Secret) -> str:
