@@ -1,6 +1,6 @@
-"""Collective transport for stage actors, over ``ray.util.collective``.
+"""Collective groups for stage actors, over ``ray.util.collective``.
 
-Backends:
+Collective libraries (Ray registers each as a "backend"):
 - ``rrfp_gloo`` (CPU, tests): our own registered backend holding one
   ``ProcessGroupGloo`` per group. Ray's built-in GLOO backend uses torch's default
   process group, so an actor could join only one group with it.
@@ -25,7 +25,7 @@ from ray.util.collective import types
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 from actors import nccl_channel
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 
 GLOO_BACKEND = "rrfp_gloo"
 NCCL_BACKEND = "nccl"
@@ -154,38 +154,38 @@ def nccl_missing() -> str | None:
     return None
 
 
-def resolve_backend(*, backend: LinkBackend) -> LinkBackend:
-    """The links' backend, as this process sees it: ``auto`` is NCCL when it sees CUDA and cupy
+def resolve_transport(*, transport: LinkTransport) -> LinkTransport:
+    """What carries the links, as this process sees it: ``auto`` is NCCL when it sees CUDA and cupy
     imports, else TCP (a message costs a fraction of a gloo pair's: `rrfp_ray.runtime.tcp_channel`);
     ``nccl`` without them is an error. Every stage actor resolves it where it runs (the driver
-    sits on a CPU head); `agree_on_backend` checks the answers."""
-    if not isinstance(backend, LinkBackend):
-        raise TypeError(f"backend must be a LinkBackend, got {backend!r}")
+    sits on a CPU head); `agree_on_transport` checks the answers."""
+    if not isinstance(transport, LinkTransport):
+        raise TypeError(f"transport must be a LinkTransport, got {transport!r}")
     missing = nccl_missing()
-    if backend is LinkBackend.NCCL and missing is not None:
+    if transport is LinkTransport.NCCL and missing is not None:
         raise RuntimeError(f"backend nccl: {missing}")
-    if backend is not LinkBackend.AUTO:
-        return backend
-    return LinkBackend.NCCL if missing is None else LinkBackend.TCP
+    if transport is not LinkTransport.AUTO:
+        return transport
+    return LinkTransport.NCCL if missing is None else LinkTransport.TCP
 
 
-def group_backend(*, links: LinkBackend) -> LinkBackend:
-    """What ``join_group`` takes for the collective groups beside links on ``links`` (resolved): gloo's under TCP links."""
-    return LinkBackend.GLOO if links is LinkBackend.TCP else links
+def group_library(*, links: LinkTransport) -> LinkTransport:
+    """The collective library (``join_group``'s) of the groups beside links on ``links`` (resolved): gloo under TCP links."""
+    return LinkTransport.GLOO if links is LinkTransport.TCP else links
 
 
-def agree_on_backend(*, choices: dict[str, LinkBackend]) -> LinkBackend:
-    """The one backend every stage resolved (`choices`: stage label -> its answer); a mix is an
-    error naming the stages on each side (e.g. some stages landed on nodes without a GPU)."""
+def agree_on_transport(*, choices: dict[str, LinkTransport]) -> LinkTransport:
+    """The one link transport every stage resolved (`choices`: stage label -> its answer); a mix is
+    an error naming the stages on each side (e.g. some stages landed on nodes without a GPU)."""
     found = set(choices.values())
     if len(found) == 1:
         return found.pop()
     sides = "; ".join(
-        f"{backend.value} on {', '.join(label for label, b in choices.items() if b is backend)}"
-        for backend in sorted(found, key=lambda b: b.value)
+        f"{transport.value} on {', '.join(label for label, b in choices.items() if b is transport)}"
+        for transport in sorted(found, key=lambda b: b.value)
     )
     raise RuntimeError(
-        f"the stages resolved different link backends ({sides}): give every stage a GPU, or pass backend tcp or gloo"
+        f"the stages resolved different link transports ({sides}): give every stage a GPU, or pass backend tcp or gloo"
     )
 
 
@@ -211,7 +211,9 @@ def host_group(*, name: str) -> str:
     return f"{host}:{store.port}"
 
 
-def join_group(*, name: str, address: str, rank: int, world_size: int, backend: LinkBackend, timeout_s: float) -> None:
+def join_group(
+    *, name: str, address: str, rank: int, world_size: int, library: LinkTransport, timeout_s: float
+) -> None:
     """On every rank (0 included): join group ``name``; blocks until all ranks join (gloo).
 
     ``address`` is rank 0's ``host_group`` answer; NCCL ignores it (Ray's NCCL group
@@ -219,15 +221,17 @@ def join_group(*, name: str, address: str, rank: int, world_size: int, backend: 
     so a driver issues the joins of all groups at once, in one group order for every
     actor, then waits for them all.
     """
-    if backend not in (LinkBackend.GLOO, LinkBackend.NCCL):
-        raise ValueError(f"backend must be LinkBackend.GLOO or LinkBackend.NCCL (see resolve_backend), got {backend!r}")
+    if library not in (LinkTransport.GLOO, LinkTransport.NCCL):
+        raise ValueError(
+            f"library must be LinkTransport.GLOO or LinkTransport.NCCL (see group_library), got {library!r}"
+        )
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if backend is LinkBackend.NCCL:
+    if library is LinkTransport.NCCL:
         if not col.nccl_available():
             raise RuntimeError(f"group {name!r}: backend 'nccl' needs cupy and a GPU here")
         nccl_channel.check_ray_version()

@@ -9,7 +9,7 @@ from ray._private import profiling  # the only way to add spans to `ray timeline
 from ray.util.metrics import Gauge
 
 from rrfp_ray.observe.telemetry import StageStats
-from rrfp_ray.runtime.executor import Executor
+from rrfp_ray.runtime.executor import Executor, ExecutorWrapper
 from rrfp_ray.runtime.reduce import GradSink
 from rrfp_ray.schedule.actions import Action, Kind
 
@@ -30,17 +30,14 @@ def span_args(*, action: Action, policy: str, iteration: int) -> dict[str, str |
     }
 
 
-class ProfiledExecutor:
+class ProfiledExecutor(ExecutorWrapper):
     """An executor whose every action, in an iteration under `policy`, is a span `2F0` on the Ray timeline
     (category `stage s: F`)."""
 
     def __init__(self, inner: Executor, *, stage: int, policy: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.stage = stage
         self.policy = policy
-
-    def __getattr__(self, name: str) -> object:  # begin, finish, save, load, evaluate: as the inner one's
-        return getattr(self.inner, name)
 
     def run(
         self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None

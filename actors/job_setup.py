@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from actors.local_ray import attaching
 from rrfp_ray.cli import config_error, writable_dir
 from rrfp_ray.recipes.gpt_cli import default_out, gpus_per_stage, run_config
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 
 if TYPE_CHECKING:
     from actors.placement import StagePlacement
@@ -35,7 +35,7 @@ def check_local_devices(parser: argparse.ArgumentParser, *, args: argparse.Names
     if attaching():
         return  # the cluster's nodes hold the GPUs; placement waits for them
     where = "this run would start a local Ray here (set RAY_ADDRESS to run on a cluster)"
-    if run.pipeline.backend is LinkBackend.NCCL:
+    if run.pipeline.backend is LinkTransport.NCCL:
         from actors.collective import nccl_missing
 
         missing = nccl_missing()

@@ -3,6 +3,7 @@ face for the driver's `StageGroup`."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -15,18 +16,16 @@ import torch
 from actors import collective, nccl_channel
 from actors.dashboard import ProfiledExecutor, StageMetrics
 from rrfp_ray.observe.telemetry import OpEvent, StageStats
-from rrfp_ray.policy.agreement import TPContext, TPProtocol
-from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.runtime.executor import Executor, Workload
-from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
+from rrfp_ray.runtime.executor import Workload
+from rrfp_ray.runtime.host import GroupSums, RoundCollectives, StageHost, tie_sum
+from rrfp_ray.runtime.iteration import IterationArgs
+from rrfp_ray.runtime.mesh import Mesh
+from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.tcp_channel import TcpLinks
 from rrfp_ray.runtime.tcp_gather import TcpGather
 from rrfp_ray.runtime.tcp_pair import Secret
-from rrfp_ray.runtime.transport import LinkBackend
-from rrfp_ray.runtime.worker import StageWorker
+from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.schedule.deps import Layout, Link
-from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.train.checkpoint import StageFile
 
 logger = logging.getLogger(__name__)
@@ -38,62 +37,55 @@ STAGE_ENV = {"RAY_PROFILING": "1"}
 
 @ray.remote
 class StageActor:
+    """Actor `index` of `mesh` (with `dp`, its data parallelism), hosting its `StageHost` once `connect` made its groups."""
+
     def __init__(
         self,
         *,
-        stage: int,
-        tp_rank: int,
-        tp_size: int,
+        mesh: Mesh,
+        index: int,
         timeout_s: float,
         link_timeout_s: float,
-        replica: int = 0,
-        index: int | None = None,
         dp: DPSpec | None = None,
         layout: Layout | None = None,
     ) -> None:
         torch.set_num_threads(1)
         collective.register_backends()
-        self.stage = stage
+        self.mesh = mesh
+        self.index = index
+        self.replica, self.stage, self.tp_rank = mesh.coord(index)
+        self.label = mesh.label(index)
         self.layout = layout  # for __repr__; set_workload brings the one it runs
-        self.tp_rank = tp_rank
-        self.tp_size = tp_size
-        self.replica = replica
-        self.index = stage * tp_size + tp_rank if index is None else index  # (replica x stages + stage) x tp + rank
         self._dp_spec = dp
-        self._dp: DPContext | None = None
         self._tp_group: str | None = None
         self._agreement: TcpGather | None = None  # None with --tp-gather collective
         self._tcp_links: TcpLinks | None = None  # None unless the links are TCP
         self._group_device = "cpu"
         self.timeout_s = timeout_s
         self.link_timeout_s = link_timeout_s
-        self._worker: StageWorker | None = None
-        self._workload: Workload | None = None
-        self._executor: Executor | None = None
+        self._host: StageHost | None = None
         self._everyone = ""
-        self._tie_groups: dict[tuple[int, ...], str] = {}
-        self._metrics = StageMetrics(stage=stage)
+        self._metrics = StageMetrics(stage=self.stage)
         # The TP, tie and all-stages groups' collectives: on the compute thread only (a DP group's
         # on the reduction thread, its only user).
-        self._compute_thread = nccl_channel.OneThread(
-            what=f"stage {stage} TP rank {tp_rank}: the TP, tie and all-stages groups"
-        )
-        logger.info("replica %d stage %d TP rank %d of %d: actor started", replica, stage, tp_rank, tp_size)
+        self._compute_thread = nccl_channel.OneThread(what=f"{self.label}: the TP, tie and all-stages groups")
+        logger.info("%s of %s: actor started", self.label, mesh)
 
-    def resolve_backend(self, *, backend: LinkBackend) -> LinkBackend:
-        """The link backend as this actor sees it, where its GPU (if any) is visible."""
+    def resolve_transport(self, *, transport: LinkTransport) -> LinkTransport:
+        """What carries the links, as this actor sees it, where its GPU (if any) is visible."""
         try:
-            return collective.resolve_backend(backend=backend)
+            return collective.resolve_transport(transport=transport)
         except RuntimeError as error:
-            raise RuntimeError(f"stage {self.stage} TP rank {self.tp_rank}: {error}") from None
+            raise RuntimeError(f"{self.label}: {error}") from None
 
     def host_group(self, *, name: str) -> str:
         return collective.host_group(name=name)
 
-    def join_group(self, *, name: str, address: str, rank: int, world_size: int, backend: LinkBackend) -> None:
-        self._group_device = "cuda" if backend is LinkBackend.NCCL else "cpu"  # where the groups' tensors live
+    def join_group(self, *, name: str, address: str, rank: int, world_size: int, library: LinkTransport) -> None:
+        """Join collective group `name` over `library` (gloo or NCCL: `collective.group_library`)."""
+        self._group_device = "cuda" if library is LinkTransport.NCCL else "cpu"  # where the groups' tensors live
         collective.join_group(
-            name=name, address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=self.timeout_s
+            name=name, address=address, rank=rank, world_size=world_size, library=library, timeout_s=self.timeout_s
         )
 
     def listen_agreement(self, *, secret: Secret) -> str:
@@ -101,7 +93,7 @@ class StageActor:
         that hold `secret`; returns its address."""
         self._agreement = TcpGather(
             rank=self.tp_rank,
-            size=self.tp_size,
+            size=self.mesh.tp,
             host=ray.util.get_node_ip_address(),
             secret=secret,
             timeout_s=self.timeout_s,
@@ -136,7 +128,7 @@ class StageActor:
         `groups`, or with TCP links, dialing each outbound link's receiver at its `tcp_links`
         address while accepting the inbound ones) and, with TP, the agreement connections to the
         other ranks (`agreement`: every rank's address); with DP, the gradient reduction over
-        `dp_group` (its `chunks` in the replicas' common order); start the threads."""
+        `dp_group` (its `chunks` in the replicas' common order); start the stage host's threads."""
 
         def channel(link: Link) -> collective.Channel:
             peer = 1 if link.src == self.stage else 0
@@ -144,71 +136,53 @@ class StageActor:
 
         self._everyone = everyone
         self._tp_group = tp_group
-        self._tie_groups = dict(tie_groups or {})
         if agreement is not None:
             if self._agreement is None:
-                raise RuntimeError(f"stage {self.stage}: connect() with agreement addresses before listen_agreement()")
+                raise RuntimeError(f"{self.label}: connect() with agreement addresses before listen_agreement()")
             self._agreement.connect(addresses=agreement)
-        if dp_group is not None:
-            if self._dp_spec is None:
-                raise RuntimeError(f"stage {self.stage}: a DP group given to an actor started without dp")
-
-            def group_sum(tensor: torch.Tensor) -> torch.Tensor:
-                return self._group_sum(group=dp_group, tensor=tensor)
-
-            def reduce_to(tensor: torch.Tensor, dst: int) -> torch.Tensor | None:
-                total = tensor.detach().clone()
-                return total if collective.reduce_sum(group=dp_group, tensor=total, dst=dst) else None
-
-            reducer = GradReducer(
-                all_reduce=group_sum,
-                reduce_to=reduce_to if self._dp_spec.zero else None,
-                order=reduce_order(chunks=chunks),
-                bucket_bytes=self._dp_spec.bucket_bytes,
-                timeout_s=self.timeout_s,
-                name=f"replica {self.replica} stage {self.stage} TP rank {self.tp_rank}",
-            )
-            zero_sum = group_sum if self._dp_spec.zero else None
-            self._dp = DPContext(reducer=reducer, overlap=self._dp_spec.overlap, zero_sum=zero_sum)
+        if dp_group is not None and self._dp_spec is None:
+            raise RuntimeError(f"{self.label}: a DP group given to an actor started without dp")
         if tcp_links and self._tcp_links is None:
-            raise RuntimeError(f"stage {self.stage}: connect() with TCP link addresses before listen_links()")
+            raise RuntimeError(f"{self.label}: connect() with TCP link addresses before listen_links()")
         if self._tcp_links is not None:
             inbound, outbound = self._tcp_links.connect(outbound=tcp_links or {})
         else:
             inbound = {link: channel(link) for link in groups if link.dst == self.stage}
             outbound = {link: channel(link) for link in groups if link.src == self.stage}
-        self._worker = StageWorker(stage=self.stage, inbound=inbound, outbound=outbound, timeout_s=self.timeout_s)
+        sums = {owners: functools.partial(self._tie_sum, group=name) for owners, name in (tie_groups or {}).items()}
+        self._host = StageHost(
+            mesh=self.mesh,
+            index=self.index,
+            inbound=inbound,
+            outbound=outbound,
+            groups=GroupSums(
+                tp_sum=None if tp_group is None else self._tp_all_reduce,
+                dp_sum=None if dp_group is None else functools.partial(_group_sum, group=dp_group),
+                dp_reduce_to=None if dp_group is None else functools.partial(_reduce_to, group=dp_group),
+                tie_sum=tie_sum(sums, label=self.label) if self.mesh.ties else None,
+            ),
+            chunks=chunks,
+            timeout_s=self.timeout_s,
+            dp=self._dp_spec,
+            profile=lambda executor, args: ProfiledExecutor(executor, stage=self.stage, policy=args.policy.name),
+        )
 
     def set_workload(self, *, workload: Workload, layout: Layout) -> None:
-        if self._tp_group is not None:
-            workload = workload.with_tp(rank=self.tp_rank, size=self.tp_size, all_reduce=self._tp_all_reduce)
-        if self._dp is not None:
-            workload = workload.with_dp(rank=self.replica, zero_sum=self._dp.zero_sum)
-        if getattr(workload, "ties", ()):
-            workload = workload.with_ties(reduce=self._tie_reduce)
-        self._workload = workload
-        self._executor = workload.executor(stage=self.stage, layout=layout)
+        self._hosted().set_workload(workload=workload, layout=layout)
 
-    def run_iteration(
-        self, *, iteration: int, layout: Layout, policy: Policy, cap: Cap, buffer_limit: int, tp_protocol: TPProtocol
-    ) -> tuple[list[OpEvent], StageStats]:
-        if self._worker is None or self._workload is None or self._executor is None:
-            raise RuntimeError(f"stage {self.stage}: run_iteration before connect() and set_workload()")
-        events, stats = self._worker.run_iteration(
-            iteration=iteration,
-            layout=layout,
-            policy=policy,
-            cap=cap,
-            executor=ProfiledExecutor(self._executor, stage=self.stage, policy=policy.name),
-            buffer_limit=buffer_limit,
-            latency=self._workload.latency,
-            all_reduce=self._all_reduce,
-            tp=None if self._tp_group is None else self._tp_context(protocol=tp_protocol),
-            dp=self._dp,
-        )
-        stats.replica = self.replica
+    def run_iteration(self, *, args: IterationArgs) -> tuple[list[OpEvent], StageStats]:
+        gather = None
+        if self._tp_group is not None:
+            gather = self._agreement.all_gather if self._agreement is not None else self._tp_all_gather
+        collectives = RoundCollectives(all_reduce=self._all_reduce, tp_all_gather=gather)
+        events, stats = self._hosted().run_iteration(args=args, collectives=collectives)
         self._metrics.record(stats)
         return events, stats
+
+    def _hosted(self) -> StageHost:
+        if self._host is None:
+            raise RuntimeError(f"{self.label}: called before connect()")
+        return self._host
 
     def _all_reduce(self, value: float) -> float:
         self._compute_thread.check()
@@ -216,20 +190,9 @@ class StageActor:
         collective.all_reduce_sum(group=self._everyone, tensor=tensor)
         return float(tensor)
 
-    def _tp_context(self, *, protocol: TPProtocol) -> TPContext:
-        return TPContext(
-            rank=self.tp_rank,
-            size=self.tp_size,
-            all_gather=self._agreement.all_gather if self._agreement is not None else self._tp_all_gather,
-            all_reduce=self._tp_all_reduce,
-            protocol=protocol,
-        )
-
-    def _tie_reduce(self, stages: tuple[int, ...], tensor: torch.Tensor) -> torch.Tensor:
+    def _tie_sum(self, tensor: torch.Tensor, *, group: str) -> torch.Tensor:
         self._compute_thread.check()
-        total = tensor.detach().clone()
-        collective.all_reduce_sum(group=self._tie_groups[stages], tensor=total)
-        return total
+        return _group_sum(tensor, group=group)
 
     def _tp_all_gather(self, values: list[int]) -> list[list[int]]:
         """The agreement's all-gather over the stage's TP group (`--tp-gather collective`)."""
@@ -238,25 +201,19 @@ class StageActor:
 
     def _tp_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         self._compute_thread.check()
-        return self._group_sum(group=self._tp_group, tensor=tensor)
-
-    @staticmethod
-    def _group_sum(*, group: str, tensor: torch.Tensor) -> torch.Tensor:
-        total = tensor.detach().clone()
-        collective.all_reduce_sum(group=group, tensor=total)
-        return total
+        return _group_sum(tensor, group=self._tp_group)
 
     def evaluate(self, *, chunk: int, inputs: torch.Tensor | None, index: int) -> torch.Tensor:
-        return self._executor.evaluate(chunk=chunk, inputs=inputs, index=index)
+        return self._hosted().evaluate(chunk=chunk, inputs=inputs, index=index)
 
     def save(self, *, directory: str, iteration: int) -> StageFile:
-        return self._executor.save(directory=Path(directory), iteration=iteration, shard=self.index)
+        return self._hosted().save(directory=directory, iteration=iteration)
 
     def chunk_states(self) -> dict[int, dict[str, torch.Tensor]]:
-        return self._executor.chunk_states()
+        return self._hosted().chunk_states()
 
     def load(self, *, directory: str, file: StageFile) -> None:
-        self._executor.load(directory=Path(directory), file=file)
+        self._hosted().load(directory=directory, file=file)
 
     def rss_bytes(self) -> int:
         """This actor process's resident memory."""
@@ -275,8 +232,8 @@ class StageActor:
         if self.layout is not None:
             chunks = [vs for vs in range(self.layout.virtual_stages) if self.layout.locate(vs)[0] == self.stage]
             text += f" of {self.layout.stages}, virtual stages {', '.join(map(str, chunks))}"
-        if self.tp_size > 1:
-            text += f", TP rank {self.tp_rank} of {self.tp_size}"
+        if self.mesh.tp > 1:
+            text += f", TP rank {self.tp_rank} of {self.mesh.tp}"
         if self._dp_spec is not None:
             text += f", DP replica {self.replica}"
         return text + ")"
@@ -290,24 +247,21 @@ class StageActor:
         return process.pid, sorted(f"{s.laddr.ip}:{s.laddr.port}" for s in sockets if s.status == psutil.CONN_LISTEN)
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        if self._host is not None:
+            self._host.close()
+            self._host = None
         if self._tcp_links is not None:
             self._tcp_links.close()
             self._tcp_links = None
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None
-        if self._dp is not None:
-            self._dp.reducer.close()
-            self._dp = None
 
 
 @dataclass(frozen=True)
 class RayStageHandle:
     """A stage actor as the group's `StageHandle`: every call returns its ObjectRef; the fabric
-    (`actors.driver.RayStages`) waits on them."""
+    (`actors.driver.RayFabric`) waits on them."""
 
     actor: ray.actor.ActorHandle
     label: str
@@ -315,24 +269,8 @@ class RayStageHandle:
     def set_workload(self, *, workload: Workload, layout: Layout) -> ray.ObjectRef:
         return self.actor.set_workload.remote(workload=workload, layout=layout)
 
-    def run_iteration(
-        self,
-        *,
-        iteration: int,
-        layout: Layout,
-        policy: Policy,
-        cap: Cap,
-        buffer_limit: int | None,
-        tp_protocol: TPProtocol,
-    ) -> ray.ObjectRef:
-        return self.actor.run_iteration.remote(
-            iteration=iteration,
-            layout=layout,
-            policy=policy,
-            cap=cap,
-            buffer_limit=buffer_limit,
-            tp_protocol=tp_protocol,
-        )
+    def run_iteration(self, *, args: IterationArgs) -> ray.ObjectRef:
+        return self.actor.run_iteration.remote(args=args)
 
     def evaluate(self, *, chunk: int, inputs: ray.ObjectRef | None, index: int) -> ray.ObjectRef:
         """`inputs` travels as a ref: Ray hands the previous stage's output to this actor directly."""
@@ -346,6 +284,17 @@ class RayStageHandle:
 
     def chunk_states(self) -> ray.ObjectRef:
         return self.actor.chunk_states.remote()
+
+
+def _group_sum(tensor: torch.Tensor, *, group: str) -> torch.Tensor:
+    total = tensor.detach().clone()
+    collective.all_reduce_sum(group=group, tensor=total)
+    return total
+
+
+def _reduce_to(tensor: torch.Tensor, dst: int, *, group: str) -> torch.Tensor | None:
+    total = tensor.detach().clone()
+    return total if collective.reduce_sum(group=group, tensor=total, dst=dst) else None
 
 
 def rss_bytes() -> int:

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
         reports = runtime.measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
-        backend = ray.get(driver.link_backend.remote())
+        backend = ray.get(driver.link_transport.remote())
         ray.get(driver.shutdown.remote())
         end_actors([driver], timeout_s=30.0)  # exits after its last call, so Ray records that call as finished
     finally:

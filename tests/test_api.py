@@ -20,7 +20,7 @@ from examples.multimodal import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from rrfp_ray import FactoryOptim, InMemoryData, LocalBackend, Optim, PipelineConfig, Trainer
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.train.layers import to_layers
 from rrfp_ray.train.runner import partition
 
@@ -268,7 +268,7 @@ def test_bad_input_is_a_value_error_before_any_stage_starts(overrides, expected)
 def test_the_config_parses_cap_backend_and_protocol_once():
     """Text from a flag or a dict becomes a Cap and enums at the boundary; code downstream gets no strings."""
     config = PipelineConfig(cap="1.5x", backend="gloo", tp_protocol="first")
-    assert (config.cap, config.backend, config.tp_protocol) == (Cap(multiple=1.5), LinkBackend.GLOO, TPProtocol.FIRST)
+    assert (config.cap, config.backend, config.tp_protocol) == (Cap(multiple=1.5), LinkTransport.GLOO, TPProtocol.FIRST)
     assert PipelineConfig(cap=6).cap == Cap(count=6) == PipelineConfig(cap=Cap(count=6)).cap
     assert PipelineConfig(cap="inf").cap.limit(peak=3) == math.inf
     assert str(PipelineConfig().cap) == "2x" and PipelineConfig().parsed_cap is PipelineConfig().cap

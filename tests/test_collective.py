@@ -11,7 +11,7 @@ import torch
 
 from actors import collective
 from actors.collective import GLOO_BACKEND, Channel
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 
 TIMEOUT_S = 20.0
 HANG_GUARD_S = 60.0
@@ -34,7 +34,7 @@ class Peer:
             address=address,
             rank=rank,
             world_size=world_size,
-            backend=LinkBackend.GLOO,
+            library=LinkTransport.GLOO,
             timeout_s=TIMEOUT_S,
         )
 
@@ -144,45 +144,45 @@ def pair(ray_session):
         ray.kill(actor)
 
 
-def test_resolve_backend_keeps_an_explicit_choice(monkeypatch):
-    assert collective.resolve_backend(backend=LinkBackend.GLOO) is LinkBackend.GLOO
-    assert collective.resolve_backend(backend=LinkBackend.TCP) is LinkBackend.TCP
+def test_resolve_transport_keeps_an_explicit_choice(monkeypatch):
+    assert collective.resolve_transport(transport=LinkTransport.GLOO) is LinkTransport.GLOO
+    assert collective.resolve_transport(transport=LinkTransport.TCP) is LinkTransport.TCP
     monkeypatch.setattr(collective, "nccl_missing", lambda: None)
-    assert collective.resolve_backend(backend=LinkBackend.NCCL) is LinkBackend.NCCL
+    assert collective.resolve_transport(transport=LinkTransport.NCCL) is LinkTransport.NCCL
 
 
 def test_explicit_nccl_without_cuda_says_what_is_missing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="backend nccl: no CUDA device is visible"):
-        collective.resolve_backend(backend=LinkBackend.NCCL)
+        collective.resolve_transport(transport=LinkTransport.NCCL)
 
 
 def test_stages_must_agree_on_the_backend():
-    same = {"stage 0": LinkBackend.GLOO, "stage 1": LinkBackend.GLOO}
-    assert collective.agree_on_backend(choices=same) is LinkBackend.GLOO
-    mixed = {"stage 0": LinkBackend.NCCL, "stage 1": LinkBackend.GLOO, "stage 2": LinkBackend.NCCL}
+    same = {"stage 0": LinkTransport.GLOO, "stage 1": LinkTransport.GLOO}
+    assert collective.agree_on_transport(choices=same) is LinkTransport.GLOO
+    mixed = {"stage 0": LinkTransport.NCCL, "stage 1": LinkTransport.GLOO, "stage 2": LinkTransport.NCCL}
     with pytest.raises(RuntimeError, match=r"gloo on stage 1; nccl on stage 0, stage 2"):
-        collective.agree_on_backend(choices=mixed)
+        collective.agree_on_transport(choices=mixed)
 
 
 def test_resolve_auto_falls_back_to_tcp_links_beside_gloo_groups(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "CUDA" in collective.nccl_missing()
-    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.TCP
-    assert collective.group_backend(links=LinkBackend.TCP) is LinkBackend.GLOO
+    assert collective.resolve_transport(transport=LinkTransport.AUTO) is LinkTransport.TCP
+    assert collective.group_library(links=LinkTransport.TCP) is LinkTransport.GLOO
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy fails
     assert "cupy" in collective.nccl_missing()
-    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.TCP
+    assert collective.resolve_transport(transport=LinkTransport.AUTO) is LinkTransport.TCP
 
 
 def test_bad_arguments_name_the_field():
-    with pytest.raises(TypeError, match="backend"):
-        collective.resolve_backend(backend="gloo")
-    with pytest.raises(ValueError, match="backend"):
-        collective.join_group(name="g", address="h:1", rank=0, world_size=2, backend=LinkBackend.AUTO, timeout_s=1.0)
+    with pytest.raises(TypeError, match="transport"):
+        collective.resolve_transport(transport="gloo")
+    with pytest.raises(ValueError, match="library"):
+        collective.join_group(name="g", address="h:1", rank=0, world_size=2, library=LinkTransport.AUTO, timeout_s=1.0)
     with pytest.raises(ValueError, match="rank"):
-        collective.join_group(name="g", address="h:1", rank=2, world_size=2, backend=LinkBackend.GLOO, timeout_s=1.0)
+        collective.join_group(name="g", address="h:1", rank=2, world_size=2, library=LinkTransport.GLOO, timeout_s=1.0)
     with pytest.raises(ValueError, match="timeout_s"):
         Channel(group="g", peer=1, timeout_s=0.0, name="activations 0->1")
 

@@ -14,13 +14,14 @@ from torch import nn
 
 from actors.backend import RayBackend
 from actors.capacity import CapacityError, Demand, check_capacity
-from actors.driver import RayStages
+from actors.driver import RayFabric
 from actors.local_ray import WORKER_ENV, init_ray
 from actors.placement import PlacementError, StagePlacement, place
 from actors.stage_actor import StageActor
 from examples.mlp import Regression, mlp
 from rrfp_ray import PipelineConfig, Trainer
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.mesh import Mesh
+from rrfp_ray.runtime.transport import LinkTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,15 +61,16 @@ def test_the_tp_ranks_of_each_stage_share_a_node(cluster):
     """2 stages x 2 TP ranks on two nodes of 3 CPUs: packing the 4 bundles in order would put 3 on
     one node and split stage 1's ranks; a stage's ranks packed together cannot be split."""
     pipeline = PipelineConfig(stages=2, microbatches=2, policy="1f1b", tp=2, timeout_s=120, backend="gloo")
-    fabric = RayStages(pipeline=pipeline, placement=StagePlacement(timeout_s=60))
+    mesh = Mesh(stages=pipeline.stages, tp=pipeline.tp)
+    fabric = RayFabric(pipeline=pipeline, placement=StagePlacement(timeout_s=60), mesh=mesh)
     fabric.start()
     try:
         where = ray.get(
-            [a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in fabric.stages]
+            [a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in fabric.actors]
         )
     finally:
         fabric.stop(graceful=True)
-    assert where[0] == where[1] and where[2] == where[3]  # actor index = stage x 2 + rank
+    assert where[0] == where[1] and where[2] == where[3]  # in mesh order: stage 0's ranks, then stage 1's
     assert where[0] != where[2]  # 3 CPUs a node: the stages cannot share one
     assert not _live_groups()
 
@@ -156,18 +158,17 @@ def test_a_demand_that_fits_but_is_not_free_waits_for_the_timeout(cluster):
 def test_auto_is_resolved_by_the_stage_where_its_gpu_is(cluster):
     from actors import collective
 
-    assert collective.resolve_backend(backend=LinkBackend.AUTO) is LinkBackend.TCP  # here: no CUDA
-    on_gpu = StageActor.options(num_cpus=1, num_gpus=1).remote(
-        stage=0, tp_rank=0, tp_size=1, timeout_s=10, link_timeout_s=10
-    )
+    assert collective.resolve_transport(transport=LinkTransport.AUTO) is LinkTransport.TCP  # here: no CUDA
+    mesh = Mesh(stages=2)
+    on_gpu = StageActor.options(num_cpus=1, num_gpus=1).remote(mesh=mesh, index=0, timeout_s=10, link_timeout_s=10)
     on_cpu = StageActor.options(num_cpus=1, resources={"plain": 1}).remote(
-        stage=1, tp_rank=0, tp_size=1, timeout_s=10, link_timeout_s=10
+        mesh=mesh, index=1, timeout_s=10, link_timeout_s=10
     )
     try:
-        assert ray.get(on_gpu.resolve_backend.remote(backend=LinkBackend.AUTO), timeout=60) is LinkBackend.NCCL
-        assert ray.get(on_cpu.resolve_backend.remote(backend=LinkBackend.AUTO), timeout=60) is LinkBackend.TCP
-        with pytest.raises(ray.exceptions.RayTaskError, match="stage 1 TP rank 0: backend nccl: no CUDA device"):
-            ray.get(on_cpu.resolve_backend.remote(backend=LinkBackend.NCCL), timeout=60)
+        assert ray.get(on_gpu.resolve_transport.remote(transport=LinkTransport.AUTO), timeout=60) is LinkTransport.NCCL
+        assert ray.get(on_cpu.resolve_transport.remote(transport=LinkTransport.AUTO), timeout=60) is LinkTransport.TCP
+        with pytest.raises(ray.exceptions.RayTaskError, match="stage 1: backend nccl: no CUDA device"):
+            ray.get(on_cpu.resolve_transport.remote(transport=LinkTransport.NCCL), timeout=60)
     finally:
         ray.kill(on_gpu)
         ray.kill(on_cpu)
@@ -177,7 +178,7 @@ def test_auto_is_resolved_by_the_stage_where_its_gpu_is(cluster):
 def test_stages_that_resolve_different_backends_are_named(cluster):
     """4 stage actors on two nodes of 3 CPUs: some land on the node with (fake) CUDA, some on the other."""
     pipeline = PipelineConfig(stages=2, microbatches=2, policy="1f1b", dp=2, timeout_s=60)
-    with pytest.raises(Exception, match=r"different link backends \(nccl on .*; tcp on .*\)"):
+    with pytest.raises(Exception, match=r"different link transports \(nccl on .*; tcp on .*\)"):
         Trainer(
             model=mlp,
             loss_fn=nn.functional.mse_loss,

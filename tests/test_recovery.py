@@ -125,12 +125,12 @@ def test_a_restart_says_so_in_the_log_and_in_the_telemetry(tmp_path, caplog):
     caplog.set_level("INFO", logger="rrfp_ray.train.api")
     with _trainer(tmp_path, max_restarts=2) as trainer:
         executors = trainer.backend.executors
-        executors[1] = _CrashOnce(executors[1], at=17)  # stage 1's first op of iteration 2
+        executors[1] = _CrashOnce(executors[1], at=17)  # stage 1's first op of iteration 2: the in-process wait names it
         trainer.backend.executors = executors
         reports = [trainer.step() for _ in range(4)]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restart ")]
     assert lines == [
-        f"restart 1 of 2: the pipeline failed in iteration 2; restoring checkpoint {tmp_path}/manifest-00000002.json (iteration 2)"
+        f"restart 1 of 2: stage 1 failed in iteration 2; restoring checkpoint {tmp_path}/manifest-00000002.json (iteration 2)"
     ]
     assert [(r.iteration, r.restart) for r in reports] == [(0, 0), (1, 0), (2, 1), (3, 0)]
     assert reports[2].to_json()["restart"] == 1

@@ -15,6 +15,7 @@ from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.runtime.streams import Handoff
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.transport import local_channels
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.worker import StageWorker
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.sim.variability import generate
@@ -94,10 +95,7 @@ def test_tensors_cross_threads_only_with_their_fences(policy_name):
     def run(s: int) -> None:
         try:
             workers[s].run_iteration(
-                iteration=0,
-                layout=layout,
-                policy=policy,
-                cap=Cap.parse("2x"),
+                args=IterationArgs(iteration=0, layout=layout, policy=policy, cap=Cap.parse("2x")),
                 executor=workload.executor(stage=s, layout=layout),
             )
         except BaseException as error:  # noqa: BLE001 (reported below)

@@ -15,6 +15,7 @@ from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.tcp_channel import TcpChannel, TcpLinks
 from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import Header, MessageReader, MessageWriter
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.worker import StageWorker
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
@@ -163,10 +164,7 @@ def test_two_stage_workers_over_tcp_run_an_iteration_and_close_without_waiting_o
         runs = [
             pool.submit(
                 w.run_iteration,
-                iteration=0,
-                layout=layout,
-                policy=policy,
-                cap=Cap.parse("2x"),
+                args=IterationArgs(iteration=0, layout=layout, policy=policy, cap=Cap.parse("2x")),
                 executor=workload.executor(stage=w.stage, layout=layout),
             )
             for w in workers

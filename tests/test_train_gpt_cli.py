@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_gpt.py"
 import train_gpt
@@ -110,7 +110,7 @@ def test_gpu_flags_pass_when_attaching_to_a_cluster(monkeypatch):
     """Under RAY_ADDRESS the stages run on the cluster's nodes, not here: nothing to check locally."""
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     _, run = train_gpt.parse(["--backend", "nccl", "--gpu"])
-    assert run.pipeline.backend is LinkBackend.NCCL and run.train.device == "cuda"
+    assert run.pipeline.backend is LinkTransport.NCCL and run.train.device == "cuda"
 
 
 def _manifest(directory: Path, text: str) -> Path:

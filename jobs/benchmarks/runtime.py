@@ -34,7 +34,7 @@ from rrfp_ray.observe.telemetry import IterationReport, dp_summary, tp_summary
 from rrfp_ray.runtime.breakdown import Phase
 from rrfp_ray.runtime.breakdown import summarize as summarize_phases
 from rrfp_ray.runtime.cpu import Role, per_op_us
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
 from rrfp_ray.sim.variability import Trace
 from rrfp_ray.train.config import PipelineConfig
@@ -238,7 +238,7 @@ def compare(
     trace: Trace,
     names: list[str],
     args: argparse.Namespace,
-    backend: LinkBackend,
+    backend: LinkTransport,
 ) -> tuple[dict[str, dict[str, float]], TransportModel]:
     """The per-policy figures (`summarize`, with `predict_exposed` under --dp) and the transport model
     the sim+t figures ran under: a message costs --message-ms, else `message_cost_ms` of this run; over
@@ -248,7 +248,7 @@ def compare(
     if message_ms is None:
         message_ms = message_cost_ms(reports=reports)
     send_ms = None
-    if backend is LinkBackend.TCP:
+    if backend is LinkTransport.TCP:
         send_us = summarize_phases(s.overhead_us for runs in reports.values() for r in runs for s in r.stages)[
             Phase.SEND
         ][0]

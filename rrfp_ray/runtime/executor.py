@@ -1,11 +1,15 @@
 """What the runtime asks of the work it runs: a `Workload` (plain data sent to every stage) builds
-each stage's `Executor`, which runs the stage's actions and ends each iteration with a `StepResult`."""
+each stage's `Executor`, which runs the stage's actions and ends each iteration with a `StepResult`.
+
+Every method the runtime calls is declared here; `ExecutorWrapper` forwards all of them, for
+executors that change one (fault injection, profiling)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -47,9 +51,32 @@ class Executor(Protocol):
         is done (in place; the gradients of its parameters, or a synthetic payload), with their owners under ZeRO-1."""
         ...
 
+    # The model's state, for evaluation, checkpoints and export (a synthetic workload's executors hold none).
+    def evaluate(self, *, chunk: int, inputs: torch.Tensor | None, index: int) -> torch.Tensor:
+        """Forward of validation microbatch `index` through `chunk` (`inputs`: the previous virtual stage's output)."""
+        ...
+
+    def save(self, *, directory: Path, iteration: int, shard: int) -> Any:
+        """Write this stage's checkpoint file (`shard`: its actor index); returns what the manifest records of it."""
+        ...
+
+    def load(self, *, directory: Path, file: Any) -> None: ...
+
+    def chunk_states(self) -> dict[int, dict[str, torch.Tensor]]:
+        """This stage's chunk weights, on the CPU: {chunk: state dict}."""
+        ...
+
+
+class TieSpec(Protocol):
+    """A parameter held by more than one stage (`rrfp_ray.train.ties.Tie`)."""
+
+    stages: tuple[int, ...]  # the stages that hold a copy, ascending
+
 
 class Workload(Protocol):
     """Plain data sent to every stage; each stage builds its own executor from it."""
+
+    ties: Sequence[TieSpec]  # parameters shared between stages: their gradients are summed over them
 
     def executor(self, *, stage: int, layout: Layout) -> Executor: ...
 
@@ -62,3 +89,39 @@ class Workload(Protocol):
 
     def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Workload:
         """As data-parallel replica `rank` (its share of each iteration's data); `zero_sum`: the DP sum, for ZeRO-1."""
+
+    def with_ties(self, *, reduce: Callable[[tuple[int, ...], torch.Tensor], torch.Tensor]) -> Workload:
+        """As a stage runs it, summing each tie's gradients over `reduce(owning stages, tensor)`."""
+
+
+class ExecutorWrapper:
+    """Runs `inner`; a subclass overrides what it changes."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+
+    def begin(self, *, iteration: int) -> None:
+        self.inner.begin(iteration=iteration)
+
+    def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
+        return self.inner.finish(iteration=iteration, all_reduce=all_reduce)
+
+    def run(
+        self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None
+    ) -> torch.Tensor | None:
+        return self.inner.run(action=action, iteration=iteration, payload=payload, release=release)
+
+    def gradients(self, *, chunk: int) -> ChunkGradients:
+        return self.inner.gradients(chunk=chunk)
+
+    def evaluate(self, *, chunk: int, inputs: torch.Tensor | None, index: int) -> torch.Tensor:
+        return self.inner.evaluate(chunk=chunk, inputs=inputs, index=index)
+
+    def save(self, *, directory: Path, iteration: int, shard: int) -> Any:
+        return self.inner.save(directory=directory, iteration=iteration, shard=shard)
+
+    def load(self, *, directory: Path, file: Any) -> None:
+        self.inner.load(directory=directory, file=file)
+
+    def chunk_states(self) -> dict[int, dict[str, torch.Tensor]]:
+        return self.inner.chunk_states()

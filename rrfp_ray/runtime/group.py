@@ -1,10 +1,10 @@
-"""One orchestration for every backend: a `StageGroup` drives a pipeline's stages through
+"""One orchestration for every fabric: a `StageGroup` drives a pipeline's stages through
 iterations, evaluation, checkpoints and restarts (in the spirit of Ray Train's WorkerGroup).
 
-It speaks to each stage (each TP rank of a stage, in each data-parallel replica: index
-`(replica * stages + stage) * tp + rank`) through a `StageHandle`, whose calls return at once with a pending result, and to the backend through
-a `Fabric`, which brings the handles up and down and waits on their results with a timeout
-that names the stage. In-process the handles are threads (`rrfp_ray.runtime.local`); on
+It speaks to each stage (each TP rank of a stage, in each data-parallel replica: the actors of
+its `Mesh`) through a `StageHandle`, whose calls return at once with a pending result, and to
+the fabric (where the stages run) through a `Fabric`, which brings the handles up and down and
+waits on their results with a timeout that names the stage. In-process the handles are threads (`rrfp_ray.runtime.local`); on
 Ray they are stage actors and the group runs inside the driver actor (`actors.driver`).
 """
 
@@ -20,6 +20,8 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Workload
+from rrfp_ray.runtime.iteration import IterationArgs
+from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.schedule.deps import Layout
 
 logger = logging.getLogger(__name__)
@@ -30,21 +32,12 @@ Pending = Any  # a call's result to come: a concurrent.futures.Future in-process
 class StageHandle(Protocol):
     """One stage (one TP rank of it) as the group drives it; a stage runs its calls in order."""
 
-    label: str  # names the stage in errors: "stage 1", "stage 1 TP rank 0", "replica 1 stage 1" (`stage_label`)
+    label: str  # names the stage in errors: "stage 1", "stage 1 TP rank 0", "replica 1 stage 1" (`Mesh.label`)
 
     def set_workload(self, *, workload: Workload, layout: Layout) -> Pending: ...
 
-    def run_iteration(
-        self,
-        *,
-        iteration: int,
-        layout: Layout,
-        policy: Policy,
-        cap: Cap,
-        buffer_limit: int | None,
-        tp_protocol: TPProtocol,
-    ) -> Pending:
-        """Pending (events, stats) of the stage's part of the iteration (`StageWorker.run_iteration`)."""
+    def run_iteration(self, *, args: IterationArgs) -> Pending:
+        """Pending (events, stats) of the stage's part of the iteration (`StageHost.run_iteration`)."""
         ...
 
     def evaluate(self, *, chunk: int, inputs: Pending | None, index: int) -> Pending:
@@ -64,10 +57,12 @@ class StageHandle(Protocol):
 
 
 class Fabric(Protocol):
-    """What a backend gives the group: its stages, brought up and down, and the wait on their calls."""
+    """Where the stages run (threads or actors): they are brought up and down, and their calls waited on."""
+
+    mesh: Mesh  # the actors it hosts
 
     def start(self) -> list[StageHandle]:
-        """Bring every stage up, linked to its neighbours; their handles, index `(replica * stages + stage) * tp + rank`."""
+        """Bring every stage up, linked to its neighbours; their handles, in `Mesh` index order."""
         ...
 
     def wait(self, pending: list[Pending], *, labels: list[str], what: str) -> list:
@@ -80,12 +75,6 @@ class Fabric(Protocol):
         ...
 
 
-def stage_label(*, stage: int, rank: int, replica: int, tp: int, dp: int) -> str:
-    """How errors and logs name one actor of a DP x PP x TP group."""
-    replica_text = f"replica {replica} " if dp > 1 else ""
-    return f"{replica_text}stage {stage}" + (f" TP rank {rank}" if tp > 1 else "")
-
-
 class StageGroup:
     """With `dp` > 1, `dp` replicas of the pipeline train on their own shares of each iteration's
     data; their stages sum gradients before the step, so every replica holds the same weights:
@@ -93,18 +82,20 @@ class StageGroup:
     (ZeRO-1), each replica holds its own shard of the optimizer state: every replica writes its
     file, and loads its own."""
 
-    def __init__(self, *, fabric: Fabric, layout: Layout, tp: int = 1, dp: int = 1, zero: bool = False) -> None:
+    def __init__(self, *, fabric: Fabric, layout: Layout, zero: bool = False) -> None:
+        mesh = fabric.mesh
+        if mesh.stages != layout.stages:
+            raise ValueError(f"the mesh has {mesh.stages} stages, the layout {layout.stages}")
         self.fabric = fabric
         self.layout = layout
-        self.tp = tp
-        self.dp = dp
+        self.mesh = mesh
         self.zero = zero
         self.workload: Workload | None = None
         self._failed = False  # an iteration failed: links are broken, stages may still be blocked in it
         self.handles: list[StageHandle] = fabric.start()
-        if len(self.handles) != dp * layout.stages * tp:
+        if len(self.handles) != mesh.size:
             raise ValueError(
-                f"the fabric started {len(self.handles)} stages, the pipeline has {dp} x {layout.stages} x {tp}"
+                f"the fabric started {len(self.handles)} stages, the pipeline has {mesh.dp} x {mesh.stages} x {mesh.tp}"
             )
 
     def set_workload(self, *, workload: Workload) -> None:
@@ -115,27 +106,25 @@ class StageGroup:
     def run_iteration(
         self, *, iteration: int, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
     ) -> IterationReport:
-        layout = policy.layout_over(self.layout)
+        args = IterationArgs(
+            iteration=iteration,
+            layout=policy.layout_over(self.layout),
+            policy=policy,
+            cap=cap,
+            buffer_limit=buffer_limit,
+            tp_protocol=tp_protocol,
+        )
         try:
-            results = self._all(
-                lambda _, h: h.run_iteration(
-                    iteration=iteration,
-                    layout=layout,
-                    policy=policy,
-                    cap=cap,
-                    buffer_limit=buffer_limit,
-                    tp_protocol=tp_protocol,
-                ),
-                what=f"iteration {iteration}",
-            )
+            results = self._all(lambda _, h: h.run_iteration(args=args), what=f"iteration {iteration}")
         except PipelineError:
             self._failed = True
             raise
         # TP ranks of a stage run the same actions in the same order: rank 0 reports for its stage (in every replica)
         # the events of replica 0 alone: the diagrams and traces show one pipeline
-        per_replica = self.layout.stages * self.tp
-        shown = [(events if i < per_replica else [], stats) for i, (events, stats) in enumerate(results)]
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.tp])
+        shown = [
+            (events if i in self.mesh.replica_indices(0) else [], stats) for i, (events, stats) in enumerate(results)
+        ]
+        return merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.mesh.tp])
 
     def take_turns(
         self,
@@ -164,16 +153,17 @@ class StageGroup:
         """Mean validation loss over the first `microbatches` validation microbatches (forward only).
 
         Each TP rank chains its own calls (the ranks of a stage meet in their all-reduces); rank 0's losses count."""
-        finals, labels = [], []
+        finals, labels, tp = [], [], self.mesh.tp
         for index in range(microbatches):
-            for rank in range(self.tp):
+            for rank in range(tp):
                 out = None
                 for vs in range(self.layout.virtual_stages):
                     stage, chunk = self.layout.locate(vs)
-                    out = self.handles[stage * self.tp + rank].evaluate(chunk=chunk, inputs=out, index=index)
+                    handle = self.handles[self.mesh.index(stage=stage, rank=rank)]
+                    out = handle.evaluate(chunk=chunk, inputs=out, index=index)
                 finals.append(out)
-                labels.append(f"validation microbatch {index}" + (f" (TP rank {rank})" if self.tp > 1 else ""))
-        losses = self.fabric.wait(finals, labels=labels, what="validation")[:: self.tp]
+                labels.append(f"validation microbatch {index}" + (f" (TP rank {rank})" if tp > 1 else ""))
+        losses = self.fabric.wait(finals, labels=labels, what="validation")[::tp]
         return sum(float(loss) for loss in losses) / len(losses)
 
     def save(self, *, directory: str, iteration: int) -> dict[int, Any]:
@@ -190,7 +180,7 @@ class StageGroup:
 
     def load(self, *, directory: str, files: Mapping[int, Any]) -> None:
         """Every replica's stage loads the one file of its (stage, TP rank) (ZeRO-1: its own)."""
-        shared = len(self.handles) if self.zero else self.layout.stages * self.tp
+        shared = self.mesh.size if self.zero else self.mesh.per_replica
         self._all(lambda i, h: h.load(directory=directory, file=files[i % shared]), what="checkpoint load")
         logger.info("%d stage files loaded from %s", len(files), directory)
 
@@ -215,7 +205,6 @@ class StageGroup:
         """`call(index, handle)` on every stage at once (of `replica` only, if given); their results, in stage order."""
         handles = self.handles
         if replica is not None:
-            per_replica = self.layout.stages * self.tp
-            handles = handles[replica * per_replica : (replica + 1) * per_replica]
+            handles = [handles[i] for i in self.mesh.replica_indices(replica)]
         pending = [call(i, h) for i, h in enumerate(handles)]
         return self.fabric.wait(pending, labels=[h.label for h in handles], what=what)

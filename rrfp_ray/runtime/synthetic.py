@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rrfp_ray.runtime.executor import TieSpec
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
@@ -48,6 +49,7 @@ class SyntheticWorkload:
     in_step: InStep | None = None  # set by with_tp
     grad_elems: int = 0  # float32 elements of gradient per chunk that data parallelism reduces
     grad_layers: int = 1  # tensors they are split into, one finalized after another
+    ties: tuple[TieSpec, ...] = ()  # no parameters, so none shared between stages
 
     def executor(self, *, stage: int, layout: Layout) -> SleepExecutor:
         return SleepExecutor(
@@ -67,6 +69,10 @@ class SyntheticWorkload:
 
     def latency(self, message: Message) -> float:
         return self.trace.latency(message)
+
+    def with_ties(self, *, reduce: Callable[[tuple[int, ...], torch.Tensor], torch.Tensor]) -> SyntheticWorkload:
+        """It has no tied parameters: nothing to sum."""
+        return self
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> SyntheticWorkload:
         """Every TP rank replays the same op durations, its F and B ops in step with the group

@@ -1,4 +1,4 @@
-"""Pipeline links over direct TCP connections (`LinkBackend.TCP`), for CPU stages.
+"""Pipeline links over direct TCP connections (`LinkTransport.TCP`), for CPU stages.
 
 Each directed link is one TCP connection from its sender to its receiver, authenticated when it
 forms (`rrfp_ray.runtime.tcp_pair`; the link's name is bound into the proofs). A frame goes out

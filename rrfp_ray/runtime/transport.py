@@ -51,7 +51,7 @@ DTYPES = (
 )
 
 
-class LinkBackend(enum.Enum):
+class LinkTransport(enum.Enum):
     """What carries the links: `auto` is NCCL where CUDA and cupy are present, else TCP
     (`actors/collective.py` resolves it). With TCP (`rrfp_ray.runtime.tcp_channel`) the other
     groups (all stages, TP, DP, tied parameters) are gloo's."""

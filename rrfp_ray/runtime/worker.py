@@ -20,12 +20,12 @@ import torch
 
 from rrfp_ray.observe.telemetry import OpEvent, StageStats, stage_stats
 from rrfp_ray.policy.agreement import Agreement, TPContext
-from rrfp_ray.policy.arbiter import Arbiter, Cap
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.arbiter import Arbiter
 from rrfp_ray.runtime.breakdown import Breakdown, MessageClock, Phase
 from rrfp_ray.runtime.cpu import StageCpu
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Executor
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.links import LinkSender, wait_idle
 from rrfp_ray.runtime.reduce import DPContext, GradSink, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
@@ -77,12 +77,8 @@ class StageWorker:
     def run_iteration(
         self,
         *,
-        iteration: int,
-        layout: Layout,
-        policy: Policy,
-        cap: Cap,
+        args: IterationArgs,
         executor: Executor,
-        buffer_limit: int | None = None,
         latency: Callable[[Message], float] | None = None,
         tp: TPContext | None = None,
         all_reduce: Callable[[float], float] = float,
@@ -100,7 +96,8 @@ class StageWorker:
         With `dp`, this worker's stage is replicated: during a chunk's last weight-gradient op, its
         gradients go to the DP reduction as they become final (`rrfp_ray.runtime.reduce`; with
         `dp.overlap` off, every chunk's once all stages have run their last op), and the step waits for it."""
-        arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=cap, buffer_limit=buffer_limit)
+        iteration, layout, policy = args.iteration, args.layout, args.policy
+        arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit)
         with self._cond:
             self._raise_if_failed()
             self._arbiter, self._layout, self._iteration = arbiter, layout, iteration
@@ -220,7 +217,7 @@ class StageWorker:
     def close(self) -> None:
         """Send STOP on every outbound link and end the threads. The receive threads take their
         links' STOPs first: a neighbour's send of STOP returns only once this side has taken it.
-        Neighbours close at the same time (each backend closes all its stages at once): an idle
+        Neighbours close at the same time (each fabric closes all its stages at once): an idle
         link posts no receive, so one closed after the other waits out its timeout."""
         with self._cond:
             self._stopping = True

@@ -2,7 +2,7 @@
 
 Both backends drive their stages with one `rrfp_ray.runtime.group.StageGroup`.
 `LocalBackend` runs every stage as a thread of the caller's process over in-memory
-channels (the group in the caller's process): the same workers, arbiters, telemetry and
+channels (a `rrfp_ray.runtime.local.LocalPipeline`, the group in the caller's process): the same workers, arbiters, telemetry and
 orchestration as on Ray, for debugging and tests. The Ray backend (stage actors under a
 driver actor that runs the group) is `actors.backend.RayBackend`.
 """
@@ -19,7 +19,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.group import StageGroup
-from rrfp_ray.runtime.local import ThreadStages
+from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
@@ -47,7 +47,7 @@ class Backend(Protocol):
     def load(self, *, directory: Path, manifest: Manifest) -> None: ...
 
     def chunk_states(self) -> list[dict[int, dict[str, Tensor]]]:
-        """Every stage's (TP shard's, index `stage * tp + rank`) chunk weights, on the CPU."""
+        """Every stage's (TP shard's, in `Mesh` index order) chunk weights, on the CPU."""
         ...
 
     def restart(self) -> None:
@@ -73,31 +73,28 @@ def run_iteration(
 class LocalBackend:
     def __init__(self) -> None:
         self._config: PipelineConfig | None = None
-        self._group: StageGroup | None = None
+        self._local: LocalPipeline | None = None
 
     @property
     def executors(self) -> list[Executor]:
         """One per stage (per TP rank); tests may replace them."""
-        return [handle.executor for handle in self._running().handles]
+        return self._pipeline().executors
 
     @executors.setter
     def executors(self, executors: list[Executor]) -> None:
-        for handle, executor in zip(self._running().handles, executors, strict=True):
-            handle.executor = executor
+        self._pipeline().executors = executors
 
     def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
-        if self._group is not None:
+        if self._local is not None:
             raise RuntimeError("this LocalBackend has already started; use one backend per Trainer")
         self._config = pipeline
-        stages = ThreadStages(
+        self._local = LocalPipeline(
             layout=pipeline.layout,
             timeout_s=pipeline.timeout_s,
             link_timeout_s=pipeline.link_timeout_s,
             tp=pipeline.tp,
             dp=pipeline.dp_spec,
-        )
-        self._group = StageGroup(
-            fabric=stages, layout=pipeline.layout, tp=pipeline.tp, dp=pipeline.dp, zero=bool(pipeline.zero)
+            ties=tuple(dict.fromkeys(tie.stages for tie in workload.ties)),
         )
         try:
             self.set_workload(workload=workload)
@@ -127,11 +124,14 @@ class LocalBackend:
         self._running().restart()
 
     def close(self) -> None:
-        if self._group is not None:
-            self._group.close()
-            self._group = None
+        if self._local is not None:
+            self._local.close()
+            self._local = None
 
     def _running(self) -> StageGroup:
-        if self._group is None:
+        return self._pipeline().group
+
+    def _pipeline(self) -> LocalPipeline:
+        if self._local is None:
             raise RuntimeError("the LocalBackend is not running: start() it first (a Trainer does), or it was closed")
-        return self._group
+        return self._local

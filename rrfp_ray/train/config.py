@@ -12,7 +12,7 @@ from rrfp_ray.policy.agreement import TPGather, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy, describe_policies, make_policy
 from rrfp_ray.runtime.reduce import DPSpec
-from rrfp_ray.runtime.transport import LinkBackend
+from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.validate import Hint, parse_order
 from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
@@ -61,8 +61,8 @@ class TransportConfig(BaseModel):
 
     model_config = _STRICT
 
-    backend: LinkBackend = Field(
-        LinkBackend.AUTO,
+    backend: LinkTransport = Field(
+        LinkTransport.AUTO,
         description="what carries the links: auto (nccl with CUDA and cupy, else tcp), tcp, gloo or nccl",
     )
     buffer_limit: int = Field(32, ge=1, description="messages a stage holds received but not yet consumed")
@@ -120,7 +120,7 @@ class PipelineConfig(BaseModel):
     """The pipeline in sections (shape, schedule, transport, parallel, faults, compute). Flat
     keywords are accepted and read back as well: `PipelineConfig(stages=8, policy="bfw").stages`
     is `config.shape.stages`. Text given for `cap`, `backend` and `tp_protocol` is parsed here,
-    once; the fields hold a `Cap`, a `LinkBackend` and a `TPProtocol`."""
+    once; the fields hold a `Cap`, a `LinkTransport` and a `TPProtocol`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, ignored_types=(cached_property,))
 

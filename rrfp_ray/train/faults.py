@@ -16,14 +16,15 @@ import enum
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rrfp_ray.runtime.executor import Executor, Workload
+from rrfp_ray.runtime.executor import Executor, ExecutorWrapper, TieSpec, Workload
+from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import GradSink
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Message
@@ -42,7 +43,7 @@ class Crash(enum.Enum):
 
 @dataclass(frozen=True)
 class Fault:
-    shard: int  # (replica * stages + stage) * tp + TP rank: the executor that crashes, as the group indexes it
+    shard: int  # the `Mesh` index of the actor whose executor crashes
     iteration: int
     moment: Moment
     index: int = 0  # Moment.ACTION: which of the shard's actions in the iteration
@@ -114,7 +115,7 @@ class FaultPlan:
 @dataclass(frozen=True)
 class FaultyWorkload:
     """`inner`, whose executors crash where `plan` says; TP rank `rank` of `size` in DP replica
-    `replica` (shard `(replica * stages + stage) * size + rank`)."""
+    `replica` (its shard: that actor's `Mesh` index)."""
 
     inner: Workload
     plan: FaultPlan
@@ -122,8 +123,14 @@ class FaultyWorkload:
     size: int = 1
     replica: int = 0
 
+    @property
+    def ties(self) -> Sequence[TieSpec]:
+        return self.inner.ties
+
     def executor(self, *, stage: int, layout: Layout) -> FaultyExecutor:
-        shard = (self.replica * layout.stages + stage) * self.size + self.rank
+        # an index does not depend on how many replicas follow this one
+        mesh = Mesh(stages=layout.stages, tp=self.size, dp=self.replica + 1)
+        shard = mesh.index(replica=self.replica, stage=stage, rank=self.rank)
         return FaultyExecutor(inner=self.inner.executor(stage=stage, layout=layout), plan=self.plan, shard=shard)
 
     def latency(self, message: Message) -> float:
@@ -134,21 +141,16 @@ class FaultyWorkload:
             self, inner=self.inner.with_tp(rank=rank, size=size, all_reduce=all_reduce), rank=rank, size=size
         )
 
-    def with_ties(self, *, reduce: Callable[..., torch.Tensor]) -> FaultyWorkload:
+    def with_ties(self, *, reduce: Callable[[tuple[int, ...], torch.Tensor], torch.Tensor]) -> FaultyWorkload:
         return replace(self, inner=self.inner.with_ties(reduce=reduce))
 
     def with_dp(self, *, rank: int, zero_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> FaultyWorkload:
         return replace(self, inner=self.inner.with_dp(rank=rank, zero_sum=zero_sum), replica=rank)
 
-    def __getattr__(self, name: str) -> Any:  # the inner workload's data (ties, val_data, device, ...)
-        if name.startswith("__") or name == "inner":  # not yet set while unpickling
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
-
-class FaultyExecutor:
+class FaultyExecutor(ExecutorWrapper):
     def __init__(self, *, inner: Executor, plan: FaultPlan, shard: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
         self.shard = shard
         self._index = 0
@@ -168,8 +170,3 @@ class FaultyExecutor:
         file = self.inner.save(directory=directory, iteration=iteration, shard=shard)
         self.plan.fire(shard=self.shard, iteration=iteration, moment=Moment.SAVE)
         return file
-
-    def __getattr__(self, name: str) -> Any:  # finish, load, evaluate, runner, ...
-        if name.startswith("__") or name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)

@@ -1,0 +1,21 @@
+"""What every stage is given for one iteration, as one value: the group builds it once and each
+fabric carries it to its stages unchanged; a new per-iteration input joins it here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rrfp_ray.policy.agreement import TPProtocol
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.schedule.deps import Layout
+
+
+@dataclass(frozen=True)
+class IterationArgs:
+    iteration: int
+    layout: Layout  # the pipeline's layout as the policy runs it (`Policy.layout_over`)
+    policy: Policy
+    cap: Cap
+    buffer_limit: int | None = None  # most messages a stage's receive buffer holds (None: no limit)
+    tp_protocol: TPProtocol = TPProtocol.FIRST  # how TP ranks agree (unused without TP)
