@@ -16,7 +16,12 @@ from rrfp_ray.train.config import SECTION_OF, PipelineConfig, ShapeConfig
 def test_flat_keywords_land_in_their_sections_and_read_back():
     config = PipelineConfig(stages=2, microbatches=4, policy="1f1b", cap="1x", backend="tcp", dp=2, zero=1)
     assert config.shape == ShapeConfig(stages=2, chunks=1, microbatches=4)
-    assert (config.stages, config.policy, config.cap, config.backend) == (2, "1f1b", Cap(multiple=1.0), LinkTransport.TCP)
+    assert (config.stages, config.policy, config.cap, config.backend) == (
+        2,
+        "1f1b",
+        Cap(multiple=1.0),
+        LinkTransport.TCP,
+    )
     assert (config.parallel.dp, config.zero, config.timeout_s) == (2, 1, 60.0)
     assert config == PipelineConfig(
         shape={"stages": 2, "microbatches": 4},
