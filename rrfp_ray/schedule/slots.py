@@ -103,10 +103,17 @@ class Slots:
             kind=self.kinds[row], virtual_stage=self.virtual_stage[stage][chunk], microbatch=microbatch
         )
 
-    def text(self, *, stage: int, slot: int) -> str:
-        """`str(self.action(stage=stage, slot=slot))`, without making the action."""
-        row, chunk, microbatch = self.decode(slot)
-        return f"{self.virtual_stage[stage][chunk]}{self.kinds[row].value}{microbatch}"
+    @functools.cached_property
+    def texts(self) -> list[str]:
+        """Per op, ``str`` of its action (for reports; "" for each stage's `outside` slot)."""
+        texts = []
+        for stage in range(self.layout.stages):
+            for row, kind in enumerate(self.kinds):
+                for chunk in range(self.chunks):
+                    head = f"{self.virtual_stage[stage][chunk]}{kind.value}"
+                    texts += [f"{head}{m}" for m in range(self.microbatches)]
+            texts.append("")
+        return texts
 
     def message(self, consumer: int) -> Message:
         """The delivery that makes op `consumer` ready."""

@@ -287,19 +287,20 @@ class _Run:
             del due[now]
 
     def report(self, *, iteration: int) -> IterationReport:
-        slots, S = self.slots, self.slots.per_stage
+        texts, started_at, durations, ready_at = self.slots.texts, self.started_at, self.durations, self.ready_at
         stats, events = [], []
         for stage, arbiter in enumerate(self.arbiters):
-            base = stage * S
+            base = stage * self.slots.per_stage
+            hint_position, overtook = arbiter.hint_position_of, arbiter.overtook
             stage_events = [
                 OpEvent(
                     stage=stage,
-                    action=slots.text(stage=stage, slot=op - base),
-                    start_ms=self.started_at[op],
-                    end_ms=self.started_at[op] + self.durations[op],
-                    ready_ms=self.ready_at[op],
-                    hint_pos=arbiter.hint_position_of(op - base),
-                    overtook=arbiter.overtook(op - base),
+                    action=texts[op],
+                    start_ms=started_at[op],
+                    end_ms=started_at[op] + durations[op],
+                    ready_ms=ready_at[op],
+                    hint_pos=hint_position(op - base),
+                    overtook=overtook(op - base),
                 )
                 for op in self.log[stage]
             ]
