@@ -2,10 +2,12 @@
 
     python jobs/bench_simulator.py --out docs/scale.md
 
-1. Speed: per P in --speed-stages (M = 4P, v=1, zb-h1 and bfw, cap 1x, lognormal 0.6), ms per
-   iteration and simulated ops/s of `simulate` (full report) and of `simulate_many` (makespans
-   only), and the speed-up over the simulator of --baseline (a git revision), timed in the same
-   run in a subprocess over `git archive` of that revision; its makespans must equal ours.
+1. Speed: per P in --speed-stages (M = 4P, or PxM, v=1, zb-h1 and bfw, cap 1x, lognormal 0.6),
+   CPU ms per iteration (this process's time, the best of several calls: steadier than wall time
+   on a shared machine) and simulated ops/s of `simulate` (full report) and of `simulate_many`
+   (makespans only), and the speed-up over the simulator of --baseline (a git revision), timed
+   the same way in the same run in a subprocess over `git archive` of that revision; its
+   makespans must equal ours.
 2. For P in --stages, M = 4P, every scenario below, policies 1f1b, bf, bfw at --cap: the
    speedup over fixed 1f1b and makespan / lower bound (`bounds().best_ms`), means over --seeds.
 """
@@ -35,7 +37,8 @@ SCENARIOS = ("none", "lognormal", "straggler", "imbalance", "comm", "multimodal"
 POLICIES = ("1f1b", "bf", "bfw")
 SPEED_POLICIES = ("zb-h1", "bfw")
 REPO = Path(__file__).resolve().parents[1]
-# Run with the baseline tree first on sys.path: ms per `simulate` call and the makespans, as JSON.
+# Run with the baseline tree first on sys.path: CPU ms per `simulate` call (the best of as many calls as ours)
+# and the makespans, as JSON.
 BASELINE = """
 import json, sys, time
 from rrfp_ray.policy.arbiter import Cap
@@ -43,13 +46,16 @@ from rrfp_ray.policy.pickers import make_policy
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 out = {}
-for stages in json.loads(sys.argv[1]):
-    trace = generate(scenario="lognormal", stages=stages, microbatches=4 * stages, chunks=1, seed=0)
+for stages, microbatches in json.loads(sys.argv[1]):
+    trace = generate(scenario="lognormal", stages=stages, microbatches=microbatches, chunks=1, seed=0)
     for name in json.loads(sys.argv[2]):
-        policy = make_policy(name=name, stages=stages, chunks=1, microbatches=4 * stages)
-        start = time.perf_counter()
-        makespan = simulate(policy=policy, trace=trace, cap=Cap.parse("1x")).makespan_ms
-        out[f"{stages} {name}"] = [(time.perf_counter() - start) * 1e3, makespan]
+        policy = make_policy(name=name, stages=stages, chunks=1, microbatches=microbatches)
+        times = []
+        for _ in range(max(3, 8000 // (stages * microbatches))):
+            start = time.process_time()
+            makespan = simulate(policy=policy, trace=trace, cap=Cap.parse("1x")).makespan_ms
+            times.append((time.process_time() - start) * 1e3)
+        out[f"{stages} {microbatches} {name}"] = [min(times), makespan]
 print(json.dumps(out))
 """
 
@@ -60,7 +66,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="traces per cell, seeds 0..N-1 (default 3)")
     parser.add_argument("--cap", default="2x", help="in-flight cap (default 2x)")
     parser.add_argument("--out", help="write the Markdown report here")
-    parser.add_argument("--speed-stages", default="8,32,128", help="P values of the speed table (default 8,32,128)")
+    parser.add_argument(
+        "--speed-stages", default="8,32,128", help="P (M = 4P) or PxM values of the speed table (default 8,32,128)"
+    )
     parser.add_argument("--baseline", default="801989d", help="git revision to compare speed with ('' : none)")
     parser.add_argument("--speed-only", action="store_true", help="print the speed table and stop")
     args = parser.parse_args()
@@ -78,10 +86,17 @@ def main() -> None:
         parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
 
     try:
-        speed_stages = [int(p) for p in args.speed_stages.split(",")]
+        shapes = [
+            [int(n) for n in (f"{p}x{4 * int(p)}" if "x" not in p else p).split("x")]
+            for p in args.speed_stages.split(",")
+        ]
     except ValueError:
-        parser.error(f"argument --speed-stages: expected integers like 8,32, got {args.speed_stages!r}")
-    timing = speed_table(stages=speed_stages, baseline=args.baseline)
+        shapes = []
+    if not shapes or min(n for shape in shapes for n in shape) < 1:
+        parser.error(
+            f"argument --speed-stages: expected P or PxM values >= 1 like 8,128x1024, got {args.speed_stages!r}"
+        )
+    timing = speed_table(shapes=shapes, baseline=args.baseline)
     print(timing, flush=True)
     if args.speed_only:
         return
@@ -93,21 +108,21 @@ def main() -> None:
         print(report)
 
 
-def speed_table(*, stages: list[int], baseline: str) -> str:
-    """Markdown: ms per iteration and ops/s here, and main's in the same run (see the module's docstring)."""
-    theirs = time_baseline(revision=baseline, stages=stages) if baseline else {}
+def speed_table(*, shapes: list[list[int]], baseline: str) -> str:
+    """Markdown: CPU ms per iteration and ops/s here, and the baseline's in the same run (see the module's docstring)."""
+    theirs = time_baseline(revision=baseline, shapes=shapes) if baseline else {}
     lines = [
         f"Speed ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs; "
-        f"lognormal, v=1, M=4P, cap 1x; baseline {baseline or 'none'}, timed in the same run):",
+        f"lognormal, v=1, cap 1x; CPU ms, best of several calls; baseline {baseline or 'none'}, timed in the same run):",
         "",
         "| P | M | policy | ops | simulate ms | ops/s | simulate_many ms | ops/s | baseline ms | speed-up | same makespan |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for p in stages:
-        trace = generate(scenario="lognormal", stages=p, microbatches=4 * p, chunks=1, seed=0)
+    for p, m in shapes:
+        trace = generate(scenario="lognormal", stages=p, microbatches=m, chunks=1, seed=0)
         for name in SPEED_POLICIES:
-            policy = make_policy(name=name, stages=p, chunks=1, microbatches=4 * p)
-            repeats = max(1, 2000 // (p * p))
+            policy = make_policy(name=name, stages=p, chunks=1, microbatches=m)
+            repeats = max(3, 8000 // (p * m))
             report = simulate(policy=policy, trace=trace, cap=Cap.parse("1x"))
             full = best_ms(
                 functools.partial(simulate, policy=policy, trace=trace, cap=Cap.parse("1x")), repeats=repeats
@@ -115,10 +130,10 @@ def speed_table(*, stages: list[int], baseline: str) -> str:
             case = Case(policy=policy, trace=trace, cap=Cap.parse("1x"))
             fast = best_ms(functools.partial(simulate_many, cases=[case]), repeats=repeats)
             ops = len(report.events)
-            base_ms, base_makespan = theirs.get(f"{p} {name}", (float("nan"), None))
+            base_ms, base_makespan = theirs.get(f"{p} {m} {name}", (float("nan"), None))
             same = "-" if base_makespan is None else "yes" if base_makespan == report.makespan_ms else "NO"
             lines.append(
-                f"| {p} | {4 * p} | {name} | {ops} | {full:.1f} | {ops / full:.0f}k | {fast:.1f} | {ops / fast:.0f}k "
+                f"| {p} | {m} | {name} | {ops} | {full:.1f} | {ops / full:.0f}k | {fast:.1f} | {ops / fast:.0f}k "
                 f"| {base_ms:.1f} | {base_ms / full:.1f}x / {base_ms / fast:.1f}x | {same} |"
             )
     lines.append("")
@@ -129,14 +144,14 @@ def speed_table(*, stages: list[int], baseline: str) -> str:
 def best_ms(run, *, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         run()
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append((time.process_time() - start) * 1e3)
     return min(times)
 
 
-def time_baseline(*, revision: str, stages: list[int]) -> dict[str, tuple[float, float]]:
-    """ms of one `simulate` call and its makespan per 'P policy', by the simulator of git `revision`."""
+def time_baseline(*, revision: str, shapes: list[list[int]]) -> dict[str, tuple[float, float]]:
+    """CPU ms of one `simulate` call and its makespan per 'P M policy', by the simulator of git `revision`."""
     with tempfile.TemporaryDirectory() as tree:
         archive = subprocess.run(
             ["git", "-C", str(REPO), "archive", revision, "rrfp_ray"], capture_output=True, check=False
@@ -147,7 +162,7 @@ def time_baseline(*, revision: str, stages: list[int]) -> dict[str, tuple[float,
         subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
         env = {**os.environ, "PYTHONPATH": tree}
         out = subprocess.run(
-            [sys.executable, "-c", BASELINE, json.dumps(stages), json.dumps(SPEED_POLICIES)],
+            [sys.executable, "-c", BASELINE, json.dumps(shapes), json.dumps(SPEED_POLICIES)],
             capture_output=True,
             env=env,
             check=True,

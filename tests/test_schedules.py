@@ -143,14 +143,38 @@ def test_the_grid_covers_refused_and_fewer_microbatches_than_stages() -> None:
     assert refused == {"1f1b"} and uneven and few == {"gpipe", "zb-h1", "interleaved"}
 
 
+def _refusal(name: str, stages: int, microbatches: int) -> str | None:
+    """What `build` must say when it refuses a grid cell, by PyTorch's rules; None: it builds the cell."""
+    rounds = max(1, microbatches // stages)
+    if name == "1f1b" and microbatches < stages:
+        return (
+            f"microbatches must be >= stages for 1f1b (as PyTorch's Schedule1F1B requires), "
+            f"got microbatches={microbatches} < stages={stages}"
+        )
+    if name in ("zb-h1", "interleaved") and microbatches % rounds != 0:
+        return (
+            f"microbatches must be a multiple of the number of rounds max(1, microbatches // stages) = {rounds} for "
+            f"{name} (as PyTorch requires), got microbatches={microbatches} with stages={stages}"
+        )
+    return None
+
+
 @pytest.mark.parametrize("case", GRID, ids=_id)
 def test_every_generated_order_validates(case: tuple[str, int, int, int]) -> None:
+    """Every cell either builds an order that validates or is refused with the message its rule gives."""
     name, stages, chunks, microbatches = case
-    try:
-        order = build(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
-    except ValueError:
+    refusal = _refusal(name, stages, microbatches)
+    if refusal is not None:
+        with pytest.raises(ValueError) as refused:
+            build(name=name, stages=stages, chunks=chunks, microbatches=microbatches)
+        assert str(refused.value) == refusal
         return
-    validate(order, layout=_layout(*case))
+    validate(build(name=name, stages=stages, chunks=chunks, microbatches=microbatches), layout=_layout(*case))
+
+
+def test_the_grid_holds_cells_of_each_refusal() -> None:
+    refused = {name for name, stages, _, microbatches in GRID if _refusal(name, stages, microbatches)}
+    assert refused == {"1f1b", "zb-h1", "interleaved"}
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1"])

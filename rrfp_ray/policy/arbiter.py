@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from rrfp_ray.policy.pickers import Policy, hint_indexes, ranked, take
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.slots import FREES_FB, FREES_FW
 
 _CAP = re.compile(r"^(?:(\d+(?:\.\d+)?)x|(\d+)|inf)$")
 
@@ -103,13 +104,13 @@ class Arbiter:
         self._arrived = [False] * size  # the delivery an action waits for has arrived
         self._overtook = [False] * size
         self._hint_pos = index.position
-        self._started_by = index.started_by
+        # `outside` ends the list: never started, it stops the scan for the first unstarted hint action
+        self._started_by = [*index.started_by, slots.outside]
         self._base = stage * size  # the stage's first op
-        self._needs_message = slots.needs_message
+        self._needs_message = slots.needs_message[self._base : self._base + size]
         self._block = slots.block  # slots per row: F, then the backward, then W
         self._admissions = slots.microbatches  # the first slots of a row are its chunk-0 actions
-        self._split = layout.split
-        self._followed = slots.block * (2 if layout.split else 1)  # F and I have a local follower
+        self._follower, self._frees = slots.local_follower, slots.frees
         self._done_count = 0
         self._unstarted_hint = 0
         self.inflight_fb = 0
@@ -118,7 +119,7 @@ class Arbiter:
         self.peak_inflight = 0
         self.peak_buffered = 0
         for slot in range(slots.block):  # forwards: the only actions without a local need
-            if not self._needs_message[self._base + slot]:
+            if not self._needs_message[slot]:
                 self._add(slot)
 
     def _slot(self, action: Action) -> int:
@@ -153,12 +154,13 @@ class Arbiter:
 
     def on_arrival_slot(self, slot: int) -> None:
         """The delivery that `slot`'s action waits for has arrived."""
-        if self._arrived[slot]:
+        arrived = self._arrived
+        if arrived[slot]:
             message = self._slots.message(self._base + slot)
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        self._arrived[slot] = True
-        self.buffered += 1
-        self.peak_buffered = max(self.peak_buffered, self.buffered)
+        arrived[slot] = True
+        buffered = self.buffered = self.buffered + 1
+        self.peak_buffered = max(self.peak_buffered, buffered)
         if slot < self._block or self._done[slot - self._block]:  # a forward, or a backward whose F is done
             self._add(slot)
 
@@ -200,13 +202,14 @@ class Arbiter:
             self.buffered -= 1
         if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
             self.inflight_fb += 1
-            self.inflight_fw += 1
-            self.peak_inflight = max(self.peak_inflight, self.inflight_fw)
+            inflight = self.inflight_fw = self.inflight_fw + 1
+            self.peak_inflight = max(self.peak_inflight, inflight)
         first = self._unstarted_hint
         self._overtook[slot] = self._hint_pos[slot] > first
         started_by = self._started_by
-        if first < len(started_by) and started[started_by[first]]:
-            while first < len(started_by) and started[started_by[first]]:
+        if started[started_by[first]]:
+            first += 1
+            while started[started_by[first]]:
                 first += 1
             self._unstarted_hint = first
 
@@ -217,22 +220,21 @@ class Arbiter:
 
     def on_done_slot(self, slot: int) -> None:
         """Mark the action of `slot` done (what it sends: `Slots.sends`)."""
-        if not self._started[slot] or self._done[slot]:
+        done = self._done
+        if done[slot] or not self._started[slot]:
             action = self._slots.action(stage=self.stage, slot=slot)
             raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
-        self._done[slot] = True
+        done[slot] = True
         self._done_count += 1
-        block, admissions = self._block, self._admissions
-        if block <= slot < block + admissions:  # a chunk-0 backward
-            self.inflight_fb -= 1
-            if not self._split:
+        frees = self._frees[slot]
+        if frees:
+            if frees & FREES_FB:
+                self.inflight_fb -= 1
+            if frees & FREES_FW:
                 self.inflight_fw -= 1
-        elif 2 * block <= slot < 2 * block + admissions:  # a chunk-0 W
-            self.inflight_fw -= 1
-        if slot < self._followed:
-            follower = slot + block
-            if not self._needs_message[self._base + follower] or self._arrived[follower]:
-                self._add(follower)
+        follower = self._follower[slot]
+        if follower >= 0 and (self._arrived[follower] or not self._needs_message[follower]):
+            self._add(follower)
 
     def waiting_for(self) -> str:
         """What the stage waits for, for timeout errors: the next unstarted hint actions and their needs."""

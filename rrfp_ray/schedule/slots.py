@@ -20,6 +20,7 @@ from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Link, Message
 
 ROWS = 3  # F, the backward (I or B), W
+FREES_FB, FREES_FW = 1, 2  # `Slots.frees`: what an action's end takes off its stage's in-flight counts
 _ROW = {Kind.F: 0, Kind.I: 1, Kind.B: 1, Kind.W: 2}
 
 
@@ -46,6 +47,15 @@ class Slots:
         self.link = [-1] * self.ops
         self.needs_message = [False] * self.ops
         first_follower_row = rows - 1  # F -> backward; I -> W under the split
+        # per slot, on any stage: the slot its end makes ready locally (-1: none), and which in-flight
+        # counts its end lowers (a chunk-0 backward the F->B count, and F->W too without the split;
+        # a chunk-0 W the F->W count)
+        followed = first_follower_row * self.block
+        self.local_follower = [s + self.block if s < followed else -1 for s in range(self.per_stage)]
+        self.frees = [0] * self.per_stage
+        self.frees[self.block : self.block + M] = [FREES_FB if layout.split else FREES_FB | FREES_FW] * M
+        if layout.split:
+            self.frees[2 * self.block : 2 * self.block + M] = [FREES_FW] * M
         for s in range(P):
             base = s * self.per_stage
             for c in range(C):
@@ -93,10 +103,17 @@ class Slots:
             kind=self.kinds[row], virtual_stage=self.virtual_stage[stage][chunk], microbatch=microbatch
         )
 
-    def text(self, *, stage: int, slot: int) -> str:
-        """`str(self.action(stage=stage, slot=slot))`, without making the action."""
-        row, chunk, microbatch = self.decode(slot)
-        return f"{self.virtual_stage[stage][chunk]}{self.kinds[row].value}{microbatch}"
+    @functools.cached_property
+    def texts(self) -> list[str]:
+        """Per op, ``str`` of its action (for reports; "" for each stage's `outside` slot)."""
+        texts = []
+        for stage in range(self.layout.stages):
+            for row, kind in enumerate(self.kinds):
+                for chunk in range(self.chunks):
+                    head = f"{self.virtual_stage[stage][chunk]}{kind.value}"
+                    texts += [f"{head}{m}" for m in range(self.microbatches)]
+            texts.append("")
+        return texts
 
     def message(self, consumer: int) -> Message:
         """The delivery that makes op `consumer` ready."""

@@ -156,14 +156,8 @@ class _Run:
             )
 
     def _run(self, *, latencies: list[float], record: bool) -> float:
-        slots, durations, ready_at, started_at, log = (
-            self.slots,
-            self.durations,
-            self.ready_at,
-            self.started_at,
-            self.log,
-        )
-        arbiters, transport = self.arbiters, self.case.transport
+        slots, durations, ready_at, started_at = self.slots, self.durations, self.ready_at, self.started_at
+        log, arbiters, transport = self.log, self.arbiters, self.case.transport
         S, ops = slots.per_stage, slots.ops
         sends, link_of, follower = slots.sends, slots.link, slots.follower
         next_slot = [a.next_slot for a in arbiters]
@@ -173,33 +167,44 @@ class _Run:
         # per receiving stage, per link: deliveries held while its receive buffer is full
         waiting: list[dict[int, deque[int]]] = [{} for _ in arbiters]
         busy = [False] * len(arbiters)
-        # (time, seq, item): an op `op` done, a delivery into op `ops + op`, or, with a transport's
-        # `send_ms`, the sender done with link `2 * ops + link`
-        clock: list[tuple[float, int, int]] = []
-        seq = 0
+        # The clock: the times of pending items in a heap and, per time, its items in the order they
+        # were scheduled. An item is an op `op` done, a delivery into op `ops + op`, or, with a
+        # transport's `send_ms`, the sender done with link `2 * ops + link`.
+        times: list[float] = []
+        due: dict[float, list[int]] = {}
+
+        def schedule(time: float, item: int) -> None:
+            items = due.get(time)
+            if items is None:
+                due[time] = [item]
+                heappush(times, time)
+            else:
+                items.append(item)
+
         # with a transport: per link, its messages by release time, and whether it carries one
         outgoing: list[list[tuple[float, int, int]]] = [[] for _ in slots.links]
         carrying = [False] * len(slots.links)
         frees_on_take = transport is not None and transport.send_ms is None
+        sent = 0  # messages queued on links so far: orders messages released at one time
 
-        def carry(link: int, now: float, seq: int) -> int:
+        def carry(link: int, now: float) -> None:
             release, _, consumer = heappop(outgoing[link])
             carrying[link] = True
-            heappush(clock, (max(now, release) + transport.message_ms, seq, ops + consumer))
-            seq += 1
+            schedule(max(now, release) + transport.message_ms, ops + consumer)
             if transport.send_ms is not None:
-                heappush(clock, (max(now, release) + transport.send_ms, seq, 2 * ops + link))
-                seq += 1
-            return seq
+                schedule(max(now, release) + transport.send_ms, 2 * ops + link)
 
-        def free(link: int, now: float, seq: int) -> int:
+        def free(link: int, now: float) -> None:
             carrying[link] = False
-            return carry(link, now, seq) if outgoing[link] else seq
+            if outgoing[link]:
+                carry(link, now)
 
         now = 0.0
-        touched = set(range(len(arbiters)))
+        touched = list(range(len(arbiters)))
         while True:
-            for stage in sorted(touched):
+            if len(touched) > 1:
+                touched = sorted(set(touched))
+            for stage in touched:
                 if busy[stage]:
                     continue
                 slot = next_slot[stage]()
@@ -210,8 +215,12 @@ class _Run:
                     log[stage].append(op)
                     started_at[op] = now
                 busy[stage] = True
-                heappush(clock, (now + durations[op], seq, op))
-                seq += 1
+                end = now + durations[op]
+                if (items := due.get(end)) is None:
+                    due[end] = [op]
+                    heappush(times, end)
+                else:
+                    items.append(op)
                 if bounded and waiting[stage]:
                     arbiter = arbiters[stage]
                     for queue in waiting[stage].values():
@@ -220,33 +229,44 @@ class _Run:
                             on_arrival[stage](consumer - stage * S)
                             ready_at[consumer] = now
                             if frees_on_take:
-                                seq = free(link_of[consumer], now, seq)
-            if not clock:
+                                free(link_of[consumer], now)
+            if not times:
                 return now
-            now = clock[0][0]
-            touched = set()
-            while clock and clock[0][0] == now:
-                item = heappop(clock)[2]
+            now = heappop(times)
+            touched = []
+            # Items scheduled at `now` while these run join this list (`due[now]` stays until they are
+            # done), so that all of the instant is applied before any stage decides.
+            current = due[now]
+            for item in current:
                 if item < ops:  # an op is done
                     stage = item // S
                     busy[stage] = False
-                    touched.add(stage)
+                    touched.append(stage)
                     on_done[stage](item - stage * S)
-                    after = follower[item]
-                    if after >= 0 and ready_at[after] < now:
-                        ready_at[after] = now
+                    if record:
+                        after = follower[item]
+                        if after >= 0 and ready_at[after] < now:
+                            ready_at[after] = now
                     consumer = sends[item]
                     if consumer < 0:
                         continue
-                    link = link_of[consumer]
-                    if transport is None or link < 0:
-                        heappush(clock, (now + latencies[consumer], seq, ops + consumer))
-                        seq += 1
+                    if transport is None or (link := link_of[consumer]) < 0:
+                        arrival = now + latencies[consumer]
+                        if arrival != now:
+                            schedule(arrival, ops + consumer)
+                        elif bounded:
+                            current.append(ops + consumer)
+                        else:  # unbounded, the arrivals of one instant commute with all else in it: take it now
+                            receiver = consumer // S
+                            on_arrival[receiver](consumer - receiver * S)
+                            ready_at[consumer] = now
+                            if not busy[receiver]:
+                                touched.append(receiver)
                     else:
-                        heappush(outgoing[link], (now + latencies[consumer], seq, consumer))
-                        seq += 1
+                        heappush(outgoing[link], (now + latencies[consumer], sent, consumer))
+                        sent += 1
                         if not carrying[link]:
-                            seq = carry(link, now, seq)
+                            carry(link, now)
                 elif item < 2 * ops:  # a delivery
                     consumer = item - ops
                     stage = consumer // S
@@ -257,27 +277,30 @@ class _Run:
                         on_arrival[stage](consumer - stage * S)
                         ready_at[consumer] = now
                         if frees_on_take and link >= 0:
-                            seq = free(link, now, seq)
+                            free(link, now)
                     else:
                         waiting[stage].setdefault(link, deque()).append(consumer)
-                    touched.add(stage)
+                    if not busy[stage]:  # a busy stage decides when its op is done
+                        touched.append(stage)
                 else:  # a sender is done with its link
-                    seq = free(item - 2 * ops, now, seq)
+                    free(item - 2 * ops, now)
+            del due[now]
 
     def report(self, *, iteration: int) -> IterationReport:
-        slots, S = self.slots, self.slots.per_stage
+        texts, started_at, durations, ready_at = self.slots.texts, self.started_at, self.durations, self.ready_at
         stats, events = [], []
         for stage, arbiter in enumerate(self.arbiters):
-            base = stage * S
+            base = stage * self.slots.per_stage
+            hint_position, overtook = arbiter.hint_position_of, arbiter.overtook
             stage_events = [
                 OpEvent(
                     stage=stage,
-                    action=slots.text(stage=stage, slot=op - base),
-                    start_ms=self.started_at[op],
-                    end_ms=self.started_at[op] + self.durations[op],
-                    ready_ms=self.ready_at[op],
-                    hint_pos=arbiter.hint_position_of(op - base),
-                    overtook=arbiter.overtook(op - base),
+                    action=texts[op],
+                    start_ms=started_at[op],
+                    end_ms=started_at[op] + durations[op],
+                    ready_ms=ready_at[op],
+                    hint_pos=hint_position(op - base),
+                    overtook=overtook(op - base),
                 )
                 for op in self.log[stage]
             ]
