@@ -3,6 +3,7 @@
 `planned` plans iteration k from k's features and the simulated telemetry of iterations <= k-2;
 `planned-fixed` does the same with fixed schedules only as hints (what the order alone buys);
 `oracle` searches each iteration with its true durations (the ceiling of the same search).
+Memory is that of the reference list on the iteration's data in its own order (`planned_limits`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import replace
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints, oracle
 from rrfp_ray.plan.plans import Plan
+from rrfp_ray.plan.scoring import planned_limits
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.trace import Trace
 
@@ -57,6 +59,9 @@ def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -
                 )
             plan = planner.plan(iteration=k, features=trace.features)
         policy = plan.validate(**shape)
-        report = simulate(policy=policy, trace=trace.reordered(plan.order), cap=plan.cap, iteration=k)
+        limits = planned_limits(cap=plan.cap, trace=trace)
+        report = simulate(
+            policy=policy, trace=trace.reordered(plan.order), cap=plan.cap, iteration=k, byte_limits=limits
+        )
         done.append((plan, replace(report, policy=f"{planning.value}:{plan.hint}")))
     return done

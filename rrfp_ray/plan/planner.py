@@ -1,7 +1,7 @@
 """The planner: plans each iteration from the cost model and what its data shows.
 
 `Planner.plan` predicts the iteration (mean durations per data microbatch, and a few noise
-samples drawn from the measured spread), searches a plan over them (`rrfp_ray.plan.search`)
+samples drawn from the measured spread; activation bytes per microbatch), searches a plan over them (`rrfp_ray.plan.search`)
 and validates it; `Planner.observe` feeds one iteration's telemetry to the cost model. Its state
 (configuration, cost model, last plan) is plain data (`to_dict`), and every random draw comes
 from (seed, iteration), so a planner restored from a checkpoint plans exactly as one that never
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.costs import CostModel
+from rrfp_ray.plan.costs import CostModel, feature_of
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.search import Found, search
 from rrfp_ray.policy.arbiter import Cap
@@ -121,10 +121,30 @@ class Planner:
                 for _ in range(self.config.samples)
             ]
         )
+        held = self.predicted_bytes(features=features)
         return [
-            Trace(stages=P, microbatches=M, chunks=v, F=f.tolist(), B=b.tolist(), W=w.tolist(), commF=zero, commB=zero)
+            Trace(
+                stages=P,
+                microbatches=M,
+                chunks=v,
+                F=f.tolist(),
+                B=b.tolist(),
+                W=w.tolist(),
+                commF=zero,
+                commB=zero,
+                activation_bytes=held,
+            )
             for f, b, w in draws
         ]
+
+    def predicted_bytes(self, *, features: Sequence[float] | None) -> list[list[float]] | None:
+        """Per virtual stage and data microbatch, the activation bytes the model predicts: fitted from
+        telemetry, else proportional to the features; None where every microbatch weighs the same."""
+        P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
+        rows = [self.model.activation_bytes(block=vs, features=features, count=M) for vs in range(P * v)]
+        if any(row is None for row in rows):
+            rows = [[feature_of(features, j) for j in range(M)] for _ in range(P * v)]
+        return None if all(max(row) == min(row) for row in rows) else rows
 
     def plan(self, *, iteration: int, features: Sequence[float] | None) -> Plan:
         """The plan for `iteration` from its features and the telemetry observed so far."""
