@@ -28,7 +28,9 @@ from typing import Any
 from rrfp_ray.cli import add_log_level_flag, configure_logging, file_dir, writable_dir, write_pictures
 from rrfp_ray.observe.telemetry import IterationReport  # noqa: E402
 from rrfp_ray.plan.loop import Planning, run  # noqa: E402
+from rrfp_ray.plan.packing import spread  # noqa: E402
 from rrfp_ray.plan.planner import PlannerConfig  # noqa: E402
+from rrfp_ray.plan.plans import Plan  # noqa: E402
 from rrfp_ray.policy.arbiter import Cap  # noqa: E402
 from rrfp_ray.policy.pickers import Policy, make_policy  # noqa: E402
 from rrfp_ray.schedule.validate import Hint, parse_order, read_hint  # noqa: E402
@@ -82,6 +84,12 @@ def main(argv: list[str] | None = None) -> None:
         f"trace={args.trace or f'{args.scenario} seed={args.seed}'} cap={cap}; speedup vs fixed {baseline}"
     )
     print(table(results))
+    for name, r in results.items():
+        if "cost_spread" in r:
+            before, after = r["cost_spread"]["before"], r["cost_spread"]["after"]
+            print(
+                f"{name}: packing, microbatch cost spread (max/min, mean over iterations) {before:.3f} -> {after:.3f}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"baseline": baseline, "cap": str(cap), "policies": results}, indent=2))
     if args.out:
@@ -229,9 +237,13 @@ def compare(
     base = statistics.fmean(simulate(policy=reference, trace=t, cap=cap).makespan_ms for t in traces)
     results, reports = {}, {}
     for p in policies:
+        spreads = None
         if isinstance(p, Planning):
-            name, runs = p.value, [report for _, report in run(planning=p, traces=traces, config=config)]
+            done = run(planning=p, traces=traces, config=config)
+            name, runs = p.value, [report for _, report in done]
             split = True
+            if traces[0].samples is not None:
+                spreads = [packing_spread(trace=t, plan=plan) for t, (plan, _) in zip(traces, done)]
         else:
             name, runs, split = (
                 p.name,
@@ -248,7 +260,18 @@ def compare(
             "peak_inflight": max(r.peak_inflight for r in runs),
             "lb_ms": statistics.fmean(bounds(trace=t, split=split).best_ms for t in traces),
         }
+        if spreads:
+            results[name]["cost_spread"] = {
+                "before": statistics.fmean(b for b, _ in spreads),
+                "after": statistics.fmean(a for _, a in spreads),
+            }
     return results, reports
+
+
+def packing_spread(*, trace: Trace, plan: Plan) -> tuple[float, float]:
+    """max/min of the microbatches' cost features before and after the plan's packing."""
+    packed = trace if plan.packing is None else trace.repacked(plan.packing)
+    return spread(trace.features), spread(packed.features)
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
