@@ -35,9 +35,11 @@ class Found:
 def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
     """Candidate orders from the predicted cost of each data microbatch, identity first.
 
-    Heavy first, light first, heavy and light alternating, and Johnson's rule over the front and
-    back halves of the virtual stages (microbatches heavier at the back go first, by rising
-    front cost; the others last, by falling back cost), as for a two-machine flow shop.
+    Light at both ends and heavy in the middle (the pipeline fills and drains on light ones, and
+    the heavy ones overlap while it is full), heavy first, light first, heavy and light
+    alternating, and Johnson's rule over the front and back halves of the virtual stages
+    (microbatches heavier at the back go first, by rising front cost; the others last, by falling
+    back cost), as for a two-machine flow shop.
     """
     first = samples[0]
     V, M = first.virtual_stages, first.microbatches
@@ -51,8 +53,18 @@ def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
     alternating = list(dict.fromkeys(alternating))[:M]
     early = sorted((j for j in range(M) if front[j] < back[j]), key=lambda j: (front[j], j))
     late = sorted((j for j in range(M) if front[j] >= back[j]), key=lambda j: (-back[j], j))
-    candidates = [tuple(range(M)), tuple(falling), tuple(rising), tuple(alternating), tuple(early + late)]
+    ends = [light_ends(rising, front=share) for share in (1 / 2, 1 / 3, 2 / 3)]
+    candidates = [tuple(range(M)), *ends, tuple(falling), tuple(rising), tuple(alternating), tuple(early + late)]
     return list(dict.fromkeys(candidates))
+
+
+def light_ends(rising: Sequence[int], *, front: float) -> Order:
+    """Microbatches by rising cost dealt to the two ends, lightest outermost: a `front` share of them
+    to the front, the rest to the back, so the heaviest meet in between."""
+    head, tail = [], []
+    for i, j in enumerate(rising):
+        (head if int((i + 1) * front) > int(i * front) else tail).append(j)
+    return tuple(head + tail[::-1])
 
 
 def search(
