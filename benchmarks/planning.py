@@ -11,7 +11,8 @@ splits) and seed, a run of iterations (`generate_iterations`) is simulated in or
 - `oracle`: the same search with the true durations (the ceiling).
 
 A ratio is the baseline's mean makespan over the policy's (> 1: faster), per seed; a cell is the
-geometric mean over seeds with the lowest and highest seed. `choice` is planned against the best
+geometric mean over seeds with the lowest and highest seed. `room` is the baseline over the lower
+bound of any schedule with the split (`rrfp_ray.sim.simulator.bounds`): what no plan can exceed. `choice` is planned against the best
 policy it may choose, each run on the data in its own order (the check for traces with nothing to plan).
 """
 
@@ -28,13 +29,13 @@ from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import HINTS, PlannerConfig, default_hints
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import make_policy
-from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.simulator import bounds, simulate
 from rrfp_ray.sim.variability import generate_iterations
 
 log = logging.getLogger(__name__)
 
 FIXED = ("1f1b", "zb-h1", "gpipe")
-COLUMNS = ("bfw", "planned-fixed", "planned", "oracle")
+COLUMNS = ("bfw", "planned-fixed", "planned", "oracle", "bound")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ def cell(
     for name in (*FIXED, *HINTS):
         policy = make_policy(name=name, **shape)
         ms[name] = statistics.fmean(simulate(policy=policy, trace=t, cap=cap).makespan_ms for t in traces)
+    ms["bound"] = statistics.fmean(bounds(trace=t, split=True).best_ms for t in traces)
     config = PlannerConfig(hints=default_hints(chunks=1), cap=cap, simulations=simulations, samples=samples, seed=seed)
     for planning in (Planning.PLANNED_FIXED, Planning.PLANNED, Planning.ORACLE):
         done = run(planning=planning, traces=traces, config=config)
@@ -92,7 +94,7 @@ def summary(values: Sequence[float]) -> tuple[float, float, float]:
 
 def table(rows: Mapping[tuple[str, int], Sequence[Mapping[str, float]]]) -> list[str]:
     """Markdown: one row per (scenario, P), a cell per column: geomean (lowest-highest) over seeds."""
-    head = ["scenario", "P", "best fixed ms", *COLUMNS, "planned / its best choice"]
+    head = ["scenario", "P", "best fixed ms", *COLUMNS[:-1], "room", "planned / its best choice"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (label, stages), seeds in rows.items():
         r = [ratios(ms) for ms in seeds]
