@@ -12,7 +12,13 @@ generates N of the scenario; every iteration is simulated in order, and per poli
 makespan is the mean over them (``iteration_ms`` in ``--json`` lists each). ``planned`` plans
 iteration k from k's features and the simulated telemetry of iterations <= k-2
 (`rrfp_ray.plan.loop`); ``planned-fixed`` plans with fixed schedules only; ``oracle``, the
-same search with the true durations, is printed beside ``planned``.
+same search with the true durations, is printed beside ``planned``. Where the trace records each
+microbatch's samples (``--scenario varlen --docs 4``), the plans pack them into microbatches of
+balanced cost first, and the spread of microbatch costs before and after is printed.
+
+A cap ``Kx`` is K x the peak in-flight microbatches per stage of the policy's reference list, in
+activation bytes where the trace has them (`rrfp_ray.sim.memory`; ``planned`` gets bfw's reference
+on the data in its own order).
 """
 
 from __future__ import annotations
