@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 for seed in range(args.seeds)
             ]
-            print(f"{label} P={stages}: done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            row = table({(label, stages): rows[(label, stages)]})[-1]
+            print(f"{row}  <- done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     command = "python jobs/bench_planning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     text = "\n".join([f"`{command}`", "", *table(rows)])
     print(text)
