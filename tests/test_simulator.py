@@ -14,6 +14,7 @@ from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import Policy, make_policy
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
 from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.sim.memory import memories
 from rrfp_ray.sim.simulator import (
     Case,
     DeadlockError,
@@ -168,7 +169,11 @@ def check_run(
         if buffer_limit is not None:
             assert report.stages[stage].peak_buffered <= buffer_limit
             continue
-        arbiter = Arbiter(layout=layout, stage=stage, policy=policy, cap=cap)
+        memory = memories(cap=cap, policy=policy, trace=trace, layout=layout, limits=None)[stage]
+        arbiter = Arbiter(layout=layout, stage=stage, policy=policy, cap=cap, memory=memory)
+        if memory is not None and cap.multiple >= 1:  # the reference holds every microbatch: one always fits
+            limit = memory.limit_fw if math.isfinite(memory.limit_fw) else memory.limit_fb
+            assert report.stages[stage].peak_bytes <= limit * (1 + 1e-9) + 1, f"stage {stage} past its byte cap"
         if policy.fixed:
             check_fixed(timeline, ops=ops, ready=ready, order=policy.order[stage])
         else:
@@ -215,13 +220,53 @@ def check_greedy(timeline: list[Action], *, ops: dict, ready: dict, policy: Poli
         release = Kind.W if split else Kind.B
         held_fw = sum(admits(a) for a in done) - sum(a.kind is release and a.chunk == 0 for a in done)
         room = held_fb < arbiter.cap_fb and held_fw < arbiter.cap_fw
-        allowed = [a for a in pending if room or not admits(a)]
-        idle_eligible = [a for a in allowed if ready[a] < start and start > free]
+        if arbiter.memory is None:
+            allowed = [a for a in pending if room or not admits(a)]
+            idle_eligible = [a for a in allowed if ready[a] < start and start > free]
+            eligible = [a for a in allowed if ready[a] <= start]
+        else:
+            fits = byte_room(done, arbiter=arbiter, release=release)
+            idle_eligible = [
+                a
+                for a in pending
+                if ready[a] < start
+                and start > free
+                and fits(a, pending=pending, ready=ready, at=max(ready[a], free), rule=policy.rule is not None)
+            ]
+            eligible = [
+                a
+                for a in pending
+                if ready[a] <= start and fits(a, pending=pending, ready=ready, at=start, rule=policy.rule is not None)
+            ]
         assert not idle_eligible, f"idle on [{free}, {start}) while {idle_eligible[0]} was eligible"
-        eligible = [a for a in allowed if ready[a] <= start]
         assert action in eligible, f"{action} ran while not eligible (cap {arbiter.cap_fb}/{arbiter.cap_fw})"
         expected = bf_choice(eligible, done=done) if policy.rule else list_choice(eligible, arbiter=arbiter)
         assert action == expected, f"ran {action} at {start}, the policy ranks {expected} first"
+
+
+def byte_room(done: list[Action], *, arbiter: Arbiter, release: Kind):
+    """Whether an action may start, by bytes: any non-admission; an admission only as the first the
+    picker ranks among those ready, and when its bytes fit (or the stage holds none)."""
+    memory = arbiter.memory
+    held = [a.microbatch for a in done if admits(a)]
+    freed_fb = [a.microbatch for a in done if a.kind.backward and a.chunk == 0]
+    freed_fw = [a.microbatch for a in done if a.kind is release and a.chunk == 0]
+    bytes_fb = sum(memory.held[m] for m in held) - sum(memory.held[m] for m in freed_fb)
+    bytes_fw = sum(memory.held[m] for m in held) - sum(memory.held[m] for m in freed_fw)
+    empty_fb, empty_fw = len(held) == len(freed_fb), len(held) == len(freed_fw)
+
+    def fits(action: Action, *, pending: list[Action], ready: dict, at: float, rule: bool) -> bool:
+        if not admits(action):
+            return True
+        rank = (lambda a: a.microbatch) if rule else arbiter.hint_position
+        head = min((a for a in pending if admits(a) and ready[a] <= at), key=rank)
+        weight = memory.held[action.microbatch]
+        return head == action and (
+            (empty_fb or bytes_fb + weight <= memory.limit_fb * (1 + 1e-9))
+            and (empty_fw or bytes_fw + weight <= memory.limit_fw * (1 + 1e-9))
+        )
+
+    return fits
 
 
 def list_choice(eligible: list[Action], *, arbiter: Arbiter) -> Action:

@@ -299,6 +299,14 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
     return lines
 
 
+PLANNING = ROOT / "docs" / "results" / "planning.md"  # the planning benchmark's section (jobs/bench_planning.py)
+
+
+def planning_section() -> list[str]:
+    """The planning section, as written with the tables `jobs/bench_planning.py` printed; none before it ran."""
+    return PLANNING.read_text().rstrip().splitlines() if PLANNING.is_file() else []
+
+
 def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> str:
     meta = suite.meta
     total = sum(suite.data[p]["wall_s"] for p in PARTS if p in suite.data)
@@ -322,6 +330,7 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         claims_section(suite),
         attribution_section(suite),
         target_section(suite),
+        planning_section(),
         setup_section(suite),
         runtime_section(suite),
         ray_attribution_section(suite),

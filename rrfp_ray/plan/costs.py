@@ -104,16 +104,21 @@ class CostModel:
         features: Sequence[float] | None,
         activation_bytes: Sequence[Sequence[float]] | None = None,
     ) -> list[Key]:
-        """Learn from one iteration's ops; slot i ran data microbatch order[i]. Returns the keys that changed."""
+        """Learn from one iteration's ops; slot i ran data microbatch order[i]; `activation_bytes[vs][j]`
+        of data microbatch j (None: every microbatch weighs 1). Returns the keys that changed."""
         stages = 1 + max((e.stage for e in report.events), default=0)
         samples: dict[Key, list[tuple[float, float]]] = {}
+        blocks = 0
         for event in report.events:
             action = parse_action(event.action, stages=stages)
             data = order[action.microbatch]
+            blocks = max(blocks, action.virtual_stage + 1)
             samples.setdefault((action.virtual_stage, action.kind.value), []).append(
                 (feature_of(features, data), event.end_ms - event.start_ms)
             )
-        for block, row in enumerate(activation_bytes or ()):
+        if activation_bytes is None:
+            activation_bytes = [[1.0] * len(order) for _ in range(blocks)]
+        for block, row in enumerate(activation_bytes):
             samples[(block, BYTES)] = [(feature_of(features, j), b) for j, b in enumerate(row)]
         return [key for key, s in sorted(samples.items()) if self.add(key=key, iteration=report.iteration, samples=s)]
 

@@ -3,6 +3,8 @@
 `planned` plans iteration k from k's features and the simulated telemetry of iterations <= k-2;
 `planned-fixed` does the same with fixed schedules only as hints (what the order alone buys);
 `oracle` searches each iteration with its true durations (the ceiling of the same search).
+Where a trace records its samples, every plan first packs them (`rrfp_ray.plan.packing`). Memory
+is that of the reference list on the iteration's data, as packed, in its own order (`planned_limits`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import replace
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints, oracle
 from rrfp_ray.plan.plans import Plan
+from rrfp_ray.plan.scoring import planned_limits
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.trace import Trace
 
@@ -43,20 +46,26 @@ def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -
     config = config_for(planning=planning, base=config, chunks=first.chunks)
     planner = Planner(config=config, **shape)
     done: list[tuple[Plan, IterationReport]] = []
+    ran: list[Trace] = []  # each iteration's data as packed by its plan
     for k, trace in enumerate(traces):
         if planning is Planning.ORACLE:
             plan = oracle(trace=trace, config=config, iteration=k).plan
         else:
             if k >= LAG:
-                seen, (plan_seen, report_seen) = traces[k - LAG], done[k - LAG]
+                seen, (plan_seen, report_seen) = ran[k - LAG], done[k - LAG]
                 planner.observe(
                     report=report_seen,
                     plan=plan_seen,
                     features=seen.features,
                     activation_bytes=seen.activation_bytes,
                 )
-            plan = planner.plan(iteration=k, features=trace.features)
+            plan = planner.plan(iteration=k, features=trace.features, samples=trace.samples)
         policy = plan.validate(**shape)
-        report = simulate(policy=policy, trace=trace.reordered(plan.order), cap=plan.cap, iteration=k)
+        data = trace if plan.packing is None else trace.repacked(plan.packing)
+        ran.append(data)
+        limits = planned_limits(cap=plan.cap, trace=data)
+        report = simulate(
+            policy=policy, trace=data.reordered(plan.order), cap=plan.cap, iteration=k, byte_limits=limits
+        )
         done.append((plan, replace(report, policy=f"{planning.value}:{plan.hint}")))
     return done

@@ -1,7 +1,7 @@
 """The planner: plans each iteration from the cost model and what its data shows.
 
 `Planner.plan` predicts the iteration (mean durations per data microbatch, and a few noise
-samples drawn from the measured spread), searches a plan over them (`rrfp_ray.plan.search`)
+samples drawn from the measured spread; activation bytes per microbatch), searches a plan over them (`rrfp_ray.plan.search`)
 and validates it; `Planner.observe` feeds one iteration's telemetry to the cost model. Its state
 (configuration, cost model, last plan) is plain data (`to_dict`), and every random draw comes
 from (seed, iteration), so a planner restored from a checkpoint plans exactly as one that never
@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.costs import CostModel
+from rrfp_ray.plan.costs import CostModel, feature_of
+from rrfp_ray.plan.packing import Packing, loads, pack, spread
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.search import Found, search
 from rrfp_ray.policy.arbiter import Cap
@@ -121,14 +122,38 @@ class Planner:
                 for _ in range(self.config.samples)
             ]
         )
+        held = self.predicted_bytes(features=features)
         return [
-            Trace(stages=P, microbatches=M, chunks=v, F=f.tolist(), B=b.tolist(), W=w.tolist(), commF=zero, commB=zero)
+            Trace(
+                stages=P,
+                microbatches=M,
+                chunks=v,
+                F=f.tolist(),
+                B=b.tolist(),
+                W=w.tolist(),
+                commF=zero,
+                commB=zero,
+                activation_bytes=held,
+            )
             for f, b, w in draws
         ]
 
-    def plan(self, *, iteration: int, features: Sequence[float] | None) -> Plan:
-        """The plan for `iteration` from its features and the telemetry observed so far."""
+    def predicted_bytes(self, *, features: Sequence[float] | None) -> list[list[float]] | None:
+        """Per virtual stage and data microbatch, the activation bytes the model predicts: fitted from
+        telemetry, else proportional to the features; None where every microbatch weighs the same."""
+        P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
+        rows = [self.model.activation_bytes(block=vs, features=features, count=M) for vs in range(P * v)]
+        if any(row is None for row in rows):
+            rows = [[feature_of(features, j) for j in range(M)] for _ in range(P * v)]
+        return None if all(max(row) == min(row) for row in rows) else rows
+
+    def plan(
+        self, *, iteration: int, features: Sequence[float] | None, samples: Sequence[Sequence[float]] | None = None
+    ) -> Plan:
+        """The plan for `iteration` from its features and the telemetry observed so far; with `samples`
+        (per microbatch, its samples' cost features) the plan packs them first and orders the packed ones."""
         config = self.config
+        packing, features = packed(samples=samples, features=features, microbatches=self.shape["microbatches"])
         deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
         found = search(
             samples=self.predicted(iteration=iteration, features=features),
@@ -139,8 +164,8 @@ class Planner:
             deadline=deadline,
         )
         if found is not None:
-            found.plan.validate(**self.shape)
-            self.last = found.plan
+            self.last = replace(found.plan, packing=packing)
+            self.last.validate(**self.shape)
             log.debug("iteration %d: %s (%.1f ms predicted)", iteration, found.plan.hint, found.score_ms)
         else:
             log.warning("iteration %d: no plan within %.3f s; running the last plan", iteration, config.time_limit_s)
@@ -179,10 +204,26 @@ class Planner:
         )
 
 
+def packed(
+    *, samples: Sequence[Sequence[float]] | None, features: Sequence[float] | None, microbatches: int
+) -> tuple[Packing | None, Sequence[float] | None]:
+    """The packing of `samples` into `microbatches` (None without samples) and the packed features."""
+    if samples is None:
+        return None, features
+    costs = [x for row in samples for x in row]
+    packing = pack(costs=costs, bins=microbatches)
+    before, after = [sum(row) for row in samples], loads(costs=costs, packing=packing)
+    log.debug("packing: microbatch cost spread (max/min) %.3f -> %.3f", spread(before), spread(after))
+    return packing, after
+
+
 def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
-    """The best plan the same search finds with the iteration's true durations (the ceiling)."""
+    """The best plan the same search finds with the iteration's true durations (the ceiling), after the
+    same packing as `Planner.plan`."""
+    packing, _ = packed(samples=trace.samples, features=trace.features, microbatches=trace.microbatches)
+    data = trace if packing is None else trace.repacked(packing)
     found = search(
-        samples=[trace],
+        samples=[data],
         hints=config.hints,
         cap=config.cap,
         simulations=config.simulations,
@@ -190,4 +231,4 @@ def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
     )
     if found is None:
         raise RuntimeError("a search without a deadline always finds a plan")
-    return found
+    return replace(found, plan=replace(found.plan, packing=packing))

@@ -1,22 +1,67 @@
-"""Scoring a plan: its mean makespan over the predicted iterations, by the shared simulator and arbiter."""
+"""Scoring plans: their mean makespans over the predicted iterations, by the shared simulator and arbiter.
+
+All plans of one call are simulated in one batch (`rrfp_ray.sim.simulator.simulate_many`), which
+builds its per-policy and per-layout tables once for the whole batch. Memory is in bytes where the
+samples carry them: a plan's cap `Kx` is K x the peak bytes per stage of `reference_for` (zb-h1 with
+one chunk per stage) on the data in its own order, whatever the plan's order and hint, so every plan
+of an iteration gets the same memory; a plan whose fixed hint would hold more scores inf (the planner
+never plans past the cap).
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
-from rrfp_ray.plan.plans import Plan
-from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.plan.plans import Plan, policy_for
+from rrfp_ray.policy.arbiter import Cap, peak_bytes
+from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.schedule.actions import Kind
+from rrfp_ray.sim.memory import Limits, held_bytes, limits_for
+from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
 from rrfp_ray.sim.trace import Trace
 
 
+def reference_for(*, stages: int, chunks: int, microbatches: int) -> Policy:
+    """The list a planned cap is a multiple of: bfw's reference (zb-h1; interleaved when v > 1)."""
+    return policy_for(name="bfw", stages=stages, chunks=chunks, microbatches=microbatches)
+
+
+def planned_limits(*, cap: Cap, trace: Trace) -> Limits | None:
+    """The byte limits of a planned iteration: `cap` over the reference list on `trace` in data order."""
+    reference = reference_for(stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
+    return limits_for(cap=cap, reference=reference, trace=trace, layout=layout_for(policy=reference, trace=trace))
+
+
+def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:
+    """Whether a fixed list (which no cap bends) holds no more bytes than `limits` on `trace` (as run)."""
+    held = held_bytes(trace=trace, layout=layout_for(policy=policy, trace=trace))
+    if limits is None or held is None or not policy.fixed:
+        return True
+    for stage, (row, (fb, fw)) in enumerate(zip(held, limits)):
+        actions = policy.order[stage]
+        last = (Kind.W,) if policy.split else (Kind.B,)
+        if peak_bytes(actions, held=row, release=(Kind.I, Kind.B)) > fb * (1 + 1e-9):
+            return False
+        if math.isfinite(fw) and peak_bytes(actions, held=row, release=last) > fw * (1 + 1e-9):
+            return False
+    return True
+
+
 def score(*, plans: Sequence[Plan], samples: Sequence[Trace]) -> list[float]:
-    """Per plan, the mean simulated makespan (ms) over `samples` (data-indexed traces of one shape)."""
+    """Per plan, the mean simulated makespan (ms) over `samples` (data-indexed traces of one shape);
+    inf for a plan past its cap."""
     first = samples[0]
     shape = {"stages": first.stages, "chunks": first.chunks, "microbatches": first.microbatches}
-    scores = []
+    limits = {plan.cap: [planned_limits(cap=plan.cap, trace=t) for t in samples] for plan in plans}
+    cases, fits = [], []
     for plan in plans:
         policy = plan.validate(**shape)
-        runs = [simulate(policy=policy, trace=t.reordered(plan.order), cap=plan.cap) for t in samples]
-        scores.append(statistics.fmean(r.makespan_ms for r in runs))
-    return scores
+        runs = [t.reordered(plan.order) for t in samples]
+        fits.append(all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[plan.cap])))
+        if fits[-1]:
+            cases += [Case(policy=policy, trace=r, cap=plan.cap, byte_limits=x) for r, x in zip(runs, limits[plan.cap])]
+    makespans = iter(simulate_many(cases=cases))
+    n = len(samples)
+    return [statistics.fmean(next(makespans) for _ in range(n)) if ok else math.inf for ok in fits]

@@ -35,9 +35,11 @@ class Found:
 def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
     """Candidate orders from the predicted cost of each data microbatch, identity first.
 
-    Heavy first, light first, heavy and light alternating, and Johnson's rule over the front and
-    back halves of the virtual stages (microbatches heavier at the back go first, by rising
-    front cost; the others last, by falling back cost), as for a two-machine flow shop.
+    Light at both ends and heavy in the middle (the pipeline fills and drains on light ones, and
+    the heavy ones overlap while it is full), heavy first, light first, heavy and light
+    alternating, and Johnson's rule over the front and back halves of the virtual stages
+    (microbatches heavier at the back go first, by rising front cost; the others last, by falling
+    back cost), as for a two-machine flow shop.
     """
     first = samples[0]
     V, M = first.virtual_stages, first.microbatches
@@ -51,8 +53,18 @@ def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
     alternating = list(dict.fromkeys(alternating))[:M]
     early = sorted((j for j in range(M) if front[j] < back[j]), key=lambda j: (front[j], j))
     late = sorted((j for j in range(M) if front[j] >= back[j]), key=lambda j: (-back[j], j))
-    candidates = [tuple(range(M)), tuple(falling), tuple(rising), tuple(alternating), tuple(early + late)]
+    ends = [light_ends(rising, front=share) for share in (1 / 2, 1 / 3, 2 / 3)]
+    candidates = [tuple(range(M)), *ends, tuple(falling), tuple(rising), tuple(alternating), tuple(early + late)]
     return list(dict.fromkeys(candidates))
+
+
+def light_ends(rising: Sequence[int], *, front: float) -> Order:
+    """Microbatches by rising cost dealt to the two ends, lightest outermost: a `front` share of them
+    to the front, the rest to the back, so the heaviest meet in between."""
+    head, tail = [], []
+    for i, j in enumerate(rising):
+        (head if int((i + 1) * front) > int(i * front) else tail).append(j)
+    return tuple(head + tail[::-1])
 
 
 def search(
@@ -74,37 +86,33 @@ def search(
     seen: dict[Plan, float] = {}
     best: list[Plan] = []
 
-    def tried(plan: Plan) -> bool:
-        """Score a new plan while budget and time allow; False when they do not."""
-        if plan in seen:
-            return True
-        if (len(seen) + 1) * cost > simulations:
-            return False
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError
-        seen[plan] = score(plans=[plan], samples=samples)[0]
-        if not best or seen[plan] < seen[best[0]]:
-            best[:] = [plan]
-        return True
+    def tried(plans: Sequence[Plan]) -> bool:
+        """Score the new plans among `plans` in one batch, as many as the budget allows; False when it ran out."""
+        new = list(dict.fromkeys(p for p in plans if p not in seen))
+        room = simulations // cost - len(seen)
+        if new and room > 0:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError
+            for plan, value in zip(new[:room], score(plans=new[:room], samples=samples)):
+                seen[plan] = value
+                if not best or value < seen[best[0]]:
+                    best[:] = [plan]
+        return len(new) <= room
 
     try:
-        for order in heuristic_orders(samples):
-            if not tried(Plan(order=order, hint=hints[0], cap=cap)):
-                break
-        order = best[0].order
-        for hint in hints[1:]:
-            if not tried(Plan(order=order, hint=hint, cap=cap)):
-                break
-        rng = np.random.default_rng(seed)
-        M, misses = len(order), 0
-        while M > 1 and misses < 4 * M * M:
-            i, j = (int(x) for x in rng.choice(M, size=2, replace=False))
-            swapped = list(best[0].order)
-            swapped[i], swapped[j] = swapped[j], swapped[i]
-            plan = Plan(order=tuple(swapped), hint=best[0].hint, cap=cap)
-            misses = misses + 1 if plan in seen else 0
-            if not tried(plan):
-                break
+        if tried([Plan(order=order, hint=hints[0], cap=cap) for order in heuristic_orders(samples)]):
+            order = best[0].order
+            if tried([Plan(order=order, hint=hint, cap=cap) for hint in hints[1:]]):
+                rng = np.random.default_rng(seed)
+                M, misses = len(order), 0
+                while M > 1 and misses < 4 * M * M:
+                    i, j = (int(x) for x in rng.choice(M, size=2, replace=False))
+                    swapped = list(best[0].order)
+                    swapped[i], swapped[j] = swapped[j], swapped[i]
+                    plan = Plan(order=tuple(swapped), hint=best[0].hint, cap=cap)
+                    misses = misses + 1 if plan in seen else 0
+                    if not tried([plan]):
+                        break
     except TimeoutError:
         log.warning("plan search stopped at its deadline after %d candidates; keeping the last plan", len(seen))
         return None

@@ -8,7 +8,9 @@ which name the same calls.
 
 In flight: a microbatch enters a stage with its chunk-0 F and leaves with its chunk-0 B or I
 (the F->B count) or, under the B/W split, its chunk-0 W (the F->W count). Caps gate only
-those admissions; see `rrfp_ray.policy.pickers`.
+those admissions; see `rrfp_ray.policy.pickers`. With a `Memory` (microbatches of different
+sizes) the caps count activation bytes: the next admission the picker would take enters only
+while its bytes fit under both limits, or when the stage holds no microbatch.
 
 Receive buffer: `buffered` counts delivered messages whose action has not started; the
 receive side hands over a message only while `has_room()`. Every buffered message's action
@@ -34,10 +36,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rrfp_ray.policy.pickers import Policy, hint_indexes, ranked, take
-from rrfp_ray.schedule.actions import Action
+from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.slots import FREES_FB, FREES_FW
 
@@ -80,9 +83,59 @@ class Cap:
         return "inf" if self.multiple is None else f"{self.multiple:g}x"
 
 
+_SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under it
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One stage's activation memory in bytes: per microbatch, what it holds on the stage from its
+    chunk-0 F on (all its chunks), and the F->B and F->W limits (inf: none)."""
+
+    held: tuple[float, ...]
+    limit_fb: float
+    limit_fw: float = math.inf
+
+
+def peak_bytes(actions: Sequence[Action], *, held: Sequence[float], release: tuple[Kind, ...]) -> float:
+    """Most bytes a stage's list holds between chunk-0 F and the first chunk-0 action of a `release` kind."""
+    total = peak = 0.0
+    for action in actions:
+        if action.chunk == 0:
+            if action.kind is Kind.F:
+                total += held[action.microbatch]
+                peak = max(peak, total)
+            elif action.kind in release:
+                total -= held[action.microbatch]
+    return peak
+
+
+def byte_limits(
+    *, cap: Cap, reference: Policy, held: Sequence[Sequence[float]], split: bool
+) -> tuple[tuple[float, float], ...] | None:
+    """Per stage, its (F->B, F->W) byte limits: `cap`'s multiple of the peak bytes the reference list
+    holds on this data (`held[stage][microbatch]`); F->W only under the split. None for a count or inf cap."""
+    if cap.multiple is None:
+        return None
+    limits = []
+    for stage, row in enumerate(held):
+        actions = reference.order[stage]
+        fb = peak_bytes(actions, held=row, release=(Kind.I, Kind.B))
+        last = (Kind.W,) if any(a.kind is Kind.W for a in actions) else (Kind.B,)
+        fw = peak_bytes(actions, held=row, release=last) if split else math.inf
+        limits.append((cap.multiple * fb, cap.multiple * fw))
+    return tuple(limits)
+
+
 class Arbiter:
     def __init__(
-        self, *, layout: Layout, stage: int, policy: Policy, cap: Cap, buffer_limit: int | None = None
+        self,
+        *,
+        layout: Layout,
+        stage: int,
+        policy: Policy,
+        cap: Cap,
+        buffer_limit: int | None = None,
+        memory: Memory | None = None,
     ) -> None:
         if buffer_limit is not None and buffer_limit < 1:
             raise ValueError(f"buffer_limit must be >= 1 message (or None: unbounded), got {buffer_limit}")
@@ -91,8 +144,17 @@ class Arbiter:
         self.policy = policy
         index = hint_indexes(policy=policy, layout=layout)[stage]
         slots = self._slots = index.slots
-        self.cap_fb = cap.limit(peak=index.peak_fb)
-        self.cap_fw = cap.limit(peak=index.peak_fw) if layout.split else math.inf
+        self.memory = memory
+        if memory is None:
+            self.cap_fb = cap.limit(peak=index.peak_fb)
+            self.cap_fw = cap.limit(peak=index.peak_fw) if layout.split else math.inf
+        else:
+            if len(memory.held) != layout.microbatches:
+                raise ValueError(f"memory holds {len(memory.held)} microbatches, expected {layout.microbatches}")
+            self.cap_fb = self.cap_fw = math.inf
+        self._gate_bytes = memory is not None and not policy.fixed  # a fixed list is its own cap
+        self.bytes_fb = self.bytes_fw = 0.0  # with a memory: the bytes now held
+        self.peak_bytes = 0.0
         self.buffer_limit = math.inf if buffer_limit is None else buffer_limit
         self._total = slots.actions_per_stage
         self._picker = policy.picker(index=index)
@@ -171,7 +233,8 @@ class Arbiter:
 
     def next_slot(self) -> int:
         """Choose and start the next action; returns its slot, or -1 if none is eligible."""
-        slot = self._pick(admit=self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
+        admit = self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
+        slot = self._pick(admit=self._fits() if self._gate_bytes else admit)
         if slot >= 0:
             self._commit(slot)
         return slot
@@ -193,7 +256,18 @@ class Arbiter:
         return self._overtook[slot]
 
     def _admit(self) -> bool:
+        if self._gate_bytes:
+            return self._fits()
         return self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
+
+    def _fits(self) -> bool:
+        """Whether the admission the picker would take next fits in the byte limits."""
+        slot = self._picker.next_admission()
+        if slot < 0:
+            return True
+        memory, weight = self.memory, self.memory.held[slot]
+        fb = self.inflight_fb == 0 or self.bytes_fb + weight <= memory.limit_fb * (1 + _SLACK)
+        return fb and (self.inflight_fw == 0 or self.bytes_fw + weight <= memory.limit_fw * (1 + _SLACK))
 
     def _commit(self, slot: int) -> None:
         started = self._started
@@ -204,6 +278,10 @@ class Arbiter:
             self.inflight_fb += 1
             inflight = self.inflight_fw = self.inflight_fw + 1
             self.peak_inflight = max(self.peak_inflight, inflight)
+            if self.memory is not None:
+                self.bytes_fb += self.memory.held[slot]
+                self.bytes_fw += self.memory.held[slot]
+                self.peak_bytes = max(self.peak_bytes, self.bytes_fw)
         first = self._unstarted_hint
         self._overtook[slot] = self._hint_pos[slot] > first
         started_by = self._started_by
@@ -232,6 +310,12 @@ class Arbiter:
                 self.inflight_fb -= 1
             if frees & FREES_FW:
                 self.inflight_fw -= 1
+            if self.memory is not None:  # a chunk-0 B, I or W: its microbatch's bytes go
+                held = self.memory.held[slot % self._block]
+                if frees & FREES_FB:
+                    self.bytes_fb -= held
+                if frees & FREES_FW:
+                    self.bytes_fw -= held
         follower = self._follower[slot]
         if follower >= 0 and (self._arrived[follower] or not self._needs_message[follower]):
             self._add(follower)

@@ -23,7 +23,8 @@ keys in heaps, and the stage's hint list as a `HintIndex`, built once per policy
 Besides its ready set a picker has a small state of its own (BF's turn, CPW's counters), which
 `snapshot` returns and `restore` sets back: `ranked` lists a picker's best few actions without
 taking them and `take` takes any one of them, for callers that must agree with others before
-starting one (`rrfp_ray.policy.agreement`).
+starting one (`rrfp_ray.policy.agreement`). A capped picker's `next_admission` names the
+admission it would take first (-1: none), which the arbiter's byte gate weighs.
 """
 
 from __future__ import annotations
@@ -222,6 +223,9 @@ class ListPicker:
             return self._order[heappop(admissions)]
         return self._order[heappop(other)] if other else -1
 
+    def next_admission(self) -> int:
+        return self._order[self._admit[0]] if self._admit else -1
+
     def snapshot(self) -> tuple[int, ...]:
         return ()
 
@@ -297,6 +301,9 @@ class BFPicker:
         if self._with_w and self._w:
             return self._w_slot[heappop(self._w)]
         return -1
+
+    def next_admission(self) -> int:
+        return self._f_admit[0] if self._f_admit else -1
 
     def snapshot(self) -> tuple[int, ...]:
         return (self._backward_turn,)

@@ -13,7 +13,13 @@ generates N of the scenario; every iteration is simulated in order, and per poli
 makespan is the mean over them (``iteration_ms`` in ``--json`` lists each). ``planned`` plans
 iteration k from k's features and the simulated telemetry of iterations <= k-2
 (`rrfp_ray.plan.loop`); ``planned-fixed`` plans with fixed schedules only; ``oracle``, the
-same search with the true durations, is printed beside ``planned``.
+same search with the true durations, is printed beside ``planned``. Where the trace records each
+microbatch's samples (``--scenario varlen --docs 4``), the plans pack them into microbatches of
+balanced cost first, and the spread of microbatch costs before and after is printed.
+
+A cap ``Kx`` is K x the peak in-flight microbatches per stage of the policy's reference list, in
+activation bytes where the trace has them (`rrfp_ray.sim.memory`; ``planned`` gets bfw's reference
+on the data in its own order).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from rrfp_ray.cli import add_log_level_flag, configure_logging, file_dir, writab
 from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.loop import Planning, run
+from rrfp_ray.plan.packing import spread
 from rrfp_ray.plan.planner import PlannerConfig
+from rrfp_ray.plan.plans import Plan
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.pickers import Policy, make_policy
 from rrfp_ray.schedule.validate import Hint, parse_order, read_hint
@@ -84,6 +92,12 @@ def main(argv: list[str] | None = None) -> None:
         f"trace={args.trace or f'{args.scenario} seed={args.seed}'} cap={cap}; speedup vs fixed {baseline}"
     )
     print(table(results))
+    for name, r in results.items():
+        if "cost_spread" in r:
+            before, after = r["cost_spread"]["before"], r["cost_spread"]["after"]
+            print(
+                f"{name}: packing, microbatch cost spread (max/min, mean over iterations) {before:.3f} -> {after:.3f}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"baseline": baseline, "cap": str(cap), "policies": results}, indent=2))
     if args.out:
@@ -231,9 +245,13 @@ def compare(
     base = statistics.fmean(simulate(policy=reference, trace=t, cap=cap).makespan_ms for t in traces)
     results, reports = {}, {}
     for p in policies:
+        spreads = None
         if isinstance(p, Planning):
-            name, runs = p.value, [report for _, report in run(planning=p, traces=traces, config=config)]
+            done = run(planning=p, traces=traces, config=config)
+            name, runs = p.value, [report for _, report in done]
             split = True
+            if traces[0].samples is not None:
+                spreads = [packing_spread(trace=t, plan=plan) for t, (plan, _) in zip(traces, done)]
         else:
             name, runs, split = (
                 p.name,
@@ -250,7 +268,18 @@ def compare(
             "peak_inflight": max(r.peak_inflight for r in runs),
             "lb_ms": statistics.fmean(bounds(trace=t, split=split).best_ms for t in traces),
         }
+        if spreads:
+            results[name]["cost_spread"] = {
+                "before": statistics.fmean(b for b, _ in spreads),
+                "after": statistics.fmean(a for _, a in spreads),
+            }
     return results, reports
+
+
+def packing_spread(*, trace: Trace, plan: Plan) -> tuple[float, float]:
+    """max/min of the microbatches' cost features before and after the plan's packing."""
+    packed = trace if plan.packing is None else trace.repacked(plan.packing)
+    return spread(trace.features), spread(packed.features)
 
 
 def table(results: dict[str, dict[str, float]]) -> str:

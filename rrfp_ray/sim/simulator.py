@@ -25,6 +25,7 @@ from rrfp_ray.policy.pickers import Policy
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.slots import Slots, slots_of
+from rrfp_ray.sim.memory import Limits, memories
 from rrfp_ray.sim.variability import Trace
 
 
@@ -79,6 +80,7 @@ class Case:
     cap: Cap
     buffer_limit: int | None = None
     transport: TransportModel | None = None
+    byte_limits: Limits | None = None  # None: the cap over the policy's own list on this trace (`sim.memory`)
 
 
 def simulate(
@@ -89,8 +91,11 @@ def simulate(
     buffer_limit: int | None = None,
     iteration: int = 0,
     transport: TransportModel | None = None,
+    byte_limits: Limits | None = None,
 ) -> IterationReport:
-    case = Case(policy=policy, trace=trace, cap=cap, buffer_limit=buffer_limit, transport=transport)
+    case = Case(
+        policy=policy, trace=trace, cap=cap, buffer_limit=buffer_limit, transport=transport, byte_limits=byte_limits
+    )
     slots = slots_of(layout_for(policy=policy, trace=trace))
     run = _Run(case=case, slots=slots, timings=_timings(trace=trace, slots=slots), record=True)
     return run.report(iteration=iteration)
@@ -141,9 +146,10 @@ class _Run:
     def __init__(self, *, case: Case, slots: Slots, timings: tuple[list[float], list[float]], record: bool) -> None:
         layout = slots.layout
         self.case, self.slots, self.durations = case, slots, timings[0]
+        memory = memories(cap=case.cap, policy=case.policy, trace=case.trace, layout=layout, limits=case.byte_limits)
         self.arbiters = [
-            Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit)
-            for s in range(layout.stages)
+            Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
+            for s, m in enumerate(memory)
         ]
         self.ready_at = [0.0] * slots.ops
         self.started_at = [0.0] * slots.ops if record else []
@@ -306,6 +312,7 @@ class _Run:
             ]
             s = stage_stats(stage=stage, events=stage_events, wall_ms=self.makespan_ms)
             s.peak_inflight, s.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
+            s.peak_bytes = round(arbiter.peak_bytes)
             stats.append(s)
             events += stage_events
         return IterationReport(

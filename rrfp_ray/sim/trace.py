@@ -4,8 +4,9 @@ A :class:`Trace` holds milliseconds per virtual stage ``vs`` (``vs = chunk * P +
 and microbatch ``m``: ``F``, ``B`` (input gradient) and ``W`` (weight gradient) per op, and
 per message ``commF[vs][m]`` (activation vs -> vs+1) and ``commB[vs][m]`` (gradient
 vs+1 -> vs) for ``vs`` in ``0..V-2``. Optionally, ``features[m]`` (what the data shows of
-microbatch m before the iteration runs: real tokens, images, any cost number) and
-``activation_bytes[vs][m]``.
+microbatch m before the iteration runs: real tokens, images, any cost number),
+``activation_bytes[vs][m]``, and ``samples[m]``: the cost feature of each sample microbatch m
+holds (their sum is its feature), which :meth:`Trace.repacked` packs anew.
 
 Columns are indexed by *data* microbatch: :meth:`Trace.reordered` puts data microbatch
 ``order[i]`` in slot ``i``, with its durations, features and bytes. A run of several
@@ -33,7 +34,7 @@ Rows = tuple[tuple[float, ...], ...]
 
 OP_KEYS = ("F", "B", "W")
 COMM_KEYS = ("commF", "commB")
-OPTIONAL_KEYS = ("features", "activation_bytes")
+OPTIONAL_KEYS = ("features", "activation_bytes", "samples")
 _HEADER = MappingProxyType({"P": "stages", "M": "microbatches", "v": "chunks"})
 
 
@@ -67,6 +68,19 @@ def _rows(key: str, value: Any, *, stages: int, microbatches: int, chunks: int) 
     return tuple(_numbers(f"{key}[{i}]", row, microbatches=microbatches, what=what) for i, row in enumerate(value))
 
 
+def _samples(value: Any, *, microbatches: int) -> Rows:
+    """Per microbatch, its samples' features: a list of M non-empty lists of numbers."""
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != microbatches:
+        raise ValueError(f"trace key 'samples' must be a list of {microbatches} lists (one per microbatch)")
+    rows = []
+    for m, row in enumerate(value):
+        size = len(row) if isinstance(row, Sequence) and not isinstance(row, str) else 0
+        if size == 0:
+            raise ValueError(f"trace samples[{m}] must be a non-empty list of numbers")
+        rows.append(_numbers(f"samples[{m}]", row, microbatches=size, what="features"))
+    return tuple(rows)
+
+
 def check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -87,6 +101,7 @@ class Trace:
     commB: Rows
     features: tuple[float, ...] | None = None
     activation_bytes: Rows | None = None
+    samples: Rows | None = None
 
     def __post_init__(self) -> None:
         for name in _HEADER.values():
@@ -100,6 +115,13 @@ class Trace:
             )
         if self.activation_bytes is not None:
             object.__setattr__(self, "activation_bytes", _rows("activation_bytes", self.activation_bytes, **shape))
+        if self.samples is not None:
+            object.__setattr__(self, "samples", _samples(self.samples, microbatches=self.microbatches))
+            totals = [sum(row) for row in self.samples]
+            if self.features is None or not all(
+                math.isclose(t, f, rel_tol=1e-9, abs_tol=1e-9) for t, f in zip(totals, self.features)
+            ):
+                raise ValueError("trace key 'samples' must sum, per microbatch, to its 'features'")
 
     @property
     def virtual_stages(self) -> int:
@@ -148,6 +170,38 @@ class Trace:
             **{key: moved(getattr(self, key)) for key in OP_KEYS + COMM_KEYS},
             features=None if self.features is None else tuple(self.features[j] for j in order),
             activation_bytes=None if self.activation_bytes is None else moved(self.activation_bytes),
+            samples=None if self.samples is None else tuple(self.samples[j] for j in order),
+        )
+
+    def repacked(self, packing: Sequence[Sequence[int]]) -> Trace:
+        """The trace with its samples packed anew: microbatch i holds the samples `packing[i]` (indexes
+        into the samples of all microbatches in order). Its feature is their sum, and its durations and
+        bytes are those of slot i scaled by new feature / old (as where costs follow the feature, varlen);
+        the messages stay."""
+        if self.samples is None or self.features is None:
+            raise ValueError("only a trace with 'samples' and 'features' can be repacked")
+        flat = [x for row in self.samples for x in row]
+        if len(packing) != self.microbatches or sorted(i for g in packing for i in g) != list(range(len(flat))):
+            raise ValueError(
+                f"packing must place each of the {len(flat)} samples in one of {self.microbatches} microbatches"
+            )
+        if any(not group for group in packing) or min(self.features) <= 0:
+            raise ValueError("packing needs non-empty microbatches and features > 0")
+        new = [sum(flat[i] for i in group) for group in packing]
+        scale = [n / f for n, f in zip(new, self.features)]
+
+        def scaled(rows: Rows) -> Rows:
+            return tuple(tuple(x * k for x, k in zip(row, scale)) for row in rows)
+
+        return Trace(
+            stages=self.stages,
+            microbatches=self.microbatches,
+            chunks=self.chunks,
+            **{key: scaled(getattr(self, key)) for key in OP_KEYS},
+            **{key: getattr(self, key) for key in COMM_KEYS},
+            features=tuple(new),
+            activation_bytes=None if self.activation_bytes is None else scaled(self.activation_bytes),
+            samples=tuple(tuple(flat[i] for i in group) for group in packing),
         )
 
     def check(self, *, stages: int, microbatches: int, chunks: int) -> None:
@@ -169,6 +223,8 @@ class Trace:
             data["features"] = list(self.features)
         if self.activation_bytes is not None:
             data["activation_bytes"] = [list(row) for row in self.activation_bytes]
+        if self.samples is not None:
+            data["samples"] = [list(row) for row in self.samples]
         return data
 
     @classmethod

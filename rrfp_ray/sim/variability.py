@@ -105,14 +105,19 @@ def _multimodal(draft: _Draft, rng: np.random.Generator, *, sigma: float, frac: 
     draft.show(load)
 
 
-def _varlen(draft: _Draft, rng: np.random.Generator, *, sigma: float, tokens: float) -> None:
-    """Variable-length text: microbatch m holds round(tokens x a mean-1 lognormal) real tokens (>= 1),
-    which it shows, and every op on every stage scales with them; activations take 4096 bytes a token."""
-    real = np.maximum(1.0, np.round(tokens * _factor(rng, sigma=sigma, size=(draft.ops[0].shape[1],))))
+def _varlen(draft: _Draft, rng: np.random.Generator, *, sigma: float, tokens: float, docs: float) -> None:
+    """Variable-length text: microbatch m holds docs documents of round(tokens / docs x a mean-1 lognormal)
+    real tokens each (>= 1), whose sum it shows, and every op on every stage scales with it; activations
+    take 4096 bytes a token. With docs > 1 the trace records each document's tokens (packable)."""
+    count = int(docs)
+    lengths = np.maximum(1.0, np.round(tokens / count * _factor(rng, sigma=sigma, size=(draft.ops[0].shape[1], count))))
+    real = lengths.sum(axis=1)
     for a in draft.ops:
         a *= real / tokens
     draft.show(real)
     draft.shown["activation_bytes"] = np.tile(real * _BYTES_PER_TOKEN, (draft.ops[0].shape[0], 1))
+    if count > 1:
+        draft.shown["samples"] = lengths
 
 
 def _persistent(draft: _Draft, rng: np.random.Generator, *, k: float, span: float) -> None:
@@ -159,7 +164,7 @@ _DEFAULTS: Mapping[str, Mapping[str, float]] = MappingProxyType(
         "imbalance": MappingProxyType({"rho": 1.5}),
         "comm": MappingProxyType({"comm_ms": 1.0, "sigma": 1.24}),
         "multimodal": MappingProxyType({"sigma": 0.6, "frac": 0.5}),
-        "varlen": MappingProxyType({"sigma": 0.5, "tokens": 2048.0}),
+        "varlen": MappingProxyType({"sigma": 0.5, "tokens": 2048.0, "docs": 1.0}),
         "persistent": MappingProxyType({"k": 2.0, "span": 4.0}),
         "drift": MappingProxyType({"sigma": 0.1}),
     }
@@ -180,6 +185,7 @@ _PARAM_RULES: Mapping[str, tuple[Callable[[float], bool], str]] = MappingProxyTy
         "w_split": (lambda x: 0 <= x <= 1, "in [0, 1]"),
         "tokens": (lambda x: x >= 1, ">= 1"),
         "span": (lambda x: x >= 1 and x == int(x), "an integer >= 1"),
+        "docs": (lambda x: x >= 1 and x == int(x), "an integer >= 1"),
     }
 )
 
@@ -294,6 +300,7 @@ def generate(
             if "activation_bytes" in draft.shown
             else None
         ),
+        samples=tuple(tuple(row) for row in draft.shown["samples"].tolist()) if "samples" in draft.shown else None,
     )
 
 

@@ -1,0 +1,89 @@
+"""Planning ahead in the simulator: planned vs the best fixed schedule at cap 1x, decomposed, with the oracle.
+
+    python jobs/bench_planning.py --stages 8,16,32 --seeds 5 --iterations 6,6,4 --simulations 32,24,12
+
+See `benchmarks.planning` for what each column is. Simulated, so deterministic: the numbers do not
+depend on the machine; only the run time does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.planning import SCENARIOS, cell, table
+
+
+def counts(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be integers >= 1, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stages", type=counts, default=[8, 16, 32], help="pipeline depths P (M = 4P)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per scenario (default 5)")
+    parser.add_argument("--iterations", type=counts, default=[6], help="iterations per run, one or one per P")
+    parser.add_argument(
+        "--simulations", type=counts, default=[32], help="planner budget (simulated iterations), one or one per P"
+    )
+    parser.add_argument("--samples", type=int, default=2, help="noise samples per candidate (default 2)")
+    parser.add_argument(
+        "--scenarios", help="comma-separated labels (default all): " + ", ".join(s.label for s in SCENARIOS)
+    )
+    parser.add_argument("--json", help="write the per-seed makespans here")
+    parser.add_argument("--out", help="write the Markdown table here")
+    args = parser.parse_args(argv)
+    P = args.stages
+    for flag, values in (("--iterations", args.iterations), ("--simulations", args.simulations)):
+        if len(values) not in (1, len(P)):
+            parser.error(f"argument {flag}: give one value or one per --stages entry ({len(P)})")
+    if args.seeds < 1 or args.samples < 1:
+        parser.error("arguments --seeds and --samples must be >= 1")
+    known = {s.label: s for s in SCENARIOS}
+    labels = args.scenarios.split(",") if args.scenarios else list(known)
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        parser.error(f"argument --scenarios: unknown {unknown}; known: {', '.join(known)}")
+    if min(args.simulations) < args.samples:
+        parser.error(f"argument --simulations: each must be >= --samples = {args.samples}")
+
+    rows, started = {}, time.monotonic()
+    for i, stages in enumerate(P):
+        iterations = args.iterations[i if len(args.iterations) > 1 else 0]
+        simulations = args.simulations[i if len(args.simulations) > 1 else 0]
+        for label in labels:
+            rows[(label, stages)] = [
+                cell(
+                    scenario=known[label],
+                    stages=stages,
+                    seed=seed,
+                    iterations=iterations,
+                    simulations=simulations,
+                    samples=args.samples,
+                )
+                for seed in range(args.seeds)
+            ]
+            row = table({(label, stages): rows[(label, stages)]})[-1]
+            print(f"{row}  <- done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    command = "python jobs/bench_planning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    text = "\n".join([f"`{command}`", "", *table(rows)])
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.json:
+        data = {f"{label} P={stages}": seeds for (label, stages), seeds in rows.items()}
+        Path(args.json).write_text(json.dumps({"command": command, "cells": data}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Planning ahead in the simulator: `planned` against the best fixed schedule, decomposed, with the oracle.
+
+Per scenario, pipeline depth P (M = 4P, v = 1, cap 1x in bytes, split backward where the policy
+splits) and seed, a run of iterations (`generate_iterations`) is simulated in order under:
+
+- the fixed schedules 1f1b, zb-h1 and gpipe, the data in its own order; the best of them per
+  seed is the baseline (gpipe holds all M in flight, so beating it is stricter);
+- `bfw`: readiness alone;
+- `planned-fixed`: the planned order (and packing) under fixed schedules only (what the order buys);
+- `planned`: order and hint planned from the features and the telemetry of iterations <= k-2;
+- `oracle`: the same search with the true durations (the ceiling).
+
+A ratio is the baseline's mean makespan over the policy's (> 1: faster), per seed; a cell is the
+geometric mean over seeds with the lowest and highest seed. `room` is the baseline over the lower
+bound of any schedule with the split (`rrfp_ray.sim.simulator.bounds`): what no plan can exceed. `choice` is planned against the best
+policy it may choose, each run on the data in its own order (the check for traces with nothing to plan).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rrfp_ray.plan.loop import Planning, run
+from rrfp_ray.plan.planner import HINTS, PlannerConfig, default_hints
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.sim.simulator import bounds, simulate
+from rrfp_ray.sim.variability import generate_iterations
+
+log = logging.getLogger(__name__)
+
+FIXED = ("1f1b", "zb-h1", "gpipe")
+COLUMNS = ("bfw", "planned-fixed", "planned", "oracle", "bound")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    scenario: str
+    params: Mapping[str, float]
+    featured: bool  # the data shows each microbatch's cost before the iteration
+
+
+SCENARIOS = (
+    Scenario("multimodal+jitter", "multimodal+lognormal", {}, True),
+    Scenario("varlen+jitter", "varlen+lognormal", {}, True),
+    Scenario("varlen packed+jitter", "varlen+lognormal", {"docs": 4}, True),
+    Scenario("multimodal+persistent", "multimodal+persistent", {}, True),
+    Scenario("multimodal+drift", "multimodal+drift", {}, True),
+    Scenario("persistent", "persistent", {}, False),
+    Scenario("drift", "drift", {}, False),
+    Scenario("pure jitter", "lognormal", {}, False),
+    Scenario("none", "none", {}, False),
+)
+
+
+def cell(
+    *, scenario: Scenario, stages: int, seed: int, iterations: int, simulations: int, samples: int
+) -> dict[str, Any]:
+    """One (scenario, P, seed): every policy's mean makespan over the iterations."""
+    shape = {"stages": stages, "chunks": 1, "microbatches": 4 * stages}
+    traces = generate_iterations(
+        iterations=iterations, scenario=scenario.scenario, **shape, seed=seed, **scenario.params
+    )
+    cap = Cap.parse("1x")
+    ms: dict[str, float] = {}
+    for name in (*FIXED, *HINTS):
+        policy = make_policy(name=name, **shape)
+        ms[name] = statistics.fmean(simulate(policy=policy, trace=t, cap=cap).makespan_ms for t in traces)
+    ms["bound"] = statistics.fmean(bounds(trace=t, split=True).best_ms for t in traces)
+    config = PlannerConfig(hints=default_hints(chunks=1), cap=cap, simulations=simulations, samples=samples, seed=seed)
+    for planning in (Planning.PLANNED_FIXED, Planning.PLANNED, Planning.ORACLE):
+        done = run(planning=planning, traces=traces, config=config)
+        ms[planning.value] = statistics.fmean(report.makespan_ms for _, report in done)
+    return ms
+
+
+def ratios(ms: Mapping[str, float]) -> dict[str, float]:
+    best = min(ms[name] for name in FIXED)
+    out = {name: best / ms[name] for name in COLUMNS}
+    out["choice"] = min(ms[name] for name in HINTS) / ms["planned"]
+    return out
+
+
+def summary(values: Sequence[float]) -> tuple[float, float, float]:
+    """Geometric mean, lowest, highest."""
+    return math.exp(statistics.fmean(math.log(v) for v in values)), min(values), max(values)
+
+
+def table(rows: Mapping[tuple[str, int], Sequence[Mapping[str, float]]]) -> list[str]:
+    """Markdown: one row per (scenario, P), a cell per column: geomean (lowest-highest) over seeds."""
+    head = ["scenario", "P", "best fixed ms", *COLUMNS[:-1], "room", "planned / its best choice"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (label, stages), seeds in rows.items():
+        r = [ratios(ms) for ms in seeds]
+        best = statistics.fmean(min(ms[n] for n in FIXED) for ms in seeds)
+        cells = []
+        for name in (*COLUMNS, "choice"):
+            g, low, high = summary([x[name] for x in r])
+            cells.append(f"{g:.3f}x ({low:.3f}-{high:.3f})")
+        lines.append(f"| {label} | {stages} | {best:.0f} | " + " | ".join(cells) + " |")
+    return lines

@@ -1,0 +1,143 @@
+"""The planner: cost model, scoring by batch simulation, search under a budget, planner state and the
+plan-ahead loop over simulated iterations."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from rrfp_ray.plan.costs import CostModel, robust_fit
+from rrfp_ray.plan.loop import LAG, Planning, run
+from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
+from rrfp_ray.plan.plans import Plan
+from rrfp_ray.plan.scoring import score
+from rrfp_ray.plan.search import search
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.variability import generate, generate_iterations
+
+CAP = Cap.parse("1x")
+SHAPE = {"stages": 4, "chunks": 1, "microbatches": 8}
+
+
+def config(**changes) -> PlannerConfig:
+    return replace(PlannerConfig(hints=default_hints(chunks=1), cap=CAP, simulations=12, samples=2), **changes)
+
+
+def test_robust_fit_learns_the_slope_and_ignores_an_outlier():
+    x = np.arange(1.0, 11.0)
+    y = 2.0 + 3.0 * x
+    y[4] = 500.0
+    fit = robust_fit(x, y)
+    assert fit.slope == pytest.approx(3.0)
+    assert fit.intercept == pytest.approx(2.0)
+
+
+def test_a_block_that_does_not_follow_the_feature_learns_a_flat_cost():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(1, 5, 40)
+    fit = robust_fit(x, 10.0 * np.exp(0.05 * rng.standard_normal(40)))
+    assert fit.slope < 0.3 and fit.intercept == pytest.approx(10.0, rel=0.1)
+
+
+def test_cost_model_restarts_when_a_stage_slows_down():
+    model = CostModel(window=4)
+    for k in range(3):
+        assert not model.add(key=(0, "F"), iteration=k, samples=[(1.0, 10.0 + 0.1 * j) for j in range(8)])
+    assert model.add(key=(0, "F"), iteration=3, samples=[(1.0, 20.0)] * 8)
+    assert model.fit((0, "F")).predict(1.0) == pytest.approx(20.0)
+
+
+def test_scoring_in_a_batch_equals_simulating_one_by_one():
+    trace = generate(scenario="multimodal", **SHAPE, seed=3)
+    plans = [
+        Plan(order=tuple(reversed(range(8))), hint="bfw", cap=CAP),
+        Plan(order=tuple(range(8)), hint="zb-h1", cap=CAP),
+        Plan(order=(1, 0, 3, 2, 5, 4, 7, 6), hint="1f1b", cap=Cap.parse("2x")),
+    ]
+    expected = [
+        simulate(policy=make_policy(name=p.hint, **SHAPE), trace=trace.reordered(p.order), cap=p.cap).makespan_ms
+        for p in plans
+    ]
+    assert score(plans=plans, samples=[trace]) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_budget_counts_simulated_candidates_and_a_larger_one_never_scores_worse():
+    samples = [generate(scenario="multimodal", **SHAPE, seed=s) for s in (1, 2)]
+    found = {
+        budget: search(samples=samples, hints=("bfw", "zb-h1"), cap=CAP, simulations=budget, seed=7)
+        for budget in (2, 9, 20, 40)
+    }
+    assert all(f.simulations <= budget for budget, f in found.items())
+    assert found[2].simulations == 2 and found[40].simulations == 40  # one candidate; then twenty, over 2 samples
+    scores = [found[b].score_ms for b in sorted(found)]
+    assert scores == sorted(scores, reverse=True)
+    with pytest.raises(ValueError, match="budget of 1"):
+        search(samples=samples, hints=("bfw",), cap=CAP, simulations=1, seed=0)
+
+
+def test_a_search_past_its_deadline_reports_no_plan():
+    samples = [generate(scenario="multimodal", **SHAPE, seed=1)]
+    assert search(samples=samples, hints=("bfw",), cap=CAP, simulations=8, seed=0, deadline=0.0) is None
+
+
+def test_iteration_0_is_planned_from_the_features_alone():
+    features = [1.0, 4.0, 1.0, 1.0, 4.0, 1.0, 1.0, 1.0]
+    planner = Planner(config=config(), **SHAPE)
+    (mean,) = planner.predicted(iteration=0, features=features)  # no telemetry: no spread, one sample
+    assert np.allclose(np.array(mean.F)[:, 1] / np.array(mean.F)[:, 0], 4.0)
+    plan = planner.plan(iteration=0, features=features)
+    assert plan == Planner(config=config(), **SHAPE).plan(iteration=0, features=features)
+    plan.validate(**SHAPE)
+
+
+def test_planner_is_deterministic_under_its_seed_and_its_state_round_trips():
+    traces = generate_iterations(iterations=6, scenario="multimodal+lognormal", **SHAPE, seed=5)
+    plans = [plan for plan, _ in run(planning=Planning.PLANNED, traces=traces, config=config())]
+    assert plans == [plan for plan, _ in run(planning=Planning.PLANNED, traces=traces, config=config())]
+
+    reports = [
+        simulate(policy=p.validate(**SHAPE), trace=t.reordered(p.order), cap=p.cap) for p, t in zip(plans, traces)
+    ]
+    whole = Planner(config=config(), **SHAPE)
+    restored = Planner(config=config(), **SHAPE)
+    for k, trace in enumerate(traces):
+        if k >= LAG:
+            seen = {"report": reports[k - LAG], "plan": plans[k - LAG], "features": traces[k - LAG].features}
+            whole.observe(**seen)
+            restored.observe(**seen)
+        restored = Planner.from_dict(json.loads(json.dumps(restored.to_dict())))
+        assert whole.plan(iteration=k, features=trace.features) == restored.plan(iteration=k, features=trace.features)
+
+
+def test_changing_durations_of_iteration_k_but_not_its_features_leaves_plan_k_unchanged():
+    traces = list(generate_iterations(iterations=5, scenario="multimodal+lognormal", **SHAPE, seed=2))
+    k = 3
+    other = generate(scenario="lognormal", **SHAPE, seed=99)
+    traces_b = list(traces)
+    traces_b[k] = replace(other, features=traces[k].features)
+    assert traces_b[k].F != traces[k].F
+    a = run(planning=Planning.PLANNED, traces=traces, config=config())
+    b = run(planning=Planning.PLANNED, traces=traces_b, config=config())
+    assert [p for p, _ in a][: k + LAG] == [p for p, _ in b][: k + LAG]
+    assert a[k][1].makespan_ms != b[k][1].makespan_ms
+
+
+def test_changed_features_can_change_the_plan():
+    planner = Planner(config=config(), **SHAPE)
+    light_last = planner.plan(iteration=0, features=[4.0, 4.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    light_first = planner.plan(iteration=0, features=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 4.0])
+    assert light_last.order != light_first.order
+
+
+def test_the_oracle_is_never_worse_than_the_identity_order_it_starts_from():
+    traces = generate_iterations(iterations=2, scenario="multimodal", **SHAPE, seed=4)
+    for (plan, report), trace in zip(run(planning=Planning.ORACLE, traces=traces, config=config()), traces):
+        identity = simulate(policy=make_policy(name="bfw", **SHAPE), trace=trace, cap=CAP).makespan_ms
+        assert report.makespan_ms <= identity + 1e-9
+        assert math.isfinite(report.makespan_ms)

@@ -1,0 +1,42 @@
+"""jobs/bench_planning.py: a tiny run prints its table, and bad flags exit 2 naming the flag."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.planning import ratios
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+import bench_planning
+
+
+def test_a_tiny_run_prints_and_writes_its_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, data = tmp_path / "t.md", tmp_path / "t.json"
+    args = ["--stages", "2", "--seeds", "2", "--iterations", "3", "--simulations", "4", "--scenarios", "none"]
+    bench_planning.main([*args, "--out", str(out), "--json", str(data)])
+    text = capsys.readouterr().out
+    assert "| none | 2 |" in text and out.read_text().strip() == text.strip()
+    cells = json.loads(data.read_text())["cells"]["none P=2"]
+    assert len(cells) == 2
+    for ms in cells:  # nothing varies: planned is what its best choice gives
+        assert ratios(ms)["choice"] == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--stages", "8,x"], "--stages"),
+        (["--stages", "8,16", "--iterations", "2,3,4"], "--iterations"),
+        (["--scenarios", "bogus"], "--scenarios"),
+        (["--simulations", "1", "--samples", "2"], "--simulations"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_planning.main(args)
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
