@@ -28,13 +28,12 @@ from pydantic import ValidationError
 from actors.driver import PipelineDriver
 from actors.local_ray import init_ray
 from actors.names import driver_name, replacement, run_tag
-from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement
+from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement, remove_orphans
 from actors.placement import check as check_placement
-from actors.placement import remove_orphans
 from actors.teardown import await_exit
 from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig

@@ -24,14 +24,14 @@ from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPGather
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.runtime.waits import Outcome, wait_named
-from rrfp_ray.schedule.deps import Link
+from rrfp_ray.schedule.layout import Link
 from rrfp_ray.train.backend import run_iteration
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig

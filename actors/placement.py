@@ -25,8 +25,8 @@ from typing import Any
 
 import ray
 import ray._private.state
-from ray._private import state  # the GCS's view of an actor: whether a group's owner is dead
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from ray._private import state  # the GCS's view of an actor: whether a group's owner is dead
 from ray.experimental import internal_kv
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 

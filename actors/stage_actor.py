@@ -25,7 +25,7 @@ from rrfp_ray.runtime.tcp_channel import TcpLinks
 from rrfp_ray.runtime.tcp_gather import TcpGather
 from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import LinkTransport
-from rrfp_ray.schedule.deps import Layout, Link
+from rrfp_ray.schedule.layout import Layout, Link
 from rrfp_ray.train.checkpoint import StageFile
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from typing import Any
 
 from benchmarks.peers.torch_pipelining import PEERS, measure_all, our_order
 from rrfp_ray.job import run_job
-from rrfp_ray.sim.variability import SCENARIOS, Trace, generate, scenario_params
+from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.variability import SCENARIOS, generate, scenario_params
 
 CPU_KEYS = ("all", "compute", "other", "op", "idle")
 CPU_NOTE = (

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.planning import SCENARIOS, cell, table
+from rrfp_ray.job import run_job
 
 
 def counts(text: str) -> list[int]:
@@ -86,4 +87,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

@@ -4,7 +4,7 @@
 
 1. For every scenario below at P=--stages, M=--microbatches, v=1, cap --cap, seeds 0..--seeds-1:
    per policy the means of makespan / stage-window bound, makespan / best bound (both from
-   `rrfp_ray.sim.simulator.bounds` for the policy's layout), speedup over fixed 1f1b, and peak
+   `rrfp_ray.sim.bounds.bounds` for the policy's layout), speedup over fixed 1f1b, and peak
    in-flight over 1f1b's; then cpw against bfw seed by seed.
 2. cpw against bfw where memory is tighter or the pipeline deeper: caps 1x, 1.5x, 2x at P and 2P.
 """

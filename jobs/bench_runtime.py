@@ -55,7 +55,7 @@ from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, conf
 from rrfp_ray.job import run_job
 
 if TYPE_CHECKING:
-    from rrfp_ray.sim.variability import Trace
+    from rrfp_ray.sim.trace import Trace
     from rrfp_ray.train.config import PipelineConfig
 
 

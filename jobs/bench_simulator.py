@@ -29,8 +29,9 @@ from pathlib import Path
 
 from rrfp_ray.job import run_job
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
-from rrfp_ray.sim.simulator import Case, bounds, simulate, simulate_many
+from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.sim.bounds import bounds
+from rrfp_ray.sim.simulator import Case, simulate, simulate_many
 from rrfp_ray.sim.variability import generate
 
 SCENARIOS = ("none", "lognormal", "straggler", "imbalance", "comm", "multimodal", "multimodal+comm")
@@ -42,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 BASELINE = """
 import json, sys, time
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 out = {}
@@ -200,7 +201,7 @@ def markdown(*, timing: str, rows: list[dict], cap: Cap, seeds: int) -> str:
         "",
         timing,
         "",
-        f"Speedup = fixed 1f1b makespan / policy makespan; LB = `rrfp_ray.sim.simulator.bounds(...).best_ms`, "
+        f"Speedup = fixed 1f1b makespan / policy makespan; LB = `rrfp_ray.sim.bounds.bounds(...).best_ms`, "
         f"the largest of max stage work, critical path and stage window (for bfw with the B/W split). "
         f"v=1, M=4P, cap {cap} for all policies (fixed 1f1b ignores caps), t_f=20 ms, B+W=40 ms, "
         f"scenario parameters at their defaults; means over seeds 0..{seeds - 1}.",

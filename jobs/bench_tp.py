@@ -24,10 +24,10 @@ from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import parse_action
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.replay import replay
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from rrfp_ray.installed import missing_extra
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.variability import SCENARIOS, scenario_params
 

@@ -11,7 +11,7 @@ from rrfp_ray.runtime.breakdown import Breakdown, MessageClock, Phase
 from rrfp_ray.runtime.cpu import CpuUse, Meter, OpClock, ThreadClock, per_op_us
 from rrfp_ray.runtime.transport import Header
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.schedule.deps import Message
+from rrfp_ray.schedule.layout import Message
 
 
 def _spin(seconds: float) -> None:

@@ -6,9 +6,8 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 from actors.collective import RAY_FLOOR
 from rrfp_ray.installed import CORE

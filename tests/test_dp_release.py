@@ -17,8 +17,8 @@ from rrfp_ray.runtime.reduce import ChunkGradients, GradReducer
 from rrfp_ray.runtime.synthetic import SleepExecutor
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce, tensor_reduce_to
 from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.grad_ready import Bucketer
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
 from rrfp_ray.train.release import GradRelease
 

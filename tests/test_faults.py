@@ -16,7 +16,7 @@ from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.worker import PipelineError
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
 from rrfp_ray.train.checkpoint import Checkpointing, latest, load_stage
 from rrfp_ray.train.faults import Crash, Fault, FaultPlan, FaultyExecutor, FaultyWorkload, Moment

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from rrfp_ray.runtime.frames import DeviceFrames, HostFrames
 from rrfp_ray.runtime.transport import DTYPES, Header, LocalChannel, MessageReader, MessageWriter
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.schedule.deps import Message
+from rrfp_ray.schedule.layout import Message
 
 KINDS = {"host": HostFrames(), "device": DeviceFrames(device="cpu")}
 

@@ -13,7 +13,7 @@ from rrfp_ray.runtime.streams import Handoff
 from rrfp_ray.runtime.tcp_channel import TcpChannel
 from rrfp_ray.runtime.transport import Header, MessageReader
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.schedule.deps import Link, Message
+from rrfp_ray.schedule.layout import Link, Message
 
 ELEMS = 4096  # 16 KB a message: the posting thread writes it itself
 MESSAGES = 300  # 4.8 MB each way: far past what two socket buffers hold

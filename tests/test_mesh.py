@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rrfp_ray.runtime.mesh import Coord, Mesh
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 
 MESHES = [Mesh(stages=1), Mesh(stages=3), Mesh(stages=2, tp=2), Mesh(stages=3, dp=2), Mesh(stages=4, tp=2, dp=3)]
 

@@ -17,7 +17,7 @@ from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import score
 from rrfp_ray.plan.search import search
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate, generate_iterations
 

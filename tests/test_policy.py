@@ -6,20 +6,11 @@ import pytest
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import (
-    BFPicker,
-    FixedPicker,
-    ListPicker,
-    Picker,
-    Policy,
-    Rule,
-    hint_indexes,
-    make_policy,
-    policy_names,
-)
+from rrfp_ray.policy.pickers import BFPicker, FixedPicker, ListPicker, Picker, hint_indexes
+from rrfp_ray.policy.policy import Policy, Rule, make_policy, policy_names
 from rrfp_ray.schedule.actions import Action, Placement, parse_action
-from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.generators import build
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.schedule.slots import slots_of
 from rrfp_ray.schedule.validate import Hint
 from rrfp_ray.sim.simulator import simulate

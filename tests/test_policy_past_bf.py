@@ -12,14 +12,16 @@ from test_simulator import bf_choice, builds, readiness, traces
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Arbiter, Cap
-from rrfp_ray.policy.pickers import BFPicker, CPWPicker, Policy, Rule, hint_indexes, make_policy
+from rrfp_ray.policy.pickers import BFPicker, CPWPicker, hint_indexes, picker_for
+from rrfp_ray.policy.policy import Policy, Rule, make_policy
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.schedule.slots import slots_of
 from rrfp_ray.sim.simulator import layout_for, simulate
-from rrfp_ray.sim.variability import Trace, generate
+from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.variability import generate
 
 
 def acts(text: str) -> list[Action]:
@@ -57,13 +59,14 @@ def test_cpw_resolves_to_bfws_layout_and_caps(chunks: int) -> None:
     assert (cpw.name, cpw.rule, cpw.split, cpw.fixed) == ("cpw", Rule.CPW, True, False)
     assert cpw.order == bfw.order  # same reference list, so the same caps at any multiple
     assert isinstance(
-        cpw.picker(
+        picker_for(
+            policy=cpw,
             index=hint_indexes(
                 policy=cpw,
                 layout=layout_for(
                     policy=cpw, trace=generate(scenario="none", stages=4, microbatches=8, chunks=chunks, seed=0)
                 ),
-            )[0]
+            )[0],
         ),
         CPWPicker,
     )

@@ -125,7 +125,9 @@ def test_a_restart_says_so_in_the_log_and_in_the_telemetry(tmp_path, caplog):
     caplog.set_level("INFO", logger="rrfp_ray.train.api")
     with _trainer(tmp_path, max_restarts=2) as trainer:
         executors = trainer.backend.executors
-        executors[1] = _CrashOnce(executors[1], at=17)  # stage 1's first op of iteration 2: the in-process wait names it
+        executors[1] = _CrashOnce(
+            executors[1], at=17
+        )  # stage 1's first op of iteration 2: the in-process wait names it
         trainer.backend.executors = executors
         reports = [trainer.step() for _ in range(4)]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restart ")]

@@ -6,9 +6,9 @@ import pytest
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.layout import Layout, Message
 from rrfp_ray.sim.replay import measured_trace, replay
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate

@@ -9,7 +9,7 @@ import pytest
 
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.worker import PipelineError
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
 from rrfp_ray.train.config import PipelineConfig
 

@@ -6,8 +6,8 @@ import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from rrfp_ray.schedule.actions import Action, Kind, Placement, parse_action
-from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.generators import SCHEDULES, build, peak_inflight, peak_inflight_fb, splits
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.schedule.validate import format_grid, unit_steps, validate
 
 _KINDS = {"F": Kind.F, "B": Kind.B, "I": Kind.I, "W": Kind.W}

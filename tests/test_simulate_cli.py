@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.sim.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 import simulate

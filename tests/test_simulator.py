@@ -11,21 +11,14 @@ from hypothesis import strategies as st
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
 from rrfp_ray.policy.arbiter import Arbiter, Cap
-from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.policy.policy import Policy, make_policy
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
+from rrfp_ray.sim.bounds import bf_bound, bounds
 from rrfp_ray.sim.memory import memories
-from rrfp_ray.sim.simulator import (
-    Case,
-    DeadlockError,
-    TransportModel,
-    bf_bound,
-    bounds,
-    layout_for,
-    simulate,
-    simulate_many,
-)
-from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
+from rrfp_ray.sim.simulator import Case, DeadlockError, TransportModel, layout_for, simulate, simulate_many
+from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.variability import SCENARIOS, generate
 
 T_F = 20.0  # generate's defaults then give B + W = 2 t_f, and B = W = t_f under the split
 T_B = 2 * T_F

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.streams import Handoff
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.transport import local_channels
-from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.worker import StageWorker
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
 
 

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.tcp_channel import TcpChannel, TcpLinks
 from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import Header, MessageReader, MessageWriter
-from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.worker import StageWorker
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.schedule.deps import Layout, Link, Message
+from rrfp_ray.schedule.layout import Layout, Link, Message
 from rrfp_ray.sim.variability import generate
 
 HOST = "127.0.0.1"

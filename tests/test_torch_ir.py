@@ -6,12 +6,12 @@ import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Kind, Placement, parse_action
-from rrfp_ray.schedule.deps import Layout, Link, Message
 from rrfp_ray.schedule.generators import build
+from rrfp_ray.schedule.layout import Layout, Link, Message
 from rrfp_ray.schedule.torch_import import imported
 from rrfp_ray.schedule.validate import parse_order, read_hint
 from rrfp_ray.sim.simulator import simulate

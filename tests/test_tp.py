@@ -15,13 +15,13 @@ from rrfp_ray.models.gpt import GPT, Block, GPTConfig, lm_loss
 from rrfp_ray.models.tp import TPBlock, TPLayers, check_tp, shard_block_tensors
 from rrfp_ray.policy.agreement import Agreement, TPContext, TPProtocol, decide, offer, op_id
 from rrfp_ray.policy.arbiter import Arbiter, Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.schedule.actions import Action, Kind, Placement
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.train.runner import StageRunner, partition
 
 TINY = {

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from rrfp_ray.schedule.actions import Action, Kind, Placement
-from rrfp_ray.schedule.deps import Layout, Message
-from rrfp_ray.sim.variability import SCENARIOS, Trace, describe, generate, scenario_params
+from rrfp_ray.schedule.layout import Layout, Message
+from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.variability import SCENARIOS, describe, generate, scenario_params
 
 RANDOM = ("lognormal", "straggler", "comm", "multimodal")
 SEEDS = (0, 1, 7, 123)

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.runtime.transport import Header, LocalChannel, MessageReader, MessageWriter
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.actions import Kind, parse_action
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
 
 P, M = 4, 8

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.replay import replay
 
 log = logging.getLogger(__name__)

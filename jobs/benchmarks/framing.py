@@ -24,7 +24,7 @@ from rrfp_ray.runtime.frames import DeviceFrames, Frames, HostFrames
 from rrfp_ray.runtime.tcp_channel import TcpChannel
 from rrfp_ray.runtime.transport import Header, LocalChannel, MessageReader, MessageWriter
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.schedule.deps import Message
+from rrfp_ray.schedule.layout import Message
 
 FRAMES: dict[str, Frames] = {"host": HostFrames(), "torch ops": DeviceFrames(device="cpu")}
 _MESSAGE = Message(kind=Kind.F, virtual_stage=1, microbatch=0)

@@ -12,7 +12,7 @@ splits) and seed, a run of iterations (`generate_iterations`) is simulated in or
 
 A ratio is the baseline's mean makespan over the policy's (> 1: faster), per seed; a cell is the
 geometric mean over seeds with the lowest and highest seed. `room` is the baseline over the lower
-bound of any schedule with the split (`rrfp_ray.sim.simulator.bounds`): what no plan can exceed. `choice` is planned against the best
+bound of any schedule with the split (`rrfp_ray.sim.bounds.bounds`): what no plan can exceed. `choice` is planned against the best
 policy it may choose, each run on the data in its own order (the check for traces with nothing to plan).
 """
 
@@ -28,8 +28,9 @@ from typing import Any
 from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import HINTS, PlannerConfig, default_hints
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
-from rrfp_ray.sim.simulator import bounds, simulate
+from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.sim.bounds import bounds
+from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate_iterations
 
 log = logging.getLogger(__name__)

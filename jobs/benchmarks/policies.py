@@ -10,9 +10,11 @@ import statistics
 from dataclasses import dataclass
 
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy, make_policy
-from rrfp_ray.sim.simulator import bounds, simulate
-from rrfp_ray.sim.variability import Trace, generate
+from rrfp_ray.policy.policy import Policy, make_policy
+from rrfp_ray.sim.bounds import bounds
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.variability import generate
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,7 @@ def markdown(
         "",
         "Information used at decision time: the stage's own ready set, its own count of chunk-0 F and B it",
         "has run, and the arbiter's `admit` flag. No durations at all, neither expected nor measured, so the",
-        "runtime runs it unchanged through `Policy.picker(index=)` / `add` / `pick(admit=)`.",
+        "runtime runs it unchanged through `picker_for(policy=, index=)` / `add` / `pick(admit=)`.",
         "",
         "## Scenario suite",
         "",

@@ -268,7 +268,7 @@ def setup_section(suite: Suite) -> list[str]:
         "draws); only the latencies of its 2P-1 links are fresh draws of the same scenario and seed.",
         "- Memory: the most activations any stage holds, a microbatch-chunk counting 1/v from its forward's start "
         "to the end of its last backward op (W under the B/W split), over fixed 1F1B's peak (P).",
-        "- Lower bound: `rrfp_ray.sim.simulator.bounds(...).best_ms` (with the B/W split for the policies that split "
+        "- Lower bound: `rrfp_ray.sim.bounds.bounds(...).best_ms` (with the B/W split for the policies that split "
         "the backward: zb-h1, bfw, cpw).",
         "",
         *table(("scenario", "generator", "parameters"), scen),

@@ -36,7 +36,7 @@ from rrfp_ray.runtime.breakdown import summarize as summarize_phases
 from rrfp_ray.runtime.cpu import Role, per_op_us
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.config import PipelineConfig
 
 SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default

@@ -23,11 +23,13 @@ from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy, make_policy, policy_names
+from rrfp_ray.policy.policy import Policy, make_policy, policy_names
 from rrfp_ray.schedule.actions import Kind, action_kind
 from rrfp_ray.schedule.generators import SCHEDULES
-from rrfp_ray.sim.simulator import DeadlockError, bounds, simulate
-from rrfp_ray.sim.variability import Trace, generate
+from rrfp_ray.sim.bounds import bounds
+from rrfp_ray.sim.simulator import DeadlockError, simulate
+from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.variability import generate
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.policy.policy import Policy, make_policy
 
 
 @dataclass(frozen=True)

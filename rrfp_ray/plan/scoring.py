@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.policy.arbiter import Cap, peak_bytes
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.sim.memory import Limits, held_bytes, limits_for
 from rrfp_ray.sim.simulator import Case, layout_for, simulate_many

@@ -39,9 +39,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rrfp_ray.policy.pickers import Policy, hint_indexes, ranked, take
+from rrfp_ray.policy.pickers import hint_indexes, picker_for, ranked, take
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.layout import Layout, Message
 from rrfp_ray.schedule.slots import FREES_FB, FREES_FW
 
 _CAP = re.compile(r"^(?:(\d+(?:\.\d+)?)x|(\d+)|inf)$")
@@ -157,7 +158,7 @@ class Arbiter:
         self.peak_bytes = 0.0
         self.buffer_limit = math.inf if buffer_limit is None else buffer_limit
         self._total = slots.actions_per_stage
-        self._picker = policy.picker(index=index)
+        self._picker = picker_for(policy=policy, index=index)
         self._pick = self._picker.pick
         self._add = self._picker.add
         size = slots.per_stage

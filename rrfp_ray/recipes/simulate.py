@@ -6,7 +6,7 @@
     python jobs/simulate.py --trace run.json --policies 1f1b,zb-h1,gpipe,bfw,planned --cap 1x --json out.json
 
 Speedups are against fixed 1f1b, or fixed interleaved when --chunks > 1; the lower bound is
-`rrfp_ray.sim.simulator.bounds` for the policy's layout (with or without the B/W split).
+`rrfp_ray.sim.bounds.bounds` for the policy's layout (with or without the B/W split).
 
 A trace file may hold several iterations (``{"iterations": [...]}``), and ``--iterations N``
 generates N of the scenario; every iteration is simulated in order, and per policy the
@@ -40,18 +40,12 @@ from rrfp_ray.plan.packing import spread
 from rrfp_ray.plan.planner import PlannerConfig
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy, make_policy
+from rrfp_ray.policy.policy import Policy, make_policy
 from rrfp_ray.schedule.validate import Hint, parse_order, read_hint
-from rrfp_ray.sim.simulator import bounds, simulate
-from rrfp_ray.sim.trace import load_iterations, save_iterations
-from rrfp_ray.sim.variability import (
-    SCENARIOS,
-    Trace,
-    describe,
-    generate,
-    generate_iterations,
-    scenario_params,
-)
+from rrfp_ray.sim.bounds import bounds
+from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.trace import Trace, load_iterations, save_iterations
+from rrfp_ray.sim.variability import SCENARIOS, describe, generate, generate_iterations, scenario_params
 
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
 

@@ -15,7 +15,7 @@ import torch
 
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action
-from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.layout import Layout, Message
 
 
 @dataclass(frozen=True)

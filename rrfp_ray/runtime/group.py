@@ -17,12 +17,12 @@ from typing import Any, Protocol
 from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.mesh import Mesh
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 
 logger = logging.getLogger(__name__)
 

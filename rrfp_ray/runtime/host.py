@@ -24,8 +24,8 @@ from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import DPContext, DPSpec, GradReducer
 from rrfp_ray.runtime.transport import Channel
 from rrfp_ray.runtime.worker import StageWorker
-from rrfp_ray.schedule.deps import Layout, Link
 from rrfp_ray.schedule.grad_ready import reduce_order
+from rrfp_ray.schedule.layout import Layout, Link
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.policy.policy import Policy
+from rrfp_ray.schedule.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from rrfp_ray.runtime.cpu import ThreadClock
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageWriter
 from rrfp_ray.runtime.tree import Tree
-from rrfp_ray.schedule.deps import Link
+from rrfp_ray.schedule.layout import Link
 
 _STOP = Header(message=None)
 DIRECT_BYTES = 64 * 1024  # the largest payload the posting thread frames and writes itself

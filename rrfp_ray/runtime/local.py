@@ -21,7 +21,7 @@ from torch import Tensor
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.host import GroupSums, RoundCollectives, StageHost, TensorSum, tie_sum
@@ -31,7 +31,7 @@ from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, ThreadAllReduce, tensor_all_reduce, tensor_reduce_to
 from rrfp_ray.runtime.transport import Channel, local_channels
 from rrfp_ray.runtime.waits import Outcome, wait_named
-from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.layout import Layout, Message
 
 logger = logging.getLogger(__name__)
 

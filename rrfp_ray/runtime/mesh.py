@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from rrfp_ray.schedule.deps import Link
+from rrfp_ray.schedule.layout import Link
 
 
 class Coord(NamedTuple):

@@ -15,9 +15,9 @@ import torch
 from rrfp_ray.runtime.executor import TieSpec
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.grad_ready import even_split
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.schedule.layout import Layout, Message
+from rrfp_ray.sim.trace import Trace
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rrfp_ray.runtime.tcp_pair import Listener, Member, Secret, block_with_deadline, dial, read_into
-from rrfp_ray.schedule.deps import Link
+from rrfp_ray.schedule.layout import Link
 
 _RECEIVER, _SENDER = 0, 1  # the ranks of a link's two ends
 

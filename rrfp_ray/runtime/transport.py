@@ -29,7 +29,7 @@ import torch
 from rrfp_ray.runtime.frames import HEADER_BYTES, HEADER_LEN, Frames, frames_for
 from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.schedule.deps import Layout, Link, Message
+from rrfp_ray.schedule.layout import Layout, Link, Message
 
 _FIXED = 11  # code, virtual stage, microbatch, iteration, description bytes, body bytes, sent at, released at, dtype,
 # ndim, requires grad

@@ -31,8 +31,8 @@ from rrfp_ray.runtime.reduce import DPContext, GradSink, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
 from rrfp_ray.schedule.actions import Action
-from rrfp_ray.schedule.deps import Layout, Link, Message
 from rrfp_ray.schedule.grad_ready import completes_weights, reduce_order
+from rrfp_ray.schedule.layout import Layout, Link, Message
 
 
 class StageWorker:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 
 from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Layout, Link, Message
+from rrfp_ray.schedule.layout import Layout, Link, Message
 
 ROWS = 3  # F, the backward (I or B), W
 FREES_FB, FREES_FW = 1, 2  # `Slots.frees`: what an action's end takes off its stage's in-flight counts

@@ -15,8 +15,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from rrfp_ray.schedule.actions import Action, Kind, Placement
-from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.generators import Order
+from rrfp_ray.schedule.layout import Layout, Message
 from rrfp_ray.schedule.torch_import import translate
 
 Cell = tuple[int, int]  # (stage, position in that stage's list)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rrfp_ray.policy.arbiter import Cap, Memory, byte_limits
-from rrfp_ray.policy.pickers import Policy
-from rrfp_ray.schedule.deps import Layout
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.policy.policy import Policy
+from rrfp_ray.schedule.layout import Layout
+from rrfp_ray.sim.trace import Trace
 
 Limits = tuple[tuple[float, float], ...]  # per stage, its (F->B, F->W) byte limits
 

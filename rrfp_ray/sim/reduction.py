@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 from rrfp_ray.observe.telemetry import IterationReport, with_exposed_reduce
 from rrfp_ray.schedule.actions import parse_action
-from rrfp_ray.schedule.deps import Layout
 from rrfp_ray.schedule.grad_ready import Bucketer, completes_weights, even_split, reduce_order
+from rrfp_ray.schedule.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.simulator import simulate
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.sim.trace import Trace
 
 
 def measured_trace(report: IterationReport, *, layout: Layout) -> Trace:

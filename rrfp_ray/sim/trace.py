@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Message
+from rrfp_ray.schedule.layout import Message
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from torch import Tensor
 
 from rrfp_ray.errors import ExitCode
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.backend import Backend, LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest, resume_point
 from rrfp_ray.train.config import PipelineConfig

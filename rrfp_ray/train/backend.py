@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy
+from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.local import LocalPipeline

@@ -10,12 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rrfp_ray.policy.agreement import TPGather, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import Policy, describe_policies, make_policy
+from rrfp_ray.policy.policy import Policy, describe_policies, make_policy
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import LinkTransport
-from rrfp_ray.schedule.deps import Layout
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.schedule.validate import Hint, parse_order
-from rrfp_ray.sim.variability import SCENARIOS, Trace, generate
+from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.variability import SCENARIOS, generate
 from rrfp_ray.train.precision import Precision
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)

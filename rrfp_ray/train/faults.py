@@ -27,7 +27,7 @@ from rrfp_ray.runtime.executor import Executor, ExecutorWrapper, TieSpec, Worklo
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import GradSink
 from rrfp_ray.schedule.actions import Action
-from rrfp_ray.schedule.deps import Layout, Message
+from rrfp_ray.schedule.layout import Layout, Message
 
 
 class Moment(enum.Enum):

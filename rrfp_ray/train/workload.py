@@ -27,9 +27,9 @@ from rrfp_ray.runtime.executor import StepResult
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
 from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.schedule.actions import Action, Kind
-from rrfp_ray.schedule.deps import Layout, Message
 from rrfp_ray.schedule.grad_ready import reduce_order
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.schedule.layout import Layout, Message
+from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.checkpoint import StageFile, load_stage, save_stage
 from rrfp_ray.train.layers import ModelLayers
 from rrfp_ray.train.precision import Precision, autocast

@@ -1,6 +1,6 @@
 """A stage module for PyTorch's pipelining whose passes SLEEP a duration trace's times.
 
-Each op sleeps what :class:`rrfp_ray.sim.variability.Trace` gives it (standing in for GPU kernel
+Each op sleeps what :class:`rrfp_ray.sim.trace.Trace` gives it (standing in for GPU kernel
 time) and moves a small real tensor. Which microbatch is running is read from the data: column
 0 of the activation holds the microbatch index, set in the input batch and passed through
 unchanged by every stage, so the sleeps do not depend on the order PyTorch calls the stage in.
@@ -47,8 +47,8 @@ from torch import nn
 
 from rrfp_ray.runtime.cpu import OpClock
 from rrfp_ray.schedule.actions import Kind, Placement
-from rrfp_ray.schedule.deps import Layout, Message
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.schedule.layout import Layout, Message
+from rrfp_ray.sim.trace import Trace
 
 SENT_AT = 1  # the payload column holding the time its sender's op ended (CLOCK_MONOTONIC, s)
 

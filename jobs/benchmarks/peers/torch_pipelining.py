@@ -45,13 +45,13 @@ from torch.distributed import pipelining
 
 from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.pickers import make_policy
+from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.cpu import Meter, OpClock, idle_rate, per_op_us
 from rrfp_ray.schedule.actions import Action, Placement, parse_action
 from rrfp_ray.schedule.generators import Chunks, lookup
 from rrfp_ray.schedule.validate import Hint
 from rrfp_ray.sim.simulator import simulate
-from rrfp_ray.sim.variability import Trace
+from rrfp_ray.sim.trace import Trace
 
 
 @dataclass(frozen=True)
