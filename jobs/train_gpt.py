@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,14 @@ DEFAULT_PLACEMENT_S = 600.0  # actors.placement.DEFAULT_TIMEOUT_S, without impor
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = build_parser(description=__doc__)
+    args = parser.parse_args(argv)
+    return args, checked_run(parser, args=args)
+
+
+def build_parser(*, description: str) -> argparse.ArgumentParser:
+    """The job's flags (jobs/train_vlm.py adds its own)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
     pipe.add_argument("--stages", type=int, default=4)
     pipe.add_argument("--chunks", type=int, default=1)
@@ -151,8 +159,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     add_scenario_flags(parser, default="multimodal")
     add_log_level_flag(parser)
     parser.set_defaults(t_f=10.0)
-    args = parser.parse_args(argv)
-    return args, checked_run(parser, args=args)
+    return parser
 
 
 def train(
@@ -178,10 +185,17 @@ def train(
 
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
+    from rrfp_ray.train.gpt_workload import gpt_trainer
+
+    return run_job(args=args, run=run, trainer_for=gpt_trainer, program="train_gpt.py")
+
+
+def run_job(*, args: argparse.Namespace, run: RunConfig, trainer_for: Callable[..., Trainer], program: str) -> dict:
+    """Train `run` on Ray (the baseline first, with --compare) and write its outputs; the trainer is
+    `trainer_for(run, backend=...)`: the model and data are the only difference between the jobs."""
     from actors.backend import RayBackend
     from actors.capacity import CapacityError
     from rrfp_ray.train.gpt_run import dp_check, dp_check_line, outcome_lines, speedup_vs_baseline
-    from rrfp_ray.train.gpt_workload import gpt_trainer
 
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -195,9 +209,9 @@ def main(argv: list[str] | None = None) -> dict:
         placement_timeout_s=args.placement.timeout_s,
     )
     try:
-        trainer = gpt_trainer(run, backend=backend)
+        trainer = trainer_for(run, backend=backend)
     except CapacityError as error:  # before any actor started
-        print(f"train_gpt.py: error: --dp/--stages/--tp/--gpus-per-stage/--stage-resources: {error}", file=sys.stderr)
+        print(f"{program}: error: --dp/--stages/--tp/--gpus-per-stage/--stage-resources: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     with trainer:
         print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
@@ -216,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
         summary["speedup_vs_baseline"] = speedup_vs_baseline(summary)
     print("\n" + "\n".join(outcome_lines(summary)))
     if run.pipeline.dp > 1 and args.dp_check:
-        summary["dp_check"] = dp_check(run=run, losses=[r.loss for r in runs[policy]])
+        summary["dp_check"] = dp_check(run=run, losses=[r.loss for r in runs[policy]], trainer_for=trainer_for)
         print(dp_check_line(run=run, check=summary["dp_check"]))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}/: summary.json, telemetry, Perfetto traces, diagrams ({time.perf_counter() - started:.0f} s)")

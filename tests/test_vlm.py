@@ -135,3 +135,11 @@ def test_the_data_sources_report_their_features_without_loading_and_the_planner_
     text = corpus_source(_run(varlen=True, seq_len=64))
     tokens = [float((text.microbatch(iteration=0, index=m)[1] != IGNORE).sum()) for m in range(4)]
     assert text.features(iteration=0) == tokens and len(set(tokens)) > 1
+
+
+def test_the_library_example_trains(capsys):
+    from examples.multimodal import main
+
+    losses = main(["--iterations", "12"])
+    assert losses[-1] < losses[0]
+    assert "images per microbatch of iteration 0" in capsys.readouterr().out

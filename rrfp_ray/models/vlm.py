@@ -87,10 +87,6 @@ class VLMConfig(BaseModel):
         """The caption input's padding token."""
         return self.classes + 2
 
-    @property
-    def layer_count(self) -> int:
-        return self.encoder_layers + self.n_layer + 4  # patch embedding, projection, caption embedding, head
-
     def decoder(self) -> GPTConfig:
         longest = self.max_images * self.image_tokens + self.max_images + 1  # images, BOS and a class per image
         return GPTConfig(

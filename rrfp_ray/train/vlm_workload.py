@@ -56,9 +56,6 @@ def vlm_workload(run: RunConfig, *, model: VLMConfig, tail: float) -> ModelWorkl
 def _arguments(run: RunConfig, *, model: VLMConfig, tail: float) -> dict[str, Any]:
     if run.pipeline.tp > 1:
         raise ValueError("the VLM has no tensor-parallel layers: tp must be 1")
-    parts = run.pipeline.stages * run.pipeline.chunks
-    if parts > model.layer_count:
-        raise ValueError(f"stages x chunks = {parts} is more than the VLM's {model.layer_count} layers")
     val = caption_source(run, model=model, tail=tail, split="val", microbatches=run.train.val_microbatches)
     return {
         "model": VLMLayers(config=model, seed=run.train.seed),
