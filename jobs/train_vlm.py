@@ -65,18 +65,19 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig,
     for flag in ("data", "varlen"):
         if getattr(args, flag):
             parser.error(f"--{flag}: the VLM trains on captioned images, not text")
-    run = checked_run(parser, args=args)
-    model = vlm_config(parser, args=args, run=run)
+    model = vlm_config(parser, args=args)
     from rrfp_ray.train.vlm_workload import vlm_workload
 
+    workload_for = functools.partial(vlm_workload, model=model, tail=args.image_tail)
+    run = checked_run(parser, args=args, workload_for=workload_for)
     try:
-        vlm_workload(run, model=model, tail=args.image_tail)  # the dry run, before any actor starts
+        workload_for(run)  # the dry run, before any actor starts
     except ValueError as error:
         parser.error(str(error))
     return args, run, model
 
 
-def vlm_config(parser: argparse.ArgumentParser, *, args: argparse.Namespace, run: RunConfig) -> VLMConfig:
+def vlm_config(parser: argparse.ArgumentParser, *, args: argparse.Namespace) -> VLMConfig:
     """The image flags and the decoder's (--n-layer, --n-head, --n-embd, --untie-embeddings) as a `VLMConfig`."""
     from pydantic import ValidationError
 
@@ -85,18 +86,14 @@ def vlm_config(parser: argparse.ArgumentParser, *, args: argparse.Namespace, run
 
     if args.image_tail < 0:
         parser.error(f"--image-tail must be >= 0, got {args.image_tail:g}")
-    decoder = run.model
+    decoder = {"n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd"}
     try:
         return VLMConfig(
-            **{field: getattr(args, field) for field in IMAGE_FLAGS},
-            n_layer=decoder.n_layer,
-            n_head=decoder.n_head,
-            n_embd=decoder.n_embd,
-            bias=decoder.bias,
-            tie_embeddings=decoder.tie_embeddings,
+            **{field: getattr(args, field) for field in IMAGE_FLAGS | decoder},
+            tie_embeddings=not args.untie_embeddings,
         )
     except ValidationError as error:
-        config_error(parser, error, flags=IMAGE_FLAGS | {"n_layer": "--n-layer", "n_head": "--n-head"})
+        config_error(parser, error, flags=IMAGE_FLAGS | decoder)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -56,9 +56,11 @@ class VLMConfig(BaseModel):
             raise ValueError(f"patch_size {self.patch_size} does not divide image_size {self.image_size}")
         if self.grid % self.pool:
             raise ValueError(f"pool {self.pool} does not divide the patch grid's side {self.grid}")
-        for width, heads in ((self.encoder_embd, self.encoder_heads), (self.n_embd, self.n_head)):
-            if width % heads:
-                raise ValueError(f"width {width} must be a multiple of its heads {heads}")
+        for width, heads in (("encoder_embd", "encoder_heads"), ("n_embd", "n_head")):
+            if getattr(self, width) % getattr(self, heads):
+                raise ValueError(
+                    f"{width} ({getattr(self, width)}) must be a multiple of {heads} ({getattr(self, heads)})"
+                )
         return self
 
     @property
