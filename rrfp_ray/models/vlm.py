@@ -173,7 +173,7 @@ class Join(nn.Module):
         v, counts, text = inputs
         batch = text.shape[0]
         per_image, width = v.shape[1], v.shape[2]
-        most = int(counts.max()) if batch else 0
+        most = int(counts.max())
         sample = torch.repeat_interleave(torch.arange(batch, device=counts.device), counts)  # (N,) owner of each image
         first = torch.cumsum(counts, 0) - counts
         slot = most - counts[sample] + torch.arange(len(sample), device=counts.device) - first[sample]
