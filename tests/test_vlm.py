@@ -1,9 +1,10 @@
 """The VLM workload (in-process): the pipeline's gradients are the unsplit model's on microbatches
-with varied image counts, a sample's logits do not depend on its microbatch, the loss falls, and
-the images per microbatch reach the planner as its features."""
+with varied image counts, a sample's logits do not depend on its microbatch, the loss falls, the
+images per microbatch reach the planner as its features, and data parallelism changes nothing."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 
@@ -17,6 +18,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.train.config import RunConfig
 from rrfp_ray.train.data import IGNORE
+from rrfp_ray.train.gpt_run import dp_check
 from rrfp_ray.train.gpt_workload import corpus_source
 from rrfp_ray.train.runner import partition
 from rrfp_ray.train.vlm_workload import caption_source, vlm_trainer
@@ -135,6 +137,17 @@ def test_the_data_sources_report_their_features_without_loading_and_the_planner_
     text = corpus_source(_run(varlen=True, seq_len=64))
     tokens = [float((text.microbatch(iteration=0, index=m)[1] != IGNORE).sum()) for m in range(4)]
     assert text.features(iteration=0) == tokens and len(set(tokens)) > 1
+
+
+def test_two_data_parallel_replicas_train_as_one_pipeline_of_all_their_microbatches():
+    run = RunConfig(
+        pipeline={"stages": 2, "microbatches": 2, "dp": 2, "policy": "1f1b", "timeout_s": 60},
+        train={"micro_batch_size": 3, "iterations": 2},
+    )
+    trainer_for = functools.partial(vlm_trainer, model=MODEL, tail=TAIL)
+    with trainer_for(run) as trainer:
+        losses = [r.loss for r in trainer.fit(2)]
+    assert dp_check(run=run, losses=losses, trainer_for=trainer_for)["max_rel_loss_diff"] < 1e-5
 
 
 def test_the_library_example_trains(capsys):

@@ -12,7 +12,6 @@ from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.config import RunConfig
-from rrfp_ray.train.gpt_workload import gpt_trainer
 
 Summary = dict[str, Any]
 
@@ -169,9 +168,7 @@ def source_lines(summary: Summary) -> list[str]:
     ]
 
 
-def dp_check(
-    *, run: RunConfig, losses: list[float], trainer_for: Callable[[RunConfig], Trainer] = gpt_trainer
-) -> Summary:
+def dp_check(*, run: RunConfig, losses: list[float], trainer_for: Callable[[RunConfig], Trainer]) -> Summary:
     """The same iterations trained as one pipeline of dp x microbatches in this process (the trainer
     `trainer_for` builds), without injected delays: the largest relative difference from `losses`
     and the reference losses."""
