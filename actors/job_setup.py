@@ -13,17 +13,27 @@ from pydantic import ValidationError
 from actors.local_ray import attaching
 from rrfp_ray.cli import config_error, writable_dir
 from rrfp_ray.recipes.gpt_cli import default_out, gpus_per_stage, run_config
+from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.runtime.transport import LinkTransport
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from actors.placement import StagePlacement
     from rrfp_ray.recipes.config import RunConfig
+    from rrfp_ray.train.workload import ModelWorkload
 
 
-def checked_run(parser: argparse.ArgumentParser, *, args: argparse.Namespace) -> RunConfig:
-    """The run the flags ask for, every check passed; sets `args.out` (default: `default_out`) and `args.placement`."""
+def checked_run(
+    parser: argparse.ArgumentParser,
+    *,
+    args: argparse.Namespace,
+    workload_for: Callable[[RunConfig], ModelWorkload] = gpt_workload,
+) -> RunConfig:
+    """The run the flags ask for, every check passed (--resume: a checkpoint of `workload_for(run)`);
+    sets `args.out` (default: `default_out`) and `args.placement`."""
     args.out = str(default_out()) if args.out is None else args.out
-    run = run_config(parser, args)
+    run = run_config(parser, args, workload_for=workload_for)
     args.placement = stage_placement(parser, args=args)
     check_local_devices(parser, args=args, run=run)
     writable_dir(parser, flag="--out", path=args.out)

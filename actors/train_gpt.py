@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,14 @@ DEFAULT_PLACEMENT_S = 600.0  # actors.placement.DEFAULT_TIMEOUT_S, without impor
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = build_parser(description=__doc__)
+    args = parser.parse_args(argv)
+    return args, checked_run(parser, args=args)
+
+
+def build_parser(*, description: str) -> argparse.ArgumentParser:
+    """The job's flags (jobs/train_vlm.py adds its own)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
     add_flags(pipe, model=RunConfig, flags=PIPELINE)
     pipe.add_argument(
@@ -86,8 +94,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
     )
     add_scenario_flags(parser, flags=VARIABILITY)
     add_log_level_flag(parser)
-    args = parser.parse_args(argv)
-    return args, checked_run(parser, args=args)
+    return parser
 
 
 def train(
@@ -118,10 +125,19 @@ def train(
 
 def main(argv: list[str] | None = None) -> dict:
     args, run = parse(argv)
+    from rrfp_ray.recipes.gpt_workload import gpt_trainer
+
+    return train_on_ray(args=args, run=run, trainer_for=gpt_trainer, program="train_gpt.py")
+
+
+def train_on_ray(
+    *, args: argparse.Namespace, run: RunConfig, trainer_for: Callable[..., Trainer], program: str
+) -> dict:
+    """Train `run` on Ray (the baseline first, with --compare) and write its outputs; the trainer is
+    `trainer_for(run, backend=...)`: the model and data are the only difference between the jobs."""
     from actors.backend import RayBackend
     from actors.capacity import CapacityError
     from rrfp_ray.recipes.gpt_run import dp_check, dp_check_line, outcome_lines, speedup_vs_baseline
-    from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -137,9 +153,9 @@ def main(argv: list[str] | None = None) -> dict:
         placement_timeout_s=args.placement.timeout_s,
     )
     try:
-        trainer = gpt_trainer(run, backend=backend)
+        trainer = trainer_for(run, backend=backend)
     except CapacityError as error:  # before any actor started
-        print(f"train_gpt.py: error: --dp/--stages/--tp/--gpus-per-stage/--stage-resources: {error}", file=sys.stderr)
+        print(f"{program}: error: --dp/--stages/--tp/--gpus-per-stage/--stage-resources: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     with trainer:
         print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
@@ -158,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
         summary["speedup_vs_baseline"] = speedup_vs_baseline(summary)
     print("\n" + "\n".join(outcome_lines(summary)))
     if run.pipeline.dp > 1 and args.dp_check:
-        summary["dp_check"] = dp_check(run=run, losses=[r.loss for r in runs[policy]])
+        summary["dp_check"] = dp_check(run=run, losses=[r.loss for r in runs[policy]], trainer_for=trainer_for)
         print(dp_check_line(run=run, check=summary["dp_check"]))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     pictures = "Perfetto traces, diagrams" if diagrams else "Perfetto traces"

@@ -14,9 +14,9 @@ import pytest
 import torch
 from gradients import GradCapture
 from torch import Tensor, nn
+from toy_vlm import SPLIT_POINTS, Captions, ToyVLM, text_loss
 
 from examples.mlp import Regression, mlp
-from examples.multimodal import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from rrfp_ray import FactoryOptim, InMemoryData, LocalBackend, Optim, PipelineConfig, Trainer
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap

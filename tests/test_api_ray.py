@@ -5,10 +5,14 @@ on the local backend."""
 from __future__ import annotations
 
 import pytest
+import toy_vlm
+from ray import cloudpickle
+from toy_vlm import SPLIT_POINTS, Captions, ToyVLM, text_loss
 
 from actors.backend import RayBackend
-from examples.multimodal import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from rrfp_ray import Optim, PipelineConfig, Trainer
+
+cloudpickle.register_pickle_by_value(toy_vlm)  # the workers cannot import the tests' own modules
 
 
 def _nonscalar(logits, targets):

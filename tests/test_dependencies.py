@@ -9,6 +9,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from actors.collective import RAY_FLOOR
 from rrfp_ray.installed import CORE
 
@@ -78,14 +80,13 @@ def test_the_core_packages_the_jobs_check_for_are_the_declared_ones():
     assert list(CORE) == declared
 
 
-def test_a_job_run_by_a_python_without_the_core_packages_says_so_and_exits_2():
+@pytest.mark.parametrize("job", ["train_gpt.py", "train_vlm.py"])
+def test_a_job_run_by_a_python_without_the_core_packages_says_so_and_exits_2(job):
     """As under `ray job submit` on a head started outside the virtualenv: `-S` leaves site-packages out."""
     done = subprocess.run(
-        [sys.executable, "-S", "jobs/train_gpt.py", "--iterations", "1"],
+        [sys.executable, "-S", f"jobs/{job}", "--iterations", "1"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.startswith(
-        f"train_gpt.py: error: this Python ({sys.executable}) lacks torch, ray, pydantic, numpy"
-    )
+    assert done.stderr.startswith(f"{job}: error: this Python ({sys.executable}) lacks torch, ray, pydantic, numpy")
     assert "Traceback" not in done.stderr and ". .venv/bin/activate" in done.stderr

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from real_models import PaddedTokens, tied_model, token_loss, tuple_model
+from toy_vlm import SPLIT_POINTS, Captions, ToyVLM, text_loss
 
-from examples.multimodal import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from rrfp_ray import Optim, PipelineConfig, Trainer
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_trainer

@@ -6,10 +6,14 @@ from __future__ import annotations
 import functools
 
 import pytest
+import toy_vlm
+from ray import cloudpickle
+from toy_vlm import SPLIT_POINTS, Captions, ToyVLM, text_loss
 
-from examples.multimodal import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from rrfp_ray import LocalBackend, Optim, PipelineConfig, Trainer
 from rrfp_ray.train.checkpoint import Checkpointing, latest
+
+cloudpickle.register_pickle_by_value(toy_vlm)  # the workers cannot import the tests' own modules
 
 
 def _ray_backend():

@@ -63,11 +63,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Causal attention, or with `mask` (bool, broadcast to (B, heads, T, T); True: may attend) that mask's."""
         batch, length, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
         q, k, v = (t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return self.proj(y.transpose(1, 2).reshape(batch, length, width))
 
 
@@ -91,8 +92,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -158,17 +159,23 @@ def build_layers(config: GPTConfig, *, seed: int, keep: Collection[int] | None =
                 head.lm_head.weight = embed.wte.weight
             else:
                 embed.wte.weight = head.lm_head.weight
-        residual_std = INIT_STD / math.sqrt(2 * config.n_layer)
         for prefix, layer in zip(names, layers):
-            for name, module in layer.named_modules(prefix=prefix):
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    std = residual_std if name.endswith(".proj") else INIT_STD
-                    weight = module.weight
-                    target = torch.empty(weight.shape, dtype=weight.dtype) if weight.is_meta else weight
-                    nn.init.normal_(target, mean=0.0, std=std)
-                if isinstance(module, nn.Linear) and module.bias is not None and not module.bias.is_meta:
-                    nn.init.zeros_(module.bias)
+            init_weights(layer, n_layer=config.n_layer, prefix=prefix)
     return layers
+
+
+def init_weights(layer: nn.Module, *, n_layer: int, prefix: str = "") -> None:
+    """GPT-2's initialisation, in place: weights normal(0, 0.02), the residual projections' scaled
+    by 1/sqrt(2 n_layer), biases 0. A meta weight's draws land in a scratch tensor (the RNG advances alike)."""
+    residual_std = INIT_STD / math.sqrt(2 * n_layer)
+    for name, module in layer.named_modules(prefix=prefix):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            std = residual_std if name.endswith(".proj") else INIT_STD
+            weight = module.weight
+            target = torch.empty(weight.shape, dtype=weight.dtype) if weight.is_meta else weight
+            nn.init.normal_(target, mean=0.0, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None and not module.bias.is_meta:
+            nn.init.zeros_(module.bias)
 
 
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:

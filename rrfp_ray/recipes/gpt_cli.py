@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -25,11 +26,12 @@ from rrfp_ray.cli import (
 )
 from rrfp_ray.models.gpt import GPTConfig
 from rrfp_ray.recipes.config import RunConfig, TrainConfig
-from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_workload
+from rrfp_ray.recipes.gpt_workload import corpus_source
 from rrfp_ray.schedule.validate import read_hint
 from rrfp_ray.train.api import workload_fingerprint
 from rrfp_ray.train.checkpoint import CheckpointError, resume_point
 from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.workload import ModelWorkload
 
 PIPELINE = model_flags(
     PipelineConfig, prefix="pipeline.", without=("buffer_limit", "link_timeout_s"), flags=PIPELINE_FLAGS
@@ -57,8 +59,14 @@ FLAGS = {
 }
 
 
-def run_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunConfig:
-    """The run `args` describe, its --data, --hint, --trace and --resume read now; bad input exits via `parser`."""
+def run_config(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    *,
+    workload_for: Callable[[RunConfig], ModelWorkload],
+) -> RunConfig:
+    """The run `args` describe, its --data, --hint, --trace and --resume (a checkpoint of `workload_for(run)`)
+    read now; bad input exits via `parser`."""
     if args.gpus_per_stage < 0:
         parser.error(f"--gpus-per-stage must be >= 0, got {args.gpus_per_stage:g}")
     if args.gpu and args.gpus_per_stage not in (0, 1):
@@ -79,7 +87,7 @@ def run_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run
         if args.trace:
             _read_trace(parser, run)
         if run.train.resume:
-            _check_resume(run)
+            _check_resume(run, workload=workload_for(run))
     except CheckpointError as error:
         parser.error(f"--resume: {str(error).removeprefix('resume: ')}")
     except ValidationError as error:
@@ -134,7 +142,7 @@ def _read_trace(parser: argparse.ArgumentParser, run: RunConfig) -> None:
         parser.error(f"--trace {run.variability.trace_file}: {error}")
 
 
-def _check_resume(run: RunConfig) -> None:
-    """A CheckpointError unless the checkpoint directory holds one this run can resume from."""
-    fingerprint = workload_fingerprint(pipeline=run.pipeline, workload=gpt_workload(run))
+def _check_resume(run: RunConfig, *, workload: ModelWorkload) -> None:
+    """A CheckpointError unless the checkpoint directory holds one `workload` can resume from."""
+    fingerprint = workload_fingerprint(pipeline=run.pipeline, workload=workload)
     resume_point(directory=Path(run.train.checkpoint_dir), fingerprint=fingerprint)

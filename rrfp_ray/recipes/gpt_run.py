@@ -4,13 +4,12 @@ per-iteration line and summary, its comparison with the fixed baseline, and the 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
 from rrfp_ray.recipes.config import RunConfig
-from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_trainer
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
 
@@ -38,7 +37,7 @@ class PolicyRun:
             from rrfp_ray.observe.tensorboard import TensorBoardLog
 
             board = TensorBoardLog(directory=Path(self.tensorboard), run=self.policy)
-        source = corpus_source(run)
+        source = trainer.workload.data  # its tokens(iteration=...): the real tokens of an iteration
         self.telemetry.unlink(missing_ok=True)
         try:
             while trainer.iteration < run.train.iterations:
@@ -169,13 +168,14 @@ def source_lines(summary: Summary) -> list[str]:
     ]
 
 
-def dp_check(*, run: RunConfig, losses: list[float]) -> Summary:
-    """The same iterations trained as one pipeline of dp x microbatches in this process, without
-    injected delays: the largest relative difference from `losses` and the reference losses."""
+def dp_check(*, run: RunConfig, losses: list[float], trainer_for: Callable[[RunConfig], Trainer]) -> Summary:
+    """The same iterations trained as one pipeline of dp x microbatches in this process (the trainer
+    `trainer_for` builds), without injected delays: the largest relative difference from `losses`
+    and the reference losses."""
     pipeline = run.pipeline.replaced(dp=1, zero=0, microbatches=run.pipeline.global_microbatches)
     quiet = run.variability.model_copy(update={"scenario": "none", "trace_file": None})
     reference = run.model_copy(update={"pipeline": pipeline, "variability": quiet})
-    with gpt_trainer(reference) as trainer:
+    with trainer_for(reference) as trainer:
         expected = [r.loss for r in trainer.fit(len(losses))]
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, expected, strict=True))
     return {"iterations": len(losses), "max_rel_loss_diff": worst, "reference_losses": expected}

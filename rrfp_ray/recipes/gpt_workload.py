@@ -90,17 +90,23 @@ def corpus_source(run: RunConfig, *, split: str = "train", microbatches: int | N
 
 def gpt_trainer(run: RunConfig, *, backend: Backend | None = None) -> Trainer:
     """The GPT of `run` as a `Trainer` (the local backend unless `backend` is given)."""
-    train = run.train
-    checkpoints = None
-    if train.checkpoint_dir is not None:
-        checkpoints = Checkpointing(
-            directory=train.checkpoint_dir,
-            every=train.checkpoint_every,
-            resume=train.resume,
-            max_restarts=train.max_restarts,
-        )
-        SavedModel.of(run).write(Path(train.checkpoint_dir))
+    checkpoints = checkpointing(run)
+    if checkpoints is not None:
+        SavedModel.of(run).write(Path(checkpoints.directory))
     return Trainer(pipeline=run.pipeline, backend=backend, checkpoints=checkpoints, **_arguments(run))
+
+
+def checkpointing(run: RunConfig) -> Checkpointing | None:
+    """The checkpoints `run.train` asks for; None without a checkpoint directory."""
+    train = run.train
+    if train.checkpoint_dir is None:
+        return None
+    return Checkpointing(
+        directory=train.checkpoint_dir,
+        every=train.checkpoint_every,
+        resume=train.resume,
+        max_restarts=train.max_restarts,
+    )
 
 
 def gpt_workload(run: RunConfig) -> ModelWorkload:
@@ -109,14 +115,22 @@ def gpt_workload(run: RunConfig) -> ModelWorkload:
 
 
 def _arguments(run: RunConfig) -> dict[str, Any]:
+    return {
+        "model": GPTLayers(config=run.model, seed=run.train.seed),
+        "loss_fn": lm_loss_sum if run.train.varlen else lm_loss,
+        "data": corpus_source(run),
+        "val_data": corpus_source(run, split="val", microbatches=run.train.val_microbatches),
+        **training_arguments(run),
+    }
+
+
+def training_arguments(run: RunConfig) -> dict[str, Any]:
+    """`Trainer`'s arguments that `run` sets whatever the model: optimizer, seed, injected delays, device."""
     train = run.train
     injected = None
     if run.variability.scenario != "none" or run.variability.trace_file is not None:
         injected = run.variability.trace(pipeline=run.pipeline)
     return {
-        "model": GPTLayers(config=run.model, seed=train.seed),
-        "loss_fn": lm_loss_sum if train.varlen else lm_loss,
-        "data": corpus_source(run),
         "optimizer": Optim(
             lr=train.lr,
             min_lr=train.min_lr,
@@ -125,7 +139,6 @@ def _arguments(run: RunConfig) -> dict[str, Any]:
             weight_decay=train.weight_decay,
             max_grad_norm=train.max_grad_norm,
         ),
-        "val_data": corpus_source(run, split="val", microbatches=train.val_microbatches),
         "seed": train.seed,
         "injected": injected,
         "device": train.device,

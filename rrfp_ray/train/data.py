@@ -67,13 +67,9 @@ class Corpus:
         self, *, split: str, iteration: int, index: int, micro_batch_size: int, seq_len: int, seed: int
     ) -> tuple[Tensor, Tensor]:
         """`micro_batch_size` documents of the split, each capped at `seq_len` + 1 bytes, padded to the longest."""
-        cut = self.data.numel() - int(self.data.numel() * VAL_FRACTION)
-        docs = self.documents
-        docs = docs[docs[:, 1] <= cut] if split == "train" else docs[docs[:, 0] >= cut]
-        if len(docs) == 0:
-            raise ValueError(f"the {split} split of {self.source} holds no document (paragraph) of two bytes or more")
-        generator = torch.Generator().manual_seed(_seed(seed, split, iteration, index, "varlen"))
-        picked = docs[torch.randint(0, len(docs), (micro_batch_size,), generator=generator)]
+        picked = self.varlen_spans(
+            split=split, iteration=iteration, index=index, micro_batch_size=micro_batch_size, seed=seed
+        )
         rows = [self.data[start : min(end, start + seq_len + 1)].long() for start, end in picked.tolist()]
         width = max(len(row) for row in rows) - 1
         x = torch.full((micro_batch_size, width), PAD, dtype=torch.long)
@@ -81,6 +77,16 @@ class Corpus:
         for i, row in enumerate(rows):
             x[i, : len(row) - 1], y[i, : len(row) - 1] = row[:-1], row[1:]
         return x, y
+
+    def varlen_spans(self, *, split: str, iteration: int, index: int, micro_batch_size: int, seed: int) -> Tensor:
+        """(B, 2) [start, end) of the documents `varlen_batch` takes, before the cap."""
+        cut = self.data.numel() - int(self.data.numel() * VAL_FRACTION)
+        docs = self.documents
+        docs = docs[docs[:, 1] <= cut] if split == "train" else docs[docs[:, 0] >= cut]
+        if len(docs) == 0:
+            raise ValueError(f"the {split} split of {self.source} holds no document (paragraph) of two bytes or more")
+        generator = torch.Generator().manual_seed(stream_seed(seed, split, iteration, index, "varlen"))
+        return docs[torch.randint(0, len(docs), (micro_batch_size,), generator=generator)]
 
     def split(self, name: str) -> Tensor:
         if name not in SPLITS:
@@ -112,13 +118,14 @@ class Corpus:
             raise ValueError(
                 f"seq_len {seq_len} needs {seq_len + 1} bytes, the {split} split of {self.source} has {text.numel()}"
             )
-        generator = torch.Generator().manual_seed(_seed(seed, split, iteration, index))
+        generator = torch.Generator().manual_seed(stream_seed(seed, split, iteration, index))
         starts = torch.randint(0, text.numel() - seq_len, (micro_batch_size,), generator=generator)
         windows = text[starts[:, None] + torch.arange(seq_len + 1)].long()
         return windows[:, :-1], windows[:, 1:]
 
 
-def _seed(*parts: object) -> int:
+def stream_seed(*parts: object) -> int:
+    """A seed of 63 bits from `parts`: one random stream per (seed, split, iteration, index, ...)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
@@ -168,9 +175,19 @@ class CorpusSource:
 
     def tokens(self, *, iteration: int) -> int:
         """Real (not padding) target tokens in `iteration`'s microbatches."""
-        return sum(
-            int((self.microbatch(iteration=iteration, index=m)[1] != IGNORE).sum()) for m in range(self.microbatches)
-        )
+        return int(sum(self.features(iteration=iteration)))
+
+    def features(self, *, iteration: int) -> list[float]:
+        """What each microbatch of `iteration` shows before it runs: its real target tokens (no batch is made)."""
+        if not self.varlen:
+            return [float(self.micro_batch_size * self.seq_len)] * self.microbatches
+        spans = [
+            self.corpus.varlen_spans(
+                split=self.split, iteration=iteration, index=m, micro_batch_size=self.micro_batch_size, seed=self.seed
+            )
+            for m in range(self.microbatches)
+        ]
+        return [float(((s[:, 1] - s[:, 0]).clamp(max=self.seq_len + 1) - 1).sum()) for s in spans]
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "corpus"}  # each process reads its own copy

@@ -1,0 +1,75 @@
+"""jobs/train_vlm.py: bad input is a clear error naming the flag, before Ray starts (in-process);
+and the job trains on the session's Ray with no injected delay."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_vlm.py"
+sys.path.insert(0, str(JOB.parent))
+import train_vlm
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--max-images", "0"], "--max-images: Input should be greater than or equal to 1"),
+        (["--image-size", "15"], "--patch-size 4 does not divide --image-size 15"),
+        (["--image-tail", "-1"], "--image-tail must be >= 0, got -1"),
+        (
+            ["--encoder-embd", "30", "--encoder-heads", "4"],
+            "--encoder-embd (30) must be a multiple of --encoder-heads (4)",
+        ),
+        (["--tp", "2"], "the VLM has no tensor-parallel layers: tp must be 1"),
+        (["--varlen"], "--varlen: the VLM trains on captioned images, not text"),
+        (["--stages", "8", "--encoder-layers", "1"], "--stages x --chunks = 8 is more than the model's 6 layers"),
+    ],
+)
+def test_bad_flags_exit_with_the_flag_named(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_vlm.parse(argv)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_the_defaults_inject_nothing_and_size_the_decoder_from_the_gpt_flags():
+    args, run, model = train_vlm.parse(["--n-layer", "3", "--n-embd", "32", "--max-images", "5"])
+    assert run.variability.scenario == "none" and run.variability.trace_file is None
+    assert (model.n_layer, model.n_embd, model.max_images) == (3, 32, 5)
+    assert args.out == "runs/train_vlm"
+
+
+SMALL = "--stages 2 --microbatches 2 --micro-batch-size 2 --encoder-layers 1 --n-layer 1 --max-images 2 --image-size 8"
+
+
+def test_resume_finds_a_checkpoint_of_this_vlm_and_refuses_another_models(tmp_path, capsys):
+    from rrfp_ray.recipes.vlm_workload import vlm_trainer
+
+    flags = [*SMALL.split(), "--checkpoint-dir", str(tmp_path), "--out", str(tmp_path)]
+    args, run, model = train_vlm.parse([*flags, "--checkpoint-every", "1"])
+    with vlm_trainer(run, model=model, tail=args.image_tail) as trainer:
+        trainer.fit(1)
+    args, run, model = train_vlm.parse([*flags, "--resume"])
+    with vlm_trainer(run, model=model, tail=args.image_tail) as trainer:
+        assert trainer.iteration == 1
+    with pytest.raises(SystemExit) as exit_info:
+        train_vlm.parse([*flags, "--resume", "--encoder-layers", "2"])
+    assert exit_info.value.code == 2
+    assert "--resume:" in capsys.readouterr().err
+
+
+def test_train_vlm_job_trains(ray_session, tmp_path, monkeypatch, job_logging):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flags = (
+        "--iterations 8 --stages 2 --microbatches 4 --micro-batch-size 4 --encoder-layers 2 --n-layer 2 "
+        "--encoder-embd 32 --n-embd 32 --max-images 4 --classes 4 --image-size 8 --no-compare"
+    )
+    summary = train_vlm.main([*flags.split(), "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert summary["iterations"] == 8 and summary["injected_ms_mean"] == 0.0
+    assert summary["loss_last"] < summary["loss_first"]
+    assert summary["val_loss_last"] is not None
