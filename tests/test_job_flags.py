@@ -22,6 +22,7 @@ RECORD = ROOT / "tests" / "data" / "job_flags.json"
 JOBS = {
     "bench_framing": "main",
     "bench_peers": "main",
+    "bench_planning": "main",
     "bench_policies": None,
     "bench_runtime": "parse",
     "bench_simulator": None,
@@ -34,6 +35,7 @@ JOBS = {
     "simulate": "main",
     "soak": "main",
     "train_gpt": "parse",
+    "train_vlm": "parse",
 }
 
 
