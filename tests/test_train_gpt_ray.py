@@ -41,6 +41,13 @@ class _Capturing:
     def latency(self, message):
         return self.inner.latency(message)
 
+    @property
+    def ties(self):
+        return self.inner.ties
+
+    def with_ties(self, *, reduce):
+        return _Capturing(inner=self.inner.with_ties(reduce=reduce), sink=self.sink)
+
 
 class _CapturingExecutor:
     def __init__(self, *, inner: ModelExecutor, sink) -> None:
