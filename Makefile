@@ -16,9 +16,11 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 train: $(VENV)/.installed
 	$(PY) jobs/train_gpt.py $(ARGS)
 
-# Two workers: every Ray test on one of them (one local Ray a run), the in-process tests on both
-# (tests/conftest.py groups them).
+# Lint first (ruff format --check, ruff check: pyproject.toml's [tool.ruff]); then two workers: every Ray
+# test on one of them (one local Ray a run), the in-process tests on both (tests/conftest.py groups them).
 test: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -n 2 --dist loadgroup $(ARGS)
 
 # The slow tier, which `make test` leaves out: tests that start a Ray cluster or head of their own.

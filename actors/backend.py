@@ -11,9 +11,9 @@ If the driver actor itself dies (killed, or its node lost), every call fails at 
 PipelineError naming it (its stage actors die with it: Ray ends the actors an actor owns,
 but not the placement groups it made, which live as long as the job); `restart` then removes
 the dead driver's placement groups and brings up a new driver, with the pipeline and the last
-workload given, so a Trainer with restarts left rebuilds it and resumes from its last manifest. The workload reaches the actors through Ray's cloudpickle: builders may be
-lambdas or local functions, and classes defined in `__main__` travel by value; classes
-in other modules must be importable on the workers.
+workload given, so a Trainer with restarts left rebuilds it and resumes from its last manifest. The workload reaches the
+actors through Ray's cloudpickle: builders may be lambdas or local functions, and classes defined in `__main__` travel
+by value; classes in other modules must be importable on the workers.
 """
 
 from __future__ import annotations

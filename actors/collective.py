@@ -107,14 +107,16 @@ class GlooGroup(BaseGroup):
     def check_backend_availability(cls) -> bool:
         return dist.is_gloo_available()
 
-    def allreduce(self, tensor, allreduce_options=types.AllReduceOptions()) -> None:
+    def allreduce(self, tensor, allreduce_options: types.AllReduceOptions | None = None) -> None:
+        if allreduce_options is None:
+            allreduce_options = types.AllReduceOptions()
         op = _TORCH_REDUCE_OPS[allreduce_options.reduceOp]
         self.process_group.allreduce(tensor, op).wait()
 
-    def allgather(self, tensor_list, tensor, allgather_options=types.AllGatherOptions()) -> None:
+    def allgather(self, tensor_list, tensor, allgather_options: types.AllGatherOptions | None = None) -> None:
         self.process_group.allgather(tensor_list, tensor).wait()
 
-    def barrier(self, barrier_options=types.BarrierOptions()) -> None:
+    def barrier(self, barrier_options: types.BarrierOptions | None = None) -> None:
         self.process_group.barrier().wait()
 
     def send(self, tensor, send_options: types.SendOptions) -> None:
@@ -123,16 +125,20 @@ class GlooGroup(BaseGroup):
     def recv(self, tensor, recv_options: types.RecvOptions) -> None:
         self.process_group.recv(tensor, recv_options.src_rank, 0).wait()
 
-    def reduce(self, tensor, reduce_options=types.ReduceOptions()) -> None:
+    def reduce(self, tensor, reduce_options: types.ReduceOptions | None = None) -> None:
+        if reduce_options is None:
+            reduce_options = types.ReduceOptions()
         options = dist.ReduceOptions()
         options.reduceOp = _TORCH_REDUCE_OPS[reduce_options.reduceOp]
         options.rootRank = reduce_options.root_rank
         self.process_group.reduce(tensor, options).wait()
 
-    def broadcast(self, tensor, broadcast_options=types.BroadcastOptions()) -> None:
+    def broadcast(self, tensor, broadcast_options: types.BroadcastOptions | None = None) -> None:
         raise NotImplementedError(f"{GLOO_BACKEND} has no broadcast; use send/recv")
 
-    def reducescatter(self, tensor, tensor_list, reducescatter_options=types.ReduceScatterOptions()) -> None:
+    def reducescatter(
+        self, tensor, tensor_list, reducescatter_options: types.ReduceScatterOptions | None = None
+    ) -> None:
         raise NotImplementedError(f"{GLOO_BACKEND} has no reducescatter; use allreduce")
 
 
@@ -170,7 +176,8 @@ def resolve_transport(*, transport: LinkTransport) -> LinkTransport:
 
 
 def group_library(*, links: LinkTransport) -> LinkTransport:
-    """The collective library (``join_group``'s) of the groups beside links on ``links`` (resolved): gloo under TCP links."""
+    """The collective library (``join_group``'s) of the groups beside links on ``links`` (resolved): gloo under TCP
+    links."""
     return LinkTransport.GLOO if links is LinkTransport.TCP else links
 
 

@@ -47,7 +47,8 @@ class OneThread:
             self._owner = me
         elif self._owner != me:
             raise RuntimeError(
-                f"{self.what}: ops from a second thread ({threading.current_thread().name}); one thread per communicator"
+                f"{self.what}: ops from a second thread ({threading.current_thread().name}); "
+                "one thread per communicator"
             )
 
 

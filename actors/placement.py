@@ -152,7 +152,8 @@ def remove_orphans() -> list[str]:
 
 
 def progress(*, groups: list[PlacementGroup], demand: Demand, pending: list[str]) -> str:
-    """`waiting for 8 x {CPU: 1, GPU: 1}: 3 placed (pending: stage 1, ...); the autoscaler is adding ...; see ray status`."""
+    """`waiting for 8 x {CPU: 1, GPU: 1}: 3 placed (pending: stage 1, ...); the autoscaler is adding ...; see ray
+    status`."""
     placed = sum(
         1 for group in groups for node in placement_group_table(group).get("bundles_to_node_id", {}).values() if node
     )

@@ -37,7 +37,8 @@ STAGE_ENV = {"RAY_PROFILING": "1"}
 
 @ray.remote
 class StageActor:
-    """Actor `index` of `mesh` (with `dp`, its data parallelism), hosting its `StageHost` once `connect` made its groups."""
+    """Actor `index` of `mesh` (with `dp`, its data parallelism), hosting its `StageHost` once `connect` made its
+    groups."""
 
     def __init__(
         self,

@@ -54,7 +54,8 @@ def build_parser(*, description: str) -> argparse.ArgumentParser:
         "--dp-check",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="with --dp: train again in this process as one pipeline of dp x microbatches and print the loss difference",
+        help="with --dp: train again in this process as one pipeline "
+        "of dp x microbatches and print the loss difference",
     )
     pipe.add_argument("--gpu", action="store_true", help="one GPU per stage actor (same as --gpus-per-stage 1)")
     pipe.add_argument(
@@ -68,7 +69,8 @@ def build_parser(*, description: str) -> argparse.ArgumentParser:
         type=json.loads,
         default={},
         metavar="JSON",
-        help="Ray resources added to every stage's bundle, aiming stages at a node type: '{\"accelerator_type:A10G\": 0.001}'",
+        help="Ray resources added to every stage's bundle, "
+        "aiming stages at a node type: '{\"accelerator_type:A10G\": 0.001}'",
     )
     pipe.add_argument(
         "--placement-timeout",

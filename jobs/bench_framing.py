@@ -35,12 +35,21 @@ def main(argv: list[str] | None = None) -> None:
         for frames in FRAMES:
             busy_messages = max(1, args.messages // 10)
             alone = _median(
-                args.repeats, lambda: in_thread(frames=frames, payload_elems=size, busy=False, messages=args.messages)
+                args.repeats,
+                lambda frames=frames, size=size: in_thread(
+                    frames=frames, payload_elems=size, busy=False, messages=args.messages
+                ),
             )
             busy = _median(
-                args.repeats, lambda: in_thread(frames=frames, payload_elems=size, busy=True, messages=busy_messages)
+                args.repeats,
+                lambda frames=frames, size=size, busy_messages=busy_messages: in_thread(
+                    frames=frames, payload_elems=size, busy=True, messages=busy_messages
+                ),
             )
-            apart = _median(args.repeats, lambda: ping_pong(frames=frames, payload_elems=size, messages=args.messages))
+            apart = _median(
+                args.repeats,
+                lambda frames=frames, size=size: ping_pong(frames=frames, payload_elems=size, messages=args.messages),
+            )
             print(f"{size * 4 // 1024:>7} KB {frames:>10} {alone:>11.1f} {busy:>12.1f} {apart:>12.1f}")
 
 

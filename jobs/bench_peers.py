@@ -2,7 +2,8 @@
 each one's measured makespan next to the simulated makespan of the order it ran.
 
     python jobs/bench_peers.py --schedule 1f1b --stages 4 --microbatches 16 \\
-        --scenario lognormal --sigma 0.3 --t-f 20 --iterations 5 [--variability-seed 0] [--trace FILE] [--cpu] [--json OUT]
+        --scenario lognormal --sigma 0.3 --t-f 20 --iterations 5 [--variability-seed 0] \\
+        [--trace FILE] [--cpu] [--json OUT]
 
 ``--schedule`` takes a comma-separated list; the schedules then run one after another in the
 same P processes (torch.multiprocessing spawn, gloo on 127.0.0.1, one thread each), each sleeping

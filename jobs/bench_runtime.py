@@ -1,8 +1,8 @@
 """Measured against simulated: run one synthetic trace on Ray and in the simulator.
 
 Every policy runs on one driver (the stage actors sleep each op's trace duration and send
-real tensors over their links: --backend, TCP on CPUs by default); the simulator replays the very same trace. Per policy it
-prints the median measured iteration time (optimizer step included), the simulated one
+real tensors over their links: --backend, TCP on CPUs by default); the simulator replays the very same trace. Per policy
+it prints the median measured iteration time (optimizer step included), the simulated one
 (the op schedule alone: the simulator has no optimizer step, so the ratio compares it with
 the measured time less the step), and the speedup over the fixed baseline (1f1b,
 interleaved when --chunks > 1, zbv for the V-placed policies), measured and predicted:

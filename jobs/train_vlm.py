@@ -26,9 +26,9 @@ from rrfp_ray.installed import require_core
 
 require_core(program="train_vlm.py")  # before the first import of torch or ray
 
-from actors.job_setup import checked_run  # noqa: E402
-from actors.train_gpt import build_parser, train_on_ray  # noqa: E402
-from rrfp_ray.job import run_job  # noqa: E402
+from actors.job_setup import checked_run
+from actors.train_gpt import build_parser, train_on_ray
+from rrfp_ray.job import run_job
 
 if TYPE_CHECKING:
     from rrfp_ray.models.vlm import VLMConfig

@@ -16,7 +16,8 @@ logger = logging.getLogger(__name__)  # under "rrfp_ray": at debug when the job'
 
 
 def run_job(main: Callable[[], object], *, program: str | None = None) -> None:
-    """Run a job's `main`; an RrfpError out of it ends the process as above (any other error is a bug: its traceback)."""
+    """Run a job's `main`; an RrfpError out of it ends the process as above (any other error is a bug: its
+    traceback)."""
     try:
         main()
     except RrfpError as error:

@@ -15,8 +15,13 @@ from ray.util.state import list_tasks
 address, submission = sys.argv[1:]
 job = JobSubmissionClient(address).get_job_info(submission).job_id
 tasks = list_tasks(address=address, filters=[("job_id", "=", job)], limit=10000, raise_on_missing_output=False)
-failed = list_tasks(address=address, filters=[("job_id", "=", job), ("state", "=", "FAILED")], raise_on_missing_output=False)
-print(json.dumps({"names": sorted({t.name for t in tasks}), "failed": [[t.name, t.error_type, t.error_message] for t in failed]}))
+failed = list_tasks(
+    address=address, filters=[("job_id", "=", job), ("state", "=", "FAILED")], raise_on_missing_output=False
+)
+print(json.dumps({
+    "names": sorted({t.name for t in tasks}),
+    "failed": [[t.name, t.error_type, t.error_message] for t in failed],
+}))
 """
 
 

@@ -220,7 +220,8 @@ BAD = [
     ),
     (
         {"loss_fn": _nonscalar},
-        "loss_fn _nonscalar must return a scalar tensor, or a (sum, count) pair of scalar tensors, got loss of shape (32, 1)",
+        "loss_fn _nonscalar must return a scalar tensor, "
+        "or a (sum, count) pair of scalar tensors, got loss of shape (32, 1)",
     ),
     ({"loss_fn": _bad_count}, "got count of shape (2,)"),
     ({"data": Regression(microbatches=3)}, "data.microbatches = 3 differs from the pipeline's microbatches = 4"),
@@ -242,7 +243,8 @@ BAD = [
     (
         {"model": [_Named(), nn.Embedding(5, 4)], "data": InMemoryData(batches=[(_IDS, _IDS)], microbatches=4)},
         (
-            "virtual stage 0 (modules 0..0) returns a dict of ('ids': a torch.int64 tensor of shape (4,), 'name': a str): "
+            "virtual stage 0 (modules 0..0) returns a dict of ('ids': "
+            "a torch.int64 tensor of shape (4,), 'name': a str): "
             "between stages only tensors, and tuples, lists and dicts (string keys) of them, can pass"
         ),
     ),
@@ -308,7 +310,8 @@ def test_the_readme_example_runs_as_printed():
 
 def test_the_library_imports_no_ray():
     code = (
-        "import sys, rrfp_ray; from rrfp_ray import Trainer, LocalBackend; import rrfp_ray.recipes.gpt_workload, rrfp_ray.train.dryrun; "
+        "import sys, rrfp_ray; from rrfp_ray import Trainer, LocalBackend; "
+        "import rrfp_ray.recipes.gpt_workload, rrfp_ray.train.dryrun; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'actors')); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

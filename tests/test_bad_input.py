@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-JOBS = Path(__file__).resolve().parent.parent / "jobs"
 import bench_runtime
 import simulate
 import train_gpt
+
+JOBS = Path(__file__).resolve().parent.parent / "jobs"
 
 ENTRY = {"train_gpt": train_gpt.parse, "simulate": simulate.main, "bench_runtime": bench_runtime.parse}
 

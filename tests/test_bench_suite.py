@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import bench_suite
+import results
 from benchmarks.attribution import attribute, heavy_notes, targets
 from benchmarks.claims import target_claim, tp_claim
 from benchmarks.pytorch_target import target_rows
@@ -37,8 +39,6 @@ from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
-import bench_suite
-import results
 
 CLAIMS = (
     "Readiness itself: the best readiness policy over the best fixed schedule",

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 pytest.importorskip("jsonschema")
-from ray.autoscaler._private.util import prepare_config, validate_config  # noqa: E402
+from ray.autoscaler._private.util import prepare_config, validate_config
 
 CONFIG = yaml.safe_load((Path(__file__).resolve().parent.parent / "cluster.yaml").read_text())
 

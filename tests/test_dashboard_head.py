@@ -165,7 +165,8 @@ def head():
 
 @pytest.fixture(scope="module")
 def jobs(head, tmp_path_factory) -> dict[str, Job]:
-    """Two jobs at once (they share the head's 8 CPUs): validation every iteration (and TensorBoard scalars), and none."""
+    """Two jobs at once (they share the head's 8 CPUs): validation every iteration (and TensorBoard scalars), and
+    none."""
     outs = {name: tmp_path_factory.mktemp(f"job-{name}") for name in ("val", "noval")}  # outside the working dir
     flags = {"val": f"--val-every 1 --tensorboard {outs['val'] / 'tb'}", "noval": "--val-every 0"}
     ids = {}

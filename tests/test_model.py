@@ -35,7 +35,7 @@ def test_init_depends_on_the_seed_only_and_leaves_the_global_rng_alone() -> None
     before = torch.get_rng_state()
     a, b, c = GPT(TINY, seed=3), GPT(TINY, seed=3), GPT(TINY, seed=4)
     assert torch.equal(torch.get_rng_state(), before)
-    for (name, pa), pb, pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
+    for (name, pa), pb, _pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.embed.wte.weight, c.embed.wte.weight)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import bench_peers
 from benchmarks.peers.sleep_module import delivery_wait_s, stage_costs
 from benchmarks.peers.torch_pipelining import KEYS, measure, measure_all
 from rrfp_ray.policy.arbiter import Cap
@@ -17,7 +18,6 @@ from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
 
 ROOT = Path(__file__).resolve().parents[1]
-import bench_peers
 
 
 def test_pytorch_schedules_run_our_order_and_no_faster_than_its_makespan() -> None:

@@ -146,7 +146,8 @@ def test_a_demand_that_fits_but_is_not_free_waits_for_the_timeout(cluster):
     try:
         with pytest.raises(
             PlacementError,
-            match=r"timed out after 2 s waiting for 2 x \{CPU: 1\}: 0 placed \(pending: stage 0, stage 1\); see ray status",
+            match=r"timed out after 2 s waiting for 2 x \{CPU: 1\}: "
+            r"0 placed \(pending: stage 0, stage 1\); see ray status",
         ):
             place(demand=Demand(bundle={"CPU": 1}, stages=2), timeout_s=2, labels=["stage 0", "stage 1"])
     finally:

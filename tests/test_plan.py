@@ -137,7 +137,7 @@ def test_changed_features_can_change_the_plan():
 
 def test_the_oracle_is_never_worse_than_the_identity_order_it_starts_from():
     traces = generate_iterations(iterations=2, scenario="multimodal", **SHAPE, seed=4)
-    for (plan, report), trace in zip(run(planning=Planning.ORACLE, traces=traces, config=config()), traces):
+    for (_plan, report), trace in zip(run(planning=Planning.ORACLE, traces=traces, config=config()), traces):
         identity = simulate(policy=make_policy(name="bfw", **SHAPE), trace=trace, cap=CAP).makespan_ms
         assert report.makespan_ms <= identity + 1e-9
         assert math.isfinite(report.makespan_ms)

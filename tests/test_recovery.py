@@ -132,7 +132,8 @@ def test_a_restart_says_so_in_the_log_and_in_the_telemetry(tmp_path, caplog):
         reports = [trainer.step() for _ in range(4)]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restart ")]
     assert lines == [
-        f"restart 1 of 2: stage 1 failed in iteration 2; restoring checkpoint {tmp_path}/manifest-00000002.json (iteration 2)"
+        "restart 1 of 2: stage 1 failed in iteration 2; "
+        f"restoring checkpoint {tmp_path}/manifest-00000002.json (iteration 2)"
     ]
     assert [(r.iteration, r.restart) for r in reports] == [(0, 0), (1, 0), (2, 1), (3, 0)]
     assert reports[2].to_json()["restart"] == 1

@@ -83,7 +83,9 @@ def test_a_killed_stage_is_rebuilt_and_the_run_matches_an_uninterrupted_one(ray_
     assert _live_actors() == before
 
 
-@pytest.mark.slow  # a kill mid-write and a rebuild on Ray (in-process: a crash between two stage files, tests/test_faults.py): `make test-slow`
+# a kill mid-write and a rebuild on Ray (in-process: a crash between two stage files, tests/test_faults.py):
+# `make test-slow`
+@pytest.mark.slow
 def test_a_kill_during_a_checkpoint_write_keeps_the_previous_checkpoint(ray_session, tmp_path):
     before = _live_actors()
     with gpt_trainer(_run(tmp_path, max_restarts=0), backend=RayBackend()) as trainer:

@@ -67,7 +67,8 @@ def test_policies_take_turns_on_one_driver(ray_session, chunks, names):
 
 
 def test_zbv_runs_on_ray_with_the_v_turn_as_a_local_hand_off(ray_session):
-    """V placement: stage s holds virtual stages s and 2P-1-s, the loss on stage 0; no link joins stage P-1 to itself."""
+    """V placement: stage s holds virtual stages s and 2P-1-s, the loss on stage 0; no link joins stage P-1 to
+    itself."""
     ray = ray_session
     with _driver(ray, chunks=2, policy="zbv") as (pipeline, driver):
         layout = pipeline.layout

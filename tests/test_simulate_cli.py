@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import simulate
 from rrfp_ray.sim.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
-import simulate
 
 
 def simulate_cli(*args: str) -> subprocess.CompletedProcess[str]:

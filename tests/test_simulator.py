@@ -406,7 +406,8 @@ def test_bf_bound_rejects_chunks_and_comm() -> None:
 
 
 def min_buffer(*, policy: Policy, trace: Trace, cap: Cap) -> int:
-    """The rule in rrfp_ray/policy/arbiter.py: 1 + the largest cap drop into a stage whose chunk 0 waits for gradients."""
+    """The rule in rrfp_ray/policy/arbiter.py: 1 + the largest cap drop into a stage whose chunk 0 waits for
+    gradients."""
     layout = layout_for(policy=policy, trace=trace)
     caps = [Arbiter(layout=layout, stage=s, policy=policy, cap=cap).cap_fb for s in range(layout.stages)]
     drops = [

@@ -358,9 +358,9 @@ def test_state_dict_round_trip_continues_identically() -> None:
 
 
 def test_partition_is_contiguous_and_balanced_larger_parts_first() -> None:
-    assert partition(n_layers=6, parts=4) == [range(0, 2), range(2, 4), range(4, 5), range(5, 6)]
-    assert partition(n_layers=8, parts=4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
-    assert partition(n_layers=5, parts=1) == [range(0, 5)]
+    assert partition(n_layers=6, parts=4) == [range(2), range(2, 4), range(4, 5), range(5, 6)]
+    assert partition(n_layers=8, parts=4) == [range(2), range(2, 4), range(4, 6), range(6, 8)]
+    assert partition(n_layers=5, parts=1) == [range(5)]
     for n in range(1, 12):
         for parts in range(1, n + 1):
             ranges = partition(n_layers=n, parts=parts)

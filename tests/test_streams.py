@@ -98,7 +98,7 @@ def test_tensors_cross_threads_only_with_their_fences(policy_name):
                 args=IterationArgs(iteration=0, layout=layout, policy=policy, cap=Cap.parse("2x")),
                 executor=workload.executor(stage=s, layout=layout),
             )
-        except BaseException as error:  # noqa: BLE001 (reported below)
+        except BaseException as error:  # reported below
             errors.append(error)
 
     threads = [threading.Thread(target=run, args=(s,), name=compute_threads[s]) for s in range(stages)]
@@ -120,9 +120,9 @@ def test_tensors_cross_threads_only_with_their_fences(policy_name):
         sends = [entry for entry in log if entry[0] == "before_send" and entry[2] is not None]  # not STOP
         uses = [entry for entry in log if entry[0] == "before_use"]
         assert len(sends) == microbatches and len(uses) == microbatches  # one message out and one in per microbatch
-        for step, thread, fence, _ in sends:
+        for _step, thread, fence, _ in sends:
             assert thread.startswith("send ") and fence.kind == "produced" and fence.thread == compute_threads[s]
-        for step, thread, fence, pointer in uses:
+        for _step, thread, fence, pointer in uses:
             assert thread == compute_threads[s] and fence.kind == "received" and fence.thread.startswith("recv ")
             assert pointer == fence.pointer  # the fence made for this very tensor
         # a send thread waits on a message's fence before any frame of that message goes out (a

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import train_gpt
 from rrfp_ray.runtime.transport import LinkTransport
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_gpt.py"
-import train_gpt
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,13 @@ import pytest
 import torch
 from gradients import gpt_reference
 
+import train_gpt
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.train.runner import partition
 from rrfp_ray.train.workload import ModelExecutor, ModelWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
-import train_gpt
 
 TINY = {
     "n_layer": 4,

@@ -4,14 +4,13 @@ and the job trains on the session's Ray with no injected delay."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_vlm.py"
-sys.path.insert(0, str(JOB.parent))
 import train_vlm
+
+JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_vlm.py"
 
 
 @pytest.mark.parametrize(

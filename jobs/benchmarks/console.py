@@ -15,7 +15,7 @@ class _Console(logging.StreamHandler):
         super().__init__()
 
     @property
-    def stream(self):  # noqa: ANN201 (logging.StreamHandler's attribute)
+    def stream(self):  # logging.StreamHandler's attribute
         return getattr(sys, self.stream_name)
 
     @stream.setter

@@ -12,8 +12,9 @@ splits) and seed, a run of iterations (`generate_iterations`) is simulated in or
 
 A ratio is the baseline's mean makespan over the policy's (> 1: faster), per seed; a cell is the
 geometric mean over seeds with the lowest and highest seed. `room` is the baseline over the lower
-bound of any schedule with the split (`rrfp_ray.sim.bounds.bounds`): what no plan can exceed. `choice` is planned against the best
-policy it may choose, each run on the data in its own order (the check for traces with nothing to plan).
+bound of any schedule with the split (`rrfp_ray.sim.bounds.bounds`): what no plan can exceed. `choice` is planned
+against the best policy it may choose, each run on the data in its own order (the check for traces with nothing to
+plan).
 """
 
 from __future__ import annotations

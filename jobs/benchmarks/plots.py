@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # after matplotlib.use
 
-from benchmarks.report import FIXED_COLORS, Suite  # noqa: E402
+from benchmarks.report import FIXED_COLORS, Suite
 
 RULE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:cyan", "tab:olive")
 

@@ -85,7 +85,8 @@ def tp_section(suite: Suite) -> list[str]:
         "## TP agreement (PP=2 x TP=2, M=8, t_f=20 ms)",
         "",
         (
-            f"Ray, synthetic sleep workload, {section['warmup']} warm-up + {section['iterations']} timed iterations per "
+            "Ray, synthetic sleep workload, "
+            f"{section['warmup']} warm-up + {section['iterations']} timed iterations per "
             "run, runs taking turns; one driver per protocol and one without TP (TP=1); median ms. Telemetry of rank 0 "
             "of each stage. Coordination: per agreement round, the time from the last rank joining it to the result, "
             "over the stages' wall time (median over iterations); fixed 1f1b runs the same list on every rank and "

@@ -196,7 +196,8 @@ def summarize(
 
 
 def cpu_per_op(runs: list[IterationReport]) -> dict[str, float]:
-    """`rrfp_ray.runtime.cpu.per_op_us` of one policy's runs: each stage actor's iterations pooled, the median over them."""
+    """`rrfp_ray.runtime.cpu.per_op_us` of one policy's runs: each stage actor's iterations pooled, the median over
+    them."""
     return per_op_us([s.cpu for s in actor] for actor in zip(*(r.stages for r in runs)))
 
 
@@ -267,7 +268,8 @@ def compare(
 def table(*, results: dict[str, dict[str, float]], tp: bool, dp: bool) -> list[str]:
     """The per-policy lines the job prints."""
     lines = [
-        f"{'policy':<12} {'measured ms':>11} {'step ms':>7} {'sim ms':>9} {'meas/sim':>8} {'sim+t ms':>9} {'meas/sim+t':>10} "
+        f"{'policy':<12} {'measured ms':>11} {'step ms':>7} {'sim ms':>9} "
+        f"{'meas/sim':>8} {'sim+t ms':>9} {'meas/sim+t':>10} "
         f"{'speedup':>8} {'predicted':>9} {'meas/pred':>9}"
         + (f" {'TP coord':>8} {'disagree':>8} {'rounds':>6} {'ms/round':>8}" if tp else "")
         + (f" {'reduce ms':>9} {'exposed':>7} {'own':>6} {'sim exp':>7} {'sum MB':>7} {'recv MB':>7}" if dp else "")
@@ -276,15 +278,18 @@ def table(*, results: dict[str, dict[str, float]], tp: bool, dp: bool) -> list[s
         lines.append(
             f"{name:<12} {r['measured_ms']:11.1f} {r['step_ms']:7.2f} {r['sim_ms']:9.1f} {r['ratio']:8.3f} "
             f"{r['sim_transport_ms']:9.1f} {r['ratio_transport']:10.3f} "
-            f"{r['speedup_measured']:8.3f} {r['speedup_predicted']:9.3f} {r['speedup_measured'] / r['speedup_predicted']:9.3f}"
+            f"{r['speedup_measured']:8.3f} {r['speedup_predicted']:9.3f} "
+            f"{r['speedup_measured'] / r['speedup_predicted']:9.3f}"
             + (
-                f" {r['tp_coord_fraction']:8.2%} {r['tp_disagreements']:8.1f} {r['tp_rounds']:6.1f} {r['tp_ms_per_round']:8.3f}"
+                f" {r['tp_coord_fraction']:8.2%} {r['tp_disagreements']:8.1f} "
+                f"{r['tp_rounds']:6.1f} {r['tp_ms_per_round']:8.3f}"
                 if tp
                 else ""
             )
             + (
                 f" {r['dp_reduce_ms']:9.1f} {r['dp_exposed_fraction']:7.1%} {r['dp_exposed_own_fraction']:6.1%}"
-                f" {r['sim_dp_exposed_fraction']:7.1%} {r['dp_reduce_bytes'] / 2**20:7.1f} {r['dp_received_bytes'] / 2**20:7.1f}"
+                f" {r['sim_dp_exposed_fraction']:7.1%} {r['dp_reduce_bytes'] / 2**20:7.1f} "
+                f"{r['dp_received_bytes'] / 2**20:7.1f}"
                 if dp
                 else ""
             )
@@ -293,7 +298,8 @@ def table(*, results: dict[str, dict[str, float]], tp: bool, dp: bool) -> list[s
 
 
 def breakdown_table(*, reports: dict[str, list[IterationReport]]) -> list[str]:
-    """Per policy and phase (`rrfp_ray.runtime.breakdown`): median and p90 in us over every stage and measured iteration."""
+    """Per policy and phase (`rrfp_ray.runtime.breakdown`): median and p90 in us over every stage and measured
+    iteration."""
     lines = [
         "per-op runtime overhead, us: median / p90 (n samples) over every stage and measured iteration",
         f"{'policy':<12}" + "".join(f" {phase.value:>22}" for phase in Phase),
@@ -346,8 +352,10 @@ def report_lines(
     source = "--message-ms" if args.message_ms is not None else "measured in this run"
     lines = [
         "",
-        f"D={pipeline.dp} P={pipeline.stages} v={pipeline.chunks} T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
-        f"links={pipeline.backend.value} scenario={args.scenario} t_f={args.t_f:g} ms, median of {max(1, args.iterations - 1)} iteration(s)",
+        f"D={pipeline.dp} P={pipeline.stages} v={pipeline.chunks} "
+        f"T={pipeline.tp} M={pipeline.microbatches} cap={pipeline.cap} "
+        f"links={pipeline.backend.value} scenario={args.scenario} t_f={args.t_f:g} ms, "
+        f"median of {max(1, args.iterations - 1)} iteration(s)",
         "measured ms: the full iteration, optimizer step included (step ms: its share after the last op); "
         "the simulator has no step, so meas/sim = (measured - step) / sim; sim+t: the simulator with the "
         f"transport model at {transport.message_ms * 1e3:.0f} us a message ({source}), "

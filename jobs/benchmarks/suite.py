@@ -56,7 +56,8 @@ READY_LISTS = (
     ("ready-dualpipev", 2),
 )
 READY_CAPS = tuple(Cap.parse(text) for text in ("1x", "2x"))
-# cpw was designed on seeds 200-239 and reported on 0-9 (jobs/benchmarks/attribution.py CPW_SEEDS): the suite uses others.
+# cpw was designed on seeds 200-239 and reported on 0-9 (jobs/benchmarks/attribution.py CPW_SEEDS):
+# the suite uses others.
 SEEDS = range(1000, 1003)
 QUICK_SEEDS = range(1000, 1002)
 BUFFER_SCENARIO = "multimodal+comm"

@@ -1,9 +1,9 @@
 """The planner: plans each iteration from the cost model and what its data shows.
 
 `Planner.plan` predicts the iteration (mean durations per data microbatch, and a few noise
-samples drawn from the measured spread; activation bytes per microbatch), searches a plan over them (`rrfp_ray.plan.search`)
-and validates it; `Planner.observe` feeds one iteration's telemetry to the cost model. Its state
-(configuration, cost model, last plan) is plain data (`to_dict`), and every random draw comes
+samples drawn from the measured spread; activation bytes per microbatch), searches a plan over them
+(`rrfp_ray.plan.search`) and validates it; `Planner.observe` feeds one iteration's telemetry to the cost model. Its
+state (configuration, cost model, last plan) is plain data (`to_dict`), and every random draw comes
 from (seed, iteration), so a planner restored from a checkpoint plans exactly as one that never
 stopped.
 """

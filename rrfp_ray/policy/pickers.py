@@ -6,8 +6,8 @@ each stage's arbiter turns it into a `Picker` that holds that stage's ready acti
 - fixed (a schedule name: `gpipe`, `1f1b`, `interleaved`, `looped-bfs`, `zb-h1`,
   `zb-interleaved`, `zbv`, `dualpipev`; or `hint`): only the next action of the list.
 - `ready-<schedule>` / `ready-hint`: the first *ready* action in list order.
-- `bf`: alternate one ready backward (B, or I under the split) then one ready F; F prefers the lowest chunk, B the highest,
-  then the lowest microbatch. `bfw` adds the B/W split: W only when no F or B is eligible.
+- `bf`: alternate one ready backward (B, or I under the split) then one ready F; F prefers the lowest chunk, B the
+  highest, then the lowest microbatch. `bfw` adds the B/W split: W only when no F or B is eligible.
 - `cpw`: `bfw`, except that when an admission waits on the F->W cap alone, the chunk-0 W that
   frees it runs first (it inherits the admission's priority); see `CPWPicker` and
   docs/policy_past_bf.md.

@@ -192,7 +192,11 @@ def load_or_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         taker = next((n for n in names if name in scenario_params(n.strip())), None)
         if taker is None:
             parser.error(f"argument --{name}: scenario {args.scenario!r} takes no {name}")
-        checked(parser, f"--{name}", lambda: generate(scenario=taker, **one, **{name: value}))
+        checked(
+            parser,
+            f"--{name}",
+            lambda taker=taker, name=name, value=value: generate(scenario=taker, **one, **{name: value}),
+        )
     checked(parser, "--comm-ms", lambda: generate(scenario="none", **one, comm_ms=args.comm_ms))
     checked(parser, "--t-f", lambda: generate(scenario="none", **one, t_f=args.t_f))
     return generate_iterations(

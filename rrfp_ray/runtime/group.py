@@ -4,8 +4,8 @@ iterations, evaluation, checkpoints and restarts (in the spirit of Ray Train's W
 It speaks to each stage (each TP rank of a stage, in each data-parallel replica: the actors of
 its `Mesh`) through a `StageHandle`, whose calls return at once with a pending result, and to
 the fabric (where the stages run) through a `Fabric`, which brings the handles up and down and
-waits on their results with a timeout that names the stage. In-process the handles are threads (`rrfp_ray.runtime.local`); on
-Ray they are stage actors and the group runs inside the driver actor (`actors.driver`).
+waits on their results with a timeout that names the stage. In-process the handles are threads
+(`rrfp_ray.runtime.local`); on Ray they are stage actors and the group runs inside the driver actor (`actors.driver`).
 """
 
 from __future__ import annotations

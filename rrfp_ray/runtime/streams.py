@@ -3,8 +3,8 @@
 One thread per communicator: every link's channel is used by one thread only (one send thread
 per outbound link, one receive thread per inbound link; each link is its own 2-rank group),
 the TP group, the tie groups and the all-stages group (the executor's all-reduces, tied
-gradients, the gradient norm) by the compute thread, a DP group by the stage's reduction thread. Two threads issuing ops on one
-NCCL communicator can order them differently on the two ranks, which hangs both;
+gradients, the gradient norm) by the compute thread, a DP group by the stage's reduction thread. Two threads issuing ops
+on one NCCL communicator can order them differently on the two ranks, which hangs both;
 `actors/nccl_channel.py` enforces the rule where the ops are issued.
 
 CUDA runs a thread's work asynchronously on that thread's current stream, so a tensor that

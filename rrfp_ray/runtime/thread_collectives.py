@@ -33,7 +33,8 @@ class ThreadAllReduce:
 
 
 class ThreadAllGather:
-    """All-gather among `parties` threads: `member(rank)` is rank's callable; each call returns every rank's value, in rank order.
+    """All-gather among `parties` threads: `member(rank)` is rank's callable; each call returns every rank's value, in
+    rank order.
 
     A call that waits past `timeout_s` is a TimeoutError naming the group (`name`) and the members
     it waited for (`labels`, by rank)."""
@@ -89,7 +90,8 @@ def tensor_all_reduce(all_gather: Callable[[Tensor], list[Tensor]]) -> Callable[
 def tensor_reduce_to(
     all_gather: Callable[[Tensor], list[Tensor]], *, rank: int
 ) -> Callable[[Tensor, int], Tensor | None]:
-    """Sum of a tensor over a group at rank `dst` alone (the bits `tensor_all_reduce` gives), as rank `rank` calls it."""
+    """Sum of a tensor over a group at rank `dst` alone (the bits `tensor_all_reduce` gives), as rank `rank` calls
+    it."""
 
     def reduce_to(tensor: Tensor, dst: int) -> Tensor | None:
         parts = all_gather(tensor)

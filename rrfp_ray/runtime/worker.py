@@ -381,7 +381,8 @@ class StageWorker:
                 else:
                     why = f"this stage ran iteration {self._iteration}, which did not change"
                 self._error = PipelineError(
-                    f"{link}: message {header.message} of iteration {header.iteration} came while {why} for {self.timeout_s:g} s"
+                    f"{link}: message {header.message} of iteration "
+                    f"{header.iteration} came while {why} for {self.timeout_s:g} s"
                 )
                 self._cond.notify_all()
                 return False

@@ -108,7 +108,7 @@ class Slots:
         """Per op, ``str`` of its action (for reports; "" for each stage's `outside` slot)."""
         texts = []
         for stage in range(self.layout.stages):
-            for row, kind in enumerate(self.kinds):
+            for kind in self.kinds:
                 for chunk in range(self.chunks):
                     head = f"{self.virtual_stage[stage][chunk]}{kind.value}"
                     texts += [f"{head}{m}" for m in range(self.microbatches)]

@@ -44,7 +44,8 @@ class ReduceModel:
             raise ValueError(f"layers must be in [1, chunk_bytes = {self.chunk_bytes}], got {self.layers}")
 
     def buckets(self) -> list[tuple[int, int]]:
-        """One chunk's buckets in the order they are summed: (how many of the layers are final when it can go, bytes)."""
+        """One chunk's buckets in the order they are summed: (how many of the layers are final when it can go,
+        bytes)."""
         sizes = list(reversed(even_split(self.chunk_bytes, parts=self.layers)))  # the last layer first
         bucketer: Bucketer[int] = Bucketer(bucket_bytes=self.bucket_bytes)
         groups = [group for index, size in enumerate(sizes) for group in bucketer.add(index, nbytes=size)]

@@ -5,7 +5,8 @@ Transit is from the end of the op that sent a message to the moment its consumer
 on the report's one clock (`merge_stage_reports` puts every stage's events on it). Where the
 consumer waited on its own forward longer than on the message, that moment is when the forward
 ended: the transit is then an upper bound, and any value up to it makes the consumer ready at
-the same moment, so the replay is not changed by it. Without the B/W split a full backward's time is the trace's B (its W is 0).
+the same moment, so the replay is not changed by it. Without the B/W split a full backward's time is the trace's B (its
+W is 0).
 """
 
 from __future__ import annotations

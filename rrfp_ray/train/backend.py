@@ -2,8 +2,8 @@
 
 Both backends drive their stages with one `rrfp_ray.runtime.group.StageGroup`.
 `LocalBackend` runs every stage as a thread of the caller's process over in-memory
-channels (a `rrfp_ray.runtime.local.LocalPipeline`, the group in the caller's process): the same workers, arbiters, telemetry and
-orchestration as on Ray, for debugging and tests. The Ray backend (stage actors under a
+channels (a `rrfp_ray.runtime.local.LocalPipeline`, the group in the caller's process): the same workers, arbiters,
+telemetry and orchestration as on Ray, for debugging and tests. The Ray backend (stage actors under a
 driver actor that runs the group) is `actors.backend.RayBackend`.
 """
 

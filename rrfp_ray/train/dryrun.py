@@ -4,9 +4,9 @@ One forward of the unsplit module list on microbatch (0, 0) proves the split int
 stages x chunks exists, that every stage boundary passes a tree of tensors (a tensor, or
 tuples, lists and dicts of them: what a link carries; shapes and dtypes travel in the
 message, so they may change from one microbatch to the next), that the loss is a scalar
-or a (sum, count) pair, and that the optimizer builds over the model's parameters. Parameters shared by modules on different stages
-(tied weights) are found here, and two builds of the model must agree on them. The data sources are checked too: their declared
-microbatch counts, and that a microbatch is the same on a second read (stage 0 reads the
+or a (sum, count) pair, and that the optimizer builds over the model's parameters. Parameters shared by modules on
+different stages (tied weights) are found here, and two builds of the model must agree on them. The data sources are
+checked too: their declared microbatch counts, and that a microbatch is the same on a second read (stage 0 reads the
 inputs and the last stage the targets, each on its own).
 """
 
@@ -94,7 +94,8 @@ def _first(data: DataSource, *, name: str) -> tuple[object, object]:
     for part, value in zip(("inputs", "targets"), batch):
         if not is_tree(value):
             raise ValueError(
-                f"{name}.microbatch {part} must be a tensor, or tuples, lists and dicts of tensors, got {describe(value)}"
+                f"{name}.microbatch {part} must be a tensor, or tuples, "
+                f"lists and dicts of tensors, got {describe(value)}"
             )
     again = data.microbatch(iteration=0, index=0)
     if not _same(batch, again):
@@ -109,7 +110,8 @@ def _parts(*, n_modules: int, pipeline: PipelineConfig, explicit: bool) -> list[
     p, v = pipeline.stages, pipeline.chunks
     if explicit and n_modules != p * v:
         raise ValueError(
-            f"split_points cut the model into {n_modules} parts; the pipeline needs stages x chunks = {p} x {v} = {p * v}"
+            f"split_points cut the model into {n_modules} parts; "
+            f"the pipeline needs stages x chunks = {p} x {v} = {p * v}"
         )
     if n_modules < p * v:
         raise ValueError(

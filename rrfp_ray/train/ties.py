@@ -58,7 +58,8 @@ def check_copies_agree(*, first: Sequence[nn.Module], second: Sequence[nn.Module
         a, b = parameter(first, tie.names[0]), parameter(second, tie.names[0])
         if a.shape != b.shape or not torch.equal(a.detach(), b.detach()):
             raise ValueError(
-                f"tied parameter {tie.names[0]} (also {', '.join(tie.names[1:])}), shared by stages {list(tie.stages)}: "
+                f"tied parameter {tie.names[0]} (also {', '.join(tie.names[1:])}), "
+                f"shared by stages {list(tie.stages)}: "
                 "two builds of the model give it different values. Every stage builds its own copy, so the copies "
                 "would start different; the model builder must give the same weights every time (build from the seed)"
             )

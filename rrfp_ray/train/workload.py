@@ -254,7 +254,8 @@ class ModelExecutor:
 
     def _gradients(self, params: list[nn.Parameter]) -> ChunkGradients:
         """The gradients of `params` that exist. With ZeRO-1 each gradient's sum goes to its owner alone, but a
-        tied one's to every replica: it is summed over its stages afterwards, and another stage's copy may have another owner."""
+        tied one's to every replica: it is summed over its stages afterwards, and another stage's copy may have another
+        owner."""
         params = [p for p in params if p.grad is not None]
         owner = None
         if self._owner:
