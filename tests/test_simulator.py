@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import pickle
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rrfp_ray.observe.telemetry import IterationReport, OpEvent
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, stage_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.policy import Policy, make_policy
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
@@ -496,3 +498,20 @@ def test_simulate_many_raises_on_a_deadlocking_case() -> None:
     ok = Case(policy=policy, trace=trace, cap=Cap.parse("1x"), buffer_limit=2)
     with pytest.raises(DeadlockError, match="stopped at"):
         simulate_many(cases=[ok, Case(policy=policy, trace=trace, cap=Cap.parse("1x"), buffer_limit=1)])
+
+
+def test_a_report_builds_its_events_on_first_read_with_the_stats_they_give() -> None:
+    trace = generate(scenario="lognormal", stages=4, microbatches=8, chunks=2, seed=3)
+    policy = make_policy(name="interleaved", stages=4, chunks=2, microbatches=8)
+    report = simulate(policy=policy, trace=trace, cap=Cap.parse("1x"))
+    assert "events" not in vars(report)
+    copied = pickle.loads(pickle.dumps(report))  # pickling builds them
+    layout = layout_for(policy=policy, trace=trace)
+    assert len(report.events) == len(copied.events) == sum(len(layout.actions(stage=s)) for s in range(4))
+    assert copied == report
+    assert IterationReport.from_json(report.to_json(with_events=True)) == report
+    for stats in report.stages:
+        own = [e for e in report.events if e.stage == stats.stage]
+        expected = stage_stats(stage=stats.stage, events=own, wall_ms=report.makespan_ms)
+        peaks = {"peak_inflight": stats.peak_inflight, "peak_buffered": stats.peak_buffered}
+        assert stats == replace(expected, peak_bytes=stats.peak_bytes, **peaks)

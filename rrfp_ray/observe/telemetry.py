@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,26 @@ class IterationReport:
     step_ms: float = 0.0  # what the optimizer step adds to the makespan, after the last op of any stage
     restart: int = 0  # k: the first iteration run after restart k restored the pipeline; 0: no restart before it
 
+    @classmethod
+    def deferred(cls, *, events: Callable[[], list[OpEvent]], **fields: Any) -> IterationReport:
+        """A report whose `events` are built by `events()` when first read: the simulator's, whose
+        callers mostly read makespans and stage stats only."""
+        report = cls(**fields)
+        del report.events
+        report._build_events = events
+        return report
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when `name` is not set: a deferred report's events before their first read.
+        build = self.__dict__.pop("_build_events", None) if name == "events" else None
+        if build is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.events = build()
+        return self.events
+
+    def __getstate__(self) -> dict:
+        return {**{k: v for k, v in vars(self).items() if k != "_build_events"}, "events": self.events}
+
     @property
     def schedule_ms(self) -> float:
         """The makespan of the op schedule alone (without the optimizer step): what the simulator models."""
@@ -124,15 +146,29 @@ class IterationReport:
 def stage_stats(
     *, stage: int, events: list[OpEvent], wall_ms: float, tp_ms: float = 0.0, step_ms: float = 0.0
 ) -> StageStats:
-    compute = sum(e.end_ms - e.start_ms for e in events)
+    return totals_stats(
+        stage=stage,
+        compute_ms=sum(e.end_ms - e.start_ms for e in events),
+        overtakes=sum(e.overtook for e in events),
+        wall_ms=wall_ms,
+        tp_ms=tp_ms,
+        step_ms=step_ms,
+    )
+
+
+def totals_stats(
+    *, stage: int, compute_ms: float, overtakes: int, wall_ms: float, tp_ms: float = 0.0, step_ms: float = 0.0
+) -> StageStats:
+    """A stage's stats from its totals over its events: `compute_ms`, the sum of their end_ms - start_ms
+    in their order, and `overtakes`, how many overtook."""
     return StageStats(
         stage=stage,
         wall_ms=wall_ms,
-        compute_ms=compute,
-        blocked_ms=max(0.0, wall_ms - compute - tp_ms - step_ms),
+        compute_ms=compute_ms,
+        blocked_ms=max(0.0, wall_ms - compute_ms - tp_ms - step_ms),
         tp_ms=tp_ms,
         step_ms=step_ms,
-        overtakes=sum(e.overtook for e in events),
+        overtakes=overtakes,
     )
 
 

@@ -209,6 +209,11 @@ class Arbiter:
         """Whether the started action of `slot` overtook an earlier hint action."""
         return self._overtook[slot]
 
+    @property
+    def overtakes(self) -> int:
+        """How many started actions overtook an earlier hint action."""
+        return sum(self._overtook)
+
     def on_arrival(self, message: Message) -> None:
         consumer = self.layout.consumer(message)
         if consumer.stage != self.stage:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
-from rrfp_ray.observe.telemetry import IterationReport, OpEvent, stage_stats
+from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.layout import Layout
@@ -281,32 +281,42 @@ class _Run:
             del due[now]
 
     def report(self, *, iteration: int) -> IterationReport:
-        texts, started_at, durations, ready_at = self.slots.texts, self.started_at, self.durations, self.ready_at
-        stats, events = [], []
+        started_at, durations = self.started_at, self.durations
+        stats = []
         for stage, arbiter in enumerate(self.arbiters):
-            base = stage * self.slots.per_stage
-            hint_position, overtook = arbiter.hint_position_of, arbiter.overtook
-            stage_events = [
-                OpEvent(
-                    stage=stage,
-                    action=texts[op],
-                    start_ms=started_at[op],
-                    end_ms=started_at[op] + durations[op],
-                    ready_ms=ready_at[op],
-                    hint_pos=hint_position(op - base),
-                    overtook=overtook(op - base),
-                )
-                for op in self.log[stage]
-            ]
-            s = stage_stats(stage=stage, events=stage_events, wall_ms=self.makespan_ms)
+            s = totals_stats(
+                stage=stage,
+                compute_ms=sum([started_at[op] + durations[op] - started_at[op] for op in self.log[stage]]),
+                overtakes=arbiter.overtakes,
+                wall_ms=self.makespan_ms,
+            )
             s.peak_inflight, s.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
             s.peak_bytes = round(arbiter.peak_bytes)
             stats.append(s)
-            events += stage_events
-        return IterationReport(
+        return IterationReport.deferred(
             iteration=iteration,
             policy=self.case.policy.name,
             makespan_ms=self.makespan_ms,
             stages=stats,
-            events=events,
+            events=self._events,
         )
+
+    def _events(self) -> list[OpEvent]:
+        texts, started_at, durations, ready_at = self.slots.texts, self.started_at, self.durations, self.ready_at
+        events = []
+        for stage, arbiter in enumerate(self.arbiters):
+            base = stage * self.slots.per_stage
+            hint_position, overtook = arbiter.hint_position_of, arbiter.overtook
+            events += [
+                OpEvent(
+                    stage,
+                    texts[op],
+                    started_at[op],
+                    started_at[op] + durations[op],
+                    ready_at[op],
+                    hint_position(op - base),
+                    overtook(op - base),
+                )
+                for op in self.log[stage]
+            ]
+        return events
