@@ -104,7 +104,14 @@ class StageGroup:
         self._all(lambda _, h: h.set_workload(workload=workload, layout=self.layout), what="set_workload")
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap,
+        buffer_limit: int | None,
+        tp_protocol: TPProtocol,
+        order: tuple[int, ...] | None = None,
     ) -> IterationReport:
         args = IterationArgs(
             iteration=iteration,
@@ -113,6 +120,7 @@ class StageGroup:
             cap=cap,
             buffer_limit=buffer_limit,
             tp_protocol=tp_protocol,
+            order=order,
         )
         try:
             results = self._all(lambda _, h: h.run_iteration(args=args), what=f"iteration {iteration}")
