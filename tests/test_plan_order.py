@@ -3,12 +3,17 @@ order changes only the float summation order of the loss and gradients."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 import torch
 from gradients import GradCapture
+from torch import nn
 
+from examples.mlp import Regression, mlp
+from rrfp_ray import Optim, PipelineConfig, Trainer
+from rrfp_ray.plan.planner import default_hints
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
@@ -64,3 +69,20 @@ def test_a_permuted_order_reads_the_permuted_microbatches_and_trains_alike():
         assert len(got_executor.grads) == len(want_executor.grads)
         for got, want in zip(got_executor.grads, want_executor.grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def _fit(policy: str) -> tuple[Trainer, list[float]]:
+    pipeline = PipelineConfig(stages=2, microbatches=4, policy=policy, timeout_s=30)
+    trainer = Trainer(model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=4), pipeline=pipeline,
+                      optimizer=Optim(lr=1e-2, warmup=0, total=10))  # fmt: skip
+    with trainer:
+        return trainer, [report.loss for report in trainer.fit(4)]
+
+
+def test_planned_trains_like_its_first_hint_and_plans_every_iteration():
+    trainer, planned = _fit("planned")
+    _, fixed = _fit(default_hints(chunks=1)[0])
+    assert all(math.isfinite(loss) for loss in planned)
+    assert planned == pytest.approx(fixed, rel=1e-4)  # any order and hint: the same microbatches, the same steps
+    assert len(trainer.planning_s) == 4
+    assert trainer.planner is not None and trainer.planner.model.to_dict()  # it observed the telemetry
