@@ -18,6 +18,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.train.checkpoint import Checkpointing
 
 TINY = {"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}
 
@@ -86,3 +87,14 @@ def test_planned_trains_like_its_first_hint_and_plans_every_iteration():
     assert planned == pytest.approx(fixed, rel=1e-4)  # any order and hint: the same microbatches, the same steps
     assert len(trainer.planning_s) == 4
     assert trainer.planner is not None and trainer.planner.model.to_dict()  # it observed the telemetry
+
+
+def test_the_planner_state_travels_with_the_checkpoint(tmp_path):
+    pipeline = PipelineConfig(stages=2, microbatches=4, policy="planned", timeout_s=30)
+    args = {"model": mlp, "loss_fn": nn.functional.mse_loss, "data": Regression(microbatches=4), "pipeline": pipeline}
+    with Trainer(**args, checkpoints=Checkpointing(directory=str(tmp_path), every=2)) as trainer:
+        trainer.fit(2)
+        saved = trainer.planner.to_dict()
+    with Trainer(**args, checkpoints=Checkpointing(directory=str(tmp_path), resume=True)) as resumed:
+        assert resumed.iteration == 2
+        assert resumed.planner is not None and resumed.planner.to_dict() == saved

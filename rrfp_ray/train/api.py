@@ -240,7 +240,8 @@ class Trainer:
             raise ValueError("save() needs checkpoints=Checkpointing(directory=...) given to the Trainer")
         directory = Path(self.checkpoints.directory)
         files = self.backend.save(directory=directory, iteration=self.iteration)
-        manifest = Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files)
+        planner = None if self.planner is None else self.planner.to_dict()
+        manifest = Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files, planner=planner)
         try:
             path = commit(directory=directory, manifest=manifest)
         except OSError as error:
@@ -286,6 +287,7 @@ class Trainer:
     def _restore(self, manifest: Manifest) -> None:
         self.backend.load(directory=Path(self.checkpoints.directory), manifest=manifest)
         self.iteration = manifest.iteration
+        self.planner = None if manifest.planner is None else Planner.from_dict(manifest.planner)
         logger.info("resumed from the checkpoint of iteration %d in %s", manifest.iteration, self.checkpoints.directory)
 
     def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
