@@ -14,6 +14,7 @@ from torch import nn
 from examples.mlp import Regression, mlp
 from rrfp_ray import Optim, PipelineConfig, Trainer
 from rrfp_ray.plan.planner import default_hints
+from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
@@ -65,6 +66,8 @@ def test_a_permuted_order_reads_the_permuted_microbatches_and_trains_alike():
     assert sorted(base_reads) == sorted(reads) == sorted([(0, m) for m in range(4)] * 2)
     # the first read is stage 0's first forward (slot 0): the last stage forwards slot 0 only after it
     assert (base_reads[0], reads[0]) == ((0, 0), (0, order[0]))
+    assert (base.order, permuted.order) == (None, list(order))  # the telemetry names each slot's data microbatch
+    assert IterationReport.from_json(permuted.to_json()).order == list(order)
     assert permuted.loss == pytest.approx(base.loss, rel=1e-5)
     for got_executor, want_executor in zip(executors, base_executors):
         assert len(got_executor.grads) == len(want_executor.grads)

@@ -132,7 +132,9 @@ class StageGroup:
         shown = [
             (events if i in self.mesh.replica_indices(0) else [], stats) for i, (events, stats) in enumerate(results)
         ]
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.mesh.tp])
+        report = merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.mesh.tp])
+        report.order = None if order is None else list(order)
+        return report
 
     def take_turns(
         self,
