@@ -76,9 +76,13 @@ class PipelineDriver:
         """Give every stage its (fresh) workload: model weights start again from their seed."""
         self.group.set_workload(workload=workload)
 
-    def run_iteration(self, *, iteration: int, policy: Policy, cap: Cap | None = None) -> IterationReport:
-        """One iteration under `cap` (None: the pipeline's)."""
-        return run_iteration(group=self.group, pipeline=self.pipeline, iteration=iteration, policy=policy, cap=cap)
+    def run_iteration(
+        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+    ) -> IterationReport:
+        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`."""
+        return run_iteration(
+            group=self.group, pipeline=self.pipeline, iteration=iteration, policy=policy, cap=cap, order=order
+        )
 
     def take_turns(
         self, *, runs: Mapping[str, tuple[Policy, Cap | None]], rounds: int, first_iteration: int = 0

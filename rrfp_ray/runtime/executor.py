@@ -29,7 +29,9 @@ class StepResult:
 
 
 class Executor(Protocol):
-    def begin(self, *, iteration: int) -> None: ...
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
+        """Before the iteration's first action; `order[slot]` is the data microbatch slot `slot` reads."""
+        ...
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
         """After every action of the iteration: e.g. clip by the global norm and step."""
@@ -100,8 +102,8 @@ class ExecutorWrapper:
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
 
-    def begin(self, *, iteration: int) -> None:
-        self.inner.begin(iteration=iteration)
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
+        self.inner.begin(iteration=iteration, order=order)
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
         return self.inner.finish(iteration=iteration, all_reduce=all_reduce)

@@ -104,7 +104,14 @@ class StageGroup:
         self._all(lambda _, h: h.set_workload(workload=workload, layout=self.layout), what="set_workload")
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap, buffer_limit: int | None, tp_protocol: TPProtocol
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap,
+        buffer_limit: int | None,
+        tp_protocol: TPProtocol,
+        order: tuple[int, ...] | None = None,
     ) -> IterationReport:
         args = IterationArgs(
             iteration=iteration,
@@ -113,6 +120,7 @@ class StageGroup:
             cap=cap,
             buffer_limit=buffer_limit,
             tp_protocol=tp_protocol,
+            order=order,
         )
         try:
             results = self._all(lambda _, h: h.run_iteration(args=args), what=f"iteration {iteration}")
@@ -124,7 +132,9 @@ class StageGroup:
         shown = [
             (events if i in self.mesh.replica_indices(0) else [], stats) for i, (events, stats) in enumerate(results)
         ]
-        return merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.mesh.tp])
+        report = merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.mesh.tp])
+        report.order = None if order is None else list(order)
+        return report
 
     def take_turns(
         self,

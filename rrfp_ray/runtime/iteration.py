@@ -19,3 +19,5 @@ class IterationArgs:
     cap: Cap
     buffer_limit: int | None = None  # most messages a stage's receive buffer holds (None: no limit)
     tp_protocol: TPProtocol = TPProtocol.FIRST  # how TP ranks agree (unused without TP)
+    # the data microbatch each microbatch slot trains on (`order[slot]`); None: slot m trains on microbatch m
+    order: tuple[int, ...] | None = None

@@ -282,14 +282,15 @@ class LocalPipeline:
         buffer_limit: int | None = None,
         latency: Callable[[Message], float] | None = None,
         protocol: TPProtocol = TPProtocol.FIRST,
+        order: tuple[int, ...] | None = None,
     ) -> IterationReport:
         """With `executors` given directly (and `latency` injected per message); `protocol`: how TP
-        ranks agree (`rrfp_ray.policy.agreement`), unused without TP."""
+        ranks agree (`rrfp_ray.policy.agreement`), unused without TP; `order`: the data microbatch of each slot."""
         self.executors = executors
         for handle in self.fabric.handles:
             handle.host.latency = latency
         return self.group.run_iteration(
-            iteration=iteration, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=protocol
+            iteration=iteration, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=protocol, order=order
         )
 
     def close(self) -> None:

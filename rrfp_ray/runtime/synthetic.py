@@ -119,7 +119,7 @@ class SleepExecutor:
         self._payload = torch.zeros(payload_elems)
         self._in_step = in_step
 
-    def begin(self, *, iteration: int) -> None:
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
         pass
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> None:

@@ -13,6 +13,7 @@ iteration has (`microbatches`); stage 0 reads the inputs and the last stage the 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,12 +23,13 @@ from torch import Tensor
 
 from rrfp_ray.errors import ExitCode
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.backend import Backend, LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest, resume_point
-from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
@@ -178,6 +180,8 @@ class Trainer:
         self._restored = 0  # the restart whose first iteration is still to run (0: none)
         self.skipped_steps = 0  # iterations whose gradient norm was inf or NaN: no stage stepped
         self._policies: dict[str, Policy] = {}
+        self.planner: Planner | None = None  # made by the first planned iteration
+        self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took
         if resume is not None:
             self._restore(resume)
 
@@ -191,7 +195,11 @@ class Trainer:
         """
         while True:
             try:
-                report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(policy))
+                name = self.pipeline.policy if policy is None else policy
+                if name == PLANNED:
+                    report = self._planned_iteration()
+                else:
+                    report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(name))
             except PipelineError as error:
                 self._recover(error, failed=f"iteration {self.iteration}")
                 continue
@@ -232,7 +240,8 @@ class Trainer:
             raise ValueError("save() needs checkpoints=Checkpointing(directory=...) given to the Trainer")
         directory = Path(self.checkpoints.directory)
         files = self.backend.save(directory=directory, iteration=self.iteration)
-        manifest = Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files)
+        planner = None if self.planner is None else self.planner.to_dict()
+        manifest = Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files, planner=planner)
         try:
             path = commit(directory=directory, manifest=manifest)
         except OSError as error:
@@ -278,6 +287,7 @@ class Trainer:
     def _restore(self, manifest: Manifest) -> None:
         self.backend.load(directory=Path(self.checkpoints.directory), manifest=manifest)
         self.iteration = manifest.iteration
+        self.planner = None if manifest.planner is None else Planner.from_dict(manifest.planner)
         logger.info("resumed from the checkpoint of iteration %d in %s", manifest.iteration, self.checkpoints.directory)
 
     def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
@@ -305,8 +315,28 @@ class Trainer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _policy(self, name: str | None) -> Policy:
-        name = self.pipeline.policy if name is None else name
+    def _planned_iteration(self) -> IterationReport:
+        """Plan this iteration synchronously from its data's features and every finished iteration's
+        telemetry, run the plan's hint policy with its microbatch order, and feed the report back."""
+        shape = {
+            "stages": self.pipeline.stages,
+            "chunks": self.pipeline.chunks,
+            "microbatches": self.pipeline.microbatches,
+        }
+        if self.planner is None:
+            config = PlannerConfig(hints=default_hints(chunks=self.pipeline.chunks), cap=self.pipeline.cap)
+            self.planner = Planner(config=config, **shape)
+        features_of = getattr(self.workload.data, "features", None)
+        features = None if features_of is None or self.pipeline.dp > 1 else features_of(iteration=self.iteration)
+        started = time.perf_counter()
+        plan = self.planner.plan(iteration=self.iteration, features=features)
+        self.planning_s.append(time.perf_counter() - started)
+        policy = plan.validate(**shape)
+        report = self.backend.run_iteration(iteration=self.iteration, policy=policy, cap=plan.cap, order=plan.order)
+        self.planner.observe(report=report, plan=plan, features=features)
+        return report
+
+    def _policy(self, name: str) -> Policy:
         if name not in self._policies:
             self._policies[name] = self.pipeline.resolved_policy(name)
         return self._policies[name]

@@ -34,7 +34,11 @@ class Backend(Protocol):
         """Give every stage a fresh workload: the weights start again from the model as given."""
         ...
 
-    def run_iteration(self, *, iteration: int, policy: Policy) -> IterationReport: ...
+    def run_iteration(
+        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+    ) -> IterationReport:
+        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`."""
+        ...
 
     def evaluate(self, *, microbatches: int) -> float:
         """Mean validation loss over the first `microbatches` validation microbatches."""
@@ -58,7 +62,13 @@ class Backend(Protocol):
 
 
 def run_iteration(
-    *, group: StageGroup, pipeline: PipelineConfig, iteration: int, policy: Policy, cap: Cap | None = None
+    *,
+    group: StageGroup,
+    pipeline: PipelineConfig,
+    iteration: int,
+    policy: Policy,
+    cap: Cap | None = None,
+    order: tuple[int, ...] | None = None,
 ) -> IterationReport:
     """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`): either backend's."""
     return group.run_iteration(
@@ -67,6 +77,7 @@ def run_iteration(
         cap=pipeline.cap if cap is None else cap,
         buffer_limit=pipeline.buffer_limit,
         tp_protocol=pipeline.tp_protocol,
+        order=order,
     )
 
 
@@ -105,8 +116,12 @@ class LocalBackend:
     def set_workload(self, *, workload: ModelWorkload) -> None:
         self._running().set_workload(workload=workload)
 
-    def run_iteration(self, *, iteration: int, policy: Policy) -> IterationReport:
-        return run_iteration(group=self._running(), pipeline=self._config, iteration=iteration, policy=policy)
+    def run_iteration(
+        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+    ) -> IterationReport:
+        return run_iteration(
+            group=self._running(), pipeline=self._config, iteration=iteration, policy=policy, cap=cap, order=order
+        )
 
     def evaluate(self, *, microbatches: int) -> float:
         return self._running().evaluate(microbatches=microbatches)

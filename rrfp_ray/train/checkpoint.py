@@ -38,18 +38,25 @@ class Manifest:
     iteration: int  # the next iteration to run
     fingerprint: str  # what the files fit: model, stages, chunks
     files: dict[int, StageFile]
+    planner: dict[str, Any] | None = None  # the planner's state (`Planner.to_dict`), with policy planned
 
     def to_json(self) -> dict[str, Any]:
         return {
             "iteration": self.iteration,
             "fingerprint": self.fingerprint,
             "files": {str(s): asdict(f) for s, f in self.files.items()},
+            "planner": self.planner,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
         files = {int(s): StageFile(**f) for s, f in data["files"].items()}
-        return cls(iteration=int(data["iteration"]), fingerprint=str(data["fingerprint"]), files=files)
+        return cls(
+            iteration=int(data["iteration"]),
+            fingerprint=str(data["fingerprint"]),
+            files=files,
+            planner=data.get("planner"),
+        )
 
 
 def fingerprint(*parts: object) -> str:

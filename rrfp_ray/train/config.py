@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rrfp_ray.plan.planner import default_hints
 from rrfp_ray.policy.agreement import TPGather, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy, describe_policies, make_policy
@@ -20,6 +21,7 @@ from rrfp_ray.sim.variability import SCENARIOS, generate
 from rrfp_ray.train.precision import Precision
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+PLANNED = "planned"  # not a picker policy: the Trainer asks rrfp_ray.plan for each iteration's plan
 
 
 class ShapeConfig(BaseModel):
@@ -37,7 +39,9 @@ class ScheduleConfig(BaseModel):
 
     model_config = _STRICT
 
-    policy: str = Field("bf", description=describe_policies())
+    policy: str = Field(
+        "bf", description=f"{describe_policies()}; {PLANNED}: each iteration's hint and microbatch order planned"
+    )
     cap: Cap = Field(
         Cap(multiple=2.0),
         description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'",
@@ -212,6 +216,9 @@ class PipelineConfig(BaseModel):
         return parse_order(self.hint, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches)
 
     def resolved_policy(self, name: str) -> Policy:
+        """The policy `name`; for `planned` (the Trainer plans each iteration), its first hint's."""
+        if name == PLANNED:
+            name = default_hints(chunks=self.chunks)[0]
         return make_policy(
             name=name, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, hint=self.parsed_hint
         )

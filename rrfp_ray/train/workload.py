@@ -194,6 +194,7 @@ class ModelExecutor:
         self._tied = tied
         self.runner = runner
         self._layout = layout
+        self._order: tuple[int, ...] | None = None  # begin sets it: the data microbatch of each slot
         self._workload = workload
         # a parameter two chunks of this stage share is final once both are: it goes with the one reduced last
         reduced_with = {id(p): c for c in reduce_order(chunks=layout.chunks) for p in runner.chunk_parameters(c)}
@@ -209,7 +210,8 @@ class ModelExecutor:
             {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
         )
 
-    def begin(self, *, iteration: int) -> None:
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
+        self._order = order
         self.runner.reset_iteration()
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
@@ -229,7 +231,8 @@ class ModelExecutor:
         if action.kind is Kind.F:
             inputs, targets = payload, None
             if vs == 0 or vs == self._layout.virtual_stages - 1:
-                index = self._workload.dp_rank * self._workload.microbatches + m
+                data_m = m if self._order is None else self._order[m]
+                index = self._workload.dp_rank * self._workload.microbatches + data_m
                 x, y = _to(
                     self._workload.data.microbatch(iteration=iteration, index=index), device=self._workload.device
                 )
