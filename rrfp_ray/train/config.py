@@ -170,7 +170,7 @@ class PipelineConfig(BaseModel):
         if self.stages == 1 and self.chunks > 1:
             raise ValueError("chunks > 1 needs stages >= 2 (a stage cannot send to itself)")
         try:
-            self.resolved_policy(self.policy)
+            self._layout_policy()
         except ValueError as error:
             raise ValueError(f"policy {self.policy!r}: {error}") from None
         return self
@@ -194,7 +194,7 @@ class PipelineConfig(BaseModel):
 
     @cached_property
     def layout(self) -> Layout:
-        policy = self.resolved_policy(self.policy)
+        policy = self._layout_policy()
         return Layout(
             stages=self.stages,
             chunks=self.chunks,
@@ -216,12 +216,20 @@ class PipelineConfig(BaseModel):
         return parse_order(self.hint, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches)
 
     def resolved_policy(self, name: str) -> Policy:
-        """The policy `name`; for `planned` (the Trainer plans each iteration), its first hint's."""
+        """The policy `name`, one for every iteration; `planned` has none (the Trainer plans each iteration)."""
         if name == PLANNED:
-            name = default_hints(chunks=self.chunks)[0]
+            raise ValueError(
+                f"policy {PLANNED!r} is planned per iteration by the Trainer (Trainer.step); "
+                "this run takes one policy for every iteration"
+            )
         return make_policy(
             name=name, stages=self.stages, chunks=self.chunks, microbatches=self.microbatches, hint=self.parsed_hint
         )
+
+    def _layout_policy(self) -> Policy:
+        """The policy the pipeline is built for: `planned`'s first hint, whose layout its plans share."""
+        name = default_hints(chunks=self.chunks)[0] if self.policy == PLANNED else self.policy
+        return self.resolved_policy(name)
 
 
 SECTION_OF = {  # a flat field name -> the PipelineConfig section that holds it
