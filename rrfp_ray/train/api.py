@@ -34,7 +34,7 @@ from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
 from rrfp_ray.train.runner import LossFn
-from rrfp_ray.train.workload import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
+from rrfp_ray.train.workload import DataSource, FactoryOptim, FeatureSource, ModelWorkload, Optim, OptimSpec
 
 logger = logging.getLogger(__name__)
 
@@ -326,8 +326,9 @@ class Trainer:
         if self.planner is None:
             config = PlannerConfig(hints=default_hints(chunks=self.pipeline.chunks), cap=self.pipeline.cap)
             self.planner = Planner(config=config, **shape)
-        features_of = getattr(self.workload.data, "features", None)
-        features = None if features_of is None or self.pipeline.dp > 1 else features_of(iteration=self.iteration)
+        data = self.workload.data
+        shown = isinstance(data, FeatureSource) and self.pipeline.dp == 1  # D x M features: not planned per replica yet
+        features = data.features(iteration=self.iteration) if shown else None
         started = time.perf_counter()
         plan = self.planner.plan(iteration=self.iteration, features=features)
         self.planning_s.append(time.perf_counter() - started)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +46,15 @@ class DataSource(Protocol):
 
     def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
         """(inputs, targets) of microbatch `index` of `iteration`; the same in every process."""
+        ...
+
+
+@runtime_checkable
+class FeatureSource(Protocol):
+    """A data source that also says what each microbatch shows before it runs, for planning (`planned`)."""
+
+    def features(self, *, iteration: int) -> list[float]:
+        """Per microbatch of `iteration`, a cost feature (real tokens, images), without building a batch."""
         ...
 
 
