@@ -301,11 +301,12 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
 
 
 PLANNING = ROOT / "docs" / "results" / "planning.md"  # the planning benchmark's section (jobs/bench_planning.py)
+RUNTIME_COST = ROOT / "docs" / "results" / "runtime_cost.md"  # CPU per op and one message (bench_runtime --breakdown)
 
 
-def planning_section() -> list[str]:
-    """The planning section, as written with the tables `jobs/bench_planning.py` printed; none before it ran."""
-    return PLANNING.read_text().rstrip().splitlines() if PLANNING.is_file() else []
+def written_section(path: Path) -> list[str]:
+    """A section measured outside the suite, as written with the tables its job printed; none before it ran."""
+    return path.read_text().rstrip().splitlines() if path.is_file() else []
 
 
 def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> str:
@@ -331,12 +332,13 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         claims_section(suite),
         attribution_section(suite),
         target_section(suite),
-        planning_section(),
+        written_section(PLANNING),
         setup_section(suite),
         runtime_section(suite),
         ray_attribution_section(suite),
         tp_section(suite),
         fidelity_section(suite),
+        written_section(RUNTIME_COST),
         sim_section(suite),
         buffer_section(suite),
         plot_links(plots, out=out),
