@@ -150,6 +150,7 @@ PIPELINE_FLAGS = (
     Flag("dp_overlap", "--no-overlap", negate=True),
     Flag("zero", choices=(0, 1)),
     Flag("timeout_s", "--timeout"),
+    Flag("layer_split", "--split", metavar="N,N,..."),
 )
 
 

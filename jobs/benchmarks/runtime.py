@@ -42,7 +42,16 @@ from rrfp_ray.train.config import PipelineConfig
 SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
 PIPELINE = model_flags(  # the policy is each run's own
     PipelineConfig,
-    without=("policy", "hint", "buffer_limit", "link_timeout_s", "zero", "precision", "activation_checkpointing"),
+    without=(
+        "policy",
+        "hint",
+        "layer_split",
+        "buffer_limit",
+        "link_timeout_s",
+        "zero",
+        "precision",
+        "activation_checkpointing",
+    ),
     flags=(
         *PIPELINE_FLAGS,
         *(

@@ -61,6 +61,12 @@ class RunConfig(BaseModel):
                 f"pipeline.stages x pipeline.chunks = {parts} is more than the model's {layers} layers "
                 f"(n_layer={self.model.n_layer} blocks + embedding + head)"
             )
+        split = self.pipeline.layer_split
+        if split is not None and sum(split) != layers:
+            raise ValueError(
+                f"pipeline.layer_split {','.join(map(str, split))} holds {sum(split)} layers; the model has {layers} "
+                f"(n_layer={self.model.n_layer} blocks + embedding + head)"
+            )
         if self.pipeline.tp > 1:
             if self.model.n_head % self.pipeline.tp:
                 raise ValueError(f"pipeline.tp {self.pipeline.tp} does not divide model.n_head {self.model.n_head}")

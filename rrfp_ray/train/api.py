@@ -93,6 +93,7 @@ def make_workload(
         dp=pipeline.dp,
         precision=pipeline.precision,
         activation_checkpointing=pipeline.activation_checkpointing,
+        layer_split=pipeline.layer_split,
     )
 
 

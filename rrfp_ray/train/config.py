@@ -32,6 +32,33 @@ class ShapeConfig(BaseModel):
     stages: int = Field(4, ge=1, description="P: pipeline stages (one actor each)")
     chunks: int = Field(1, ge=1, description="v: model chunks per stage (v > 1: interleaved)")
     microbatches: int = Field(8, ge=1, description="M: microbatches per iteration")
+    layer_split: tuple[int, ...] | None = Field(
+        None,
+        description="layers per virtual stage in forward order, e.g. 2,2,1,1 (stages x chunks numbers); "
+        "default: even, the larger parts first",
+    )
+
+    @field_validator("layer_split", mode="before")
+    @classmethod
+    def _split_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return tuple(int(part) for part in value.split(","))
+            except ValueError:
+                raise ValueError(
+                    f"layer_split must be comma-separated layer counts like 2,2,1,1, got {value!r}"
+                ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _split_fits(self) -> ShapeConfig:
+        parts = self.stages * self.chunks
+        if self.layer_split is not None and (len(self.layer_split) != parts or min(self.layer_split) < 1):
+            raise ValueError(
+                f"layer_split {','.join(map(str, self.layer_split))} must give each of the stages x chunks = "
+                f"{parts} virtual stages at least one layer"
+            )
+        return self
 
 
 class ScheduleConfig(BaseModel):

@@ -61,7 +61,13 @@ def dry_run(
             _compare_whole(model=model, inputs=inputs, split_output=out)
         counted = _check_loss(loss_fn, out=out, targets=targets)
     optim.optimizer([p for p in model.parameters() if p.requires_grad])
-    ties = find_ties(modules, stages=pipeline.stages, chunks=pipeline.chunks, placement=pipeline.layout.placement)
+    ties = find_ties(
+        modules,
+        stages=pipeline.stages,
+        chunks=pipeline.chunks,
+        placement=pipeline.layout.placement,
+        sizes=pipeline.layer_split,
+    )
     if ties:
         again = to_layers(layers.model(), split_points=layers.split_points)
         check_copies_agree(first=modules, second=again, ties=ties)
@@ -117,7 +123,7 @@ def _parts(*, n_modules: int, pipeline: PipelineConfig, explicit: bool) -> list[
         raise ValueError(
             f"the model has {n_modules} modules: too few to split into stages x chunks = {p} x {v} = {p * v} chunks"
         )
-    return partition(n_layers=n_modules, parts=p * v)
+    return partition(n_layers=n_modules, parts=p * v, sizes=pipeline.layer_split)
 
 
 def _forward(*, modules: list[nn.Module], parts: list[range], inputs: object) -> object:

@@ -52,7 +52,13 @@ class ModelLayers:
         return to_layers(self.model(), split_points=self.split_points)
 
     def stage_layers(
-        self, *, stages: int, chunks: int, stage: int, placement: Placement = Placement.LOOPED
+        self,
+        *,
+        stages: int,
+        chunks: int,
+        stage: int,
+        placement: Placement = Placement.LOOPED,
+        sizes: Sequence[int] | None = None,
     ) -> list[nn.Module]:
         """The layer list as `stage` of a stages x chunks pipeline needs it: a builder materializes only
         that stage's layers, with the whole build's values (the others on the meta device); modules
@@ -62,7 +68,7 @@ class ModelLayers:
             return self()
 
         def own(count: int) -> set[int]:
-            parts = partition(n_layers=count, parts=stages * chunks)
+            parts = partition(n_layers=count, parts=stages * chunks, sizes=sizes)
             return {
                 i for c in range(chunks) for i in parts[placement.virtual_stage(stage=stage, chunk=c, stages=stages)]
             }

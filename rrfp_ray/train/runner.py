@@ -8,6 +8,7 @@ The split itself is `rrfp_ray.train.split_backward`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,11 +27,19 @@ LossFn = Callable[[Any, Any], Tensor | tuple[Tensor, Tensor]]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
-def partition(*, n_layers: int, parts: int) -> list[range]:
-    """Contiguous ranges covering ``range(n_layers)``, sizes differing by at most one.
-
-    The larger parts come first: the last part also computes the loss.
-    """
+def partition(*, n_layers: int, parts: int, sizes: Sequence[int] | None = None) -> list[range]:
+    """Contiguous ranges covering ``range(n_layers)``: ``sizes`` layers each where given (a split
+    a user set or the rebalancer chose), else sizes differing by at most one, the larger parts
+    first (the last part also computes the loss)."""
+    if sizes is not None:
+        sizes = tuple(sizes)
+        if len(sizes) != parts or min(sizes, default=0) < 1 or sum(sizes) != n_layers:
+            raise ValueError(
+                f"split {','.join(map(str, sizes))} must give each of the {parts} parts (stages x chunks) at least "
+                f"one layer and {n_layers} layers in all"
+            )
+        starts = [sum(sizes[:i]) for i in range(parts + 1)]
+        return [range(start, end) for start, end in itertools.pairwise(starts)]
     if parts < 1 or parts > n_layers:
         raise ValueError(f"cannot split {n_layers} layers into {parts} parts (stages x chunks)")
     size, extra = divmod(n_layers, parts)
@@ -39,13 +48,19 @@ def partition(*, n_layers: int, parts: int) -> list[range]:
 
 
 def stage_chunks(
-    *, layers: Sequence[nn.Module], stages: int, chunks: int, stage: int, placement: Placement = Placement.LOOPED
+    *,
+    layers: Sequence[nn.Module],
+    stages: int,
+    chunks: int,
+    stage: int,
+    placement: Placement = Placement.LOOPED,
+    sizes: Sequence[int] | None = None,
 ) -> dict[int, nn.Sequential]:
     """The modules ``stage`` holds: its chunk c runs the virtual stage the placement gives it
     (looped: ``c * stages + stage``)."""
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} is not in [0, {stages})")
-    parts = partition(n_layers=len(layers), parts=stages * chunks)
+    parts = partition(n_layers=len(layers), parts=stages * chunks, sizes=sizes)
     held = {c: placement.virtual_stage(stage=stage, chunk=c, stages=stages) for c in range(chunks)}
     return {c: nn.Sequential(*(layers[i] for i in parts[vs])) for c, vs in held.items()}
 
@@ -62,11 +77,13 @@ def build_stage(
     placement: Placement = Placement.LOOPED,
     precision: Precision = Precision.FP32,
     device: str = "cpu",
+    sizes: Sequence[int] | None = None,
 ) -> StageRunner:
-    """A runner for ``stage`` of a ``stages`` x ``chunks`` pipeline over ``layers``."""
+    """A runner for ``stage`` of a ``stages`` x ``chunks`` pipeline over ``layers`` (``sizes``: layers per
+    virtual stage, default even)."""
     last_stage, last_chunk = placement.locate(virtual_stage=stages * chunks - 1, stages=stages)
     return StageRunner(
-        chunks=stage_chunks(layers=layers, stages=stages, chunks=chunks, stage=stage, placement=placement),
+        chunks=stage_chunks(layers=layers, stages=stages, chunks=chunks, stage=stage, placement=placement, sizes=sizes),
         first_chunk=0 if stage == 0 else None,
         last_chunk=last_chunk if stage == last_stage else None,
         loss_fn=loss_fn,

@@ -31,10 +31,15 @@ class Tie:
 
 
 def find_ties(
-    layers: Sequence[nn.Module], *, stages: int, chunks: int, placement: Placement = Placement.LOOPED
+    layers: Sequence[nn.Module],
+    *,
+    stages: int,
+    chunks: int,
+    placement: Placement = Placement.LOOPED,
+    sizes: Sequence[int] | None = None,
 ) -> tuple[Tie, ...]:
-    """The parameters that `layers`, split into stages x chunks, share between stages."""
-    parts = partition(n_layers=len(layers), parts=stages * chunks)
+    """The parameters that `layers`, split into stages x chunks (`sizes` layers each), share between stages."""
+    parts = partition(n_layers=len(layers), parts=stages * chunks, sizes=sizes)
     stage_of = {i: placement.locate(virtual_stage=vs, stages=stages)[0] for vs, part in enumerate(parts) for i in part}
     owners: dict[int, tuple[list[str], set[int]]] = {}
     for i, layer in enumerate(layers):
@@ -78,8 +83,9 @@ class TiedGradients:
         layers: Sequence[nn.Module],
         ties: Sequence[Tie],
         reduce: TieReduce | None,
+        sizes: Sequence[int] | None = None,
     ) -> None:
-        found = find_ties(layers, stages=stages, chunks=chunks, placement=placement)
+        found = find_ties(layers, stages=stages, chunks=chunks, placement=placement, sizes=sizes)
         if set(found) != set(ties):
             raise ValueError(
                 f"the model shares parameters between stages {[t.names for t in found]}, but the workload declares "

@@ -135,11 +135,19 @@ class ModelWorkload:
     tp_rank: int = 0
     precision: Precision = Precision.FP32
     activation_checkpointing: bool = False  # recompute each block's internals in its backward
+    layer_split: tuple[int, ...] | None = None  # layers per virtual stage; None: even
+
+    def layer_ranges(self, *, layout: Layout, n_layers: int) -> list[range]:
+        """The layers of each virtual stage, by index into the model's layer list."""
+        return partition(n_layers=n_layers, parts=layout.virtual_stages, sizes=self.layer_split)
 
     def executor(self, *, stage: int, layout: Layout) -> ModelExecutor:
         split = {"stages": layout.stages, "chunks": layout.chunks, "stage": stage, "placement": layout.placement}
-        layers = self.layers.stage_layers(**split) if isinstance(self.layers, ModelLayers) else list(self.layers())
-        parts = partition(n_layers=len(layers), parts=layout.stages * layout.chunks)
+        if isinstance(self.layers, ModelLayers):
+            layers = self.layers.stage_layers(**split, sizes=self.layer_split)
+        else:
+            layers = list(self.layers())
+        parts = self.layer_ranges(layout=layout, n_layers=len(layers))
         own = {i for c in range(layout.chunks) for i in parts[layout.virtual_stage(stage=stage, chunk=c)]}
         layers = [layer.to(self.device) if i in own else layer for i, layer in enumerate(layers)]  # the rest is dropped
         if self.activation_checkpointing:
@@ -152,6 +160,7 @@ class ModelWorkload:
             layers=layers,
             ties=self.ties,
             reduce=self.tie_reduce,
+            sizes=self.layer_split,
         )
         runner = build_stage(
             layers=layers,
@@ -164,6 +173,7 @@ class ModelWorkload:
             optimizer_factory=self.optim.optimizer if self.zero_sum is None else self._shard_optimizer,
             precision=self.precision,
             device=self.device,
+            sizes=self.layer_split,
         )
         return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self, tied=tied)
 
