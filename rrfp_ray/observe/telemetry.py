@@ -18,6 +18,17 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class LayerCost:
+    """One layer's measured cost on the stage that holds it: the unit a split can move."""
+
+    layer: int  # index into the model's layer list
+    forward_ms: float  # one microbatch's forward
+    backward_ms: float  # its whole backward (input and weight gradients)
+    param_bytes: int
+    activation_bytes: int  # what one microbatch keeps from its forward for its backward
+
+
+@dataclass(frozen=True)
 class OpEvent:
     stage: int
     action: str  # compact form, e.g. "2F0"
@@ -59,6 +70,8 @@ class StageStats:
     reduce_exposed_ms: float = 0.0  # reduce time after every stage's last op: what it adds to the iteration
     reduce_exposed_own_ms: float = 0.0  # reduce time after this stage's own last op
     skipped_step: bool = False  # the global gradient norm was inf or NaN: the optimizer step was skipped
+    layer_costs: list[LayerCost] = field(default_factory=list)  # measured this iteration (empty: not measured)
+    probe_ms: float | None = None  # the device's time for the fixed reference computation, measured with layer_costs
 
 
 @dataclass
@@ -136,7 +149,10 @@ class IterationReport:
             iteration=data["iteration"],
             policy=data["policy"],
             makespan_ms=data["makespan_ms"],
-            stages=[StageStats(**s) for s in data["stages"]],
+            stages=[
+                StageStats(**{**s, "layer_costs": [LayerCost(**c) for c in s.get("layer_costs", [])]})
+                for s in data["stages"]
+            ],
             events=[OpEvent(**e) for e in data.get("events", [])],
             loss=data.get("loss"),
             step_ms=data.get("step_ms", 0.0),

@@ -21,3 +21,4 @@ class IterationArgs:
     tp_protocol: TPProtocol = TPProtocol.FIRST  # how TP ranks agree (unused without TP)
     # the data microbatch each microbatch slot trains on (`order[slot]`); None: slot m trains on microbatch m
     order: tuple[int, ...] | None = None
+    measure: bool = False  # each stage measures its layers' costs after this iteration (`StageStats.layer_costs`)
