@@ -148,8 +148,40 @@ class ComputeConfig(BaseModel):
     )
 
 
+class BalanceConfig(BaseModel):
+    """Measuring each layer's cost, moving layers off a persistently slow stage, and resizing."""
+
+    model_config = _STRICT
+
+    measure_every: int | None = Field(
+        None,
+        ge=1,
+        description="measure each stage's per-layer costs every N iterations (default: 10 with rebalance, else never)",
+    )
+    rebalance: bool = Field(False, description="move layers off a stage that stays slow (needs measured costs)")
+    rebalance_threshold: float = Field(
+        0.1, gt=0, description="a stage whose work is above the mean by this fraction is a bottleneck"
+    )
+    rebalance_window: int = Field(
+        10, ge=1, description="iterations a bottleneck must last before a move, and a relieved stage is left alone"
+    )
+    stage_memory_mb: float | None = Field(
+        None, gt=0, description="each stage's memory for the rebalancer's splits (default: the device's)"
+    )
+    resize_after: float | None = Field(
+        None, gt=0, description="seconds to wait for a lost node's replacement before the job shrinks (default: never)"
+    )
+
+    @property
+    def measure_period(self) -> int:
+        """Iterations between measurements; 0: never."""
+        if self.measure_every is not None:
+            return self.measure_every
+        return 10 if self.rebalance else 0
+
+
 class PipelineConfig(BaseModel):
-    """The pipeline in sections (shape, schedule, transport, parallel, faults, compute). Flat
+    """The pipeline in sections (shape, schedule, transport, parallel, faults, compute, balance). Flat
     keywords are accepted and read back as well: `PipelineConfig(stages=8, policy="bfw").stages`
     is `config.shape.stages`. Text given for `cap`, `backend` and `tp_protocol` is parsed here,
     once; the fields hold a `Cap`, a `LinkTransport` and a `TPProtocol`."""
@@ -162,6 +194,7 @@ class PipelineConfig(BaseModel):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    balance: BalanceConfig = Field(default_factory=BalanceConfig)
 
     @model_validator(mode="before")
     @classmethod
