@@ -72,6 +72,8 @@ class PolicyRun:
             line += f"  TP agreement {report.tp_fraction:4.2%}"
         if report.restart:
             line += f"  (first after restart {report.restart})"
+        if report.shape is not None:
+            line += f"  at {report.shape}"
         if report.skipped_step:
             line += "  step skipped (non-finite gradients)"
         return line

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rrfp_ray.errors import ExitCode
+from rrfp_ray.errors import ExitCode, PlacementError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.policy.policy import Policy
@@ -33,6 +33,7 @@ from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
+from rrfp_ray.train.resize import describe, shapes
 from rrfp_ray.train.runner import LossFn
 from rrfp_ray.train.workload import DataSource, FactoryOptim, FeatureSource, ModelWorkload, Optim, OptimSpec
 
@@ -135,6 +136,11 @@ class Trainer:
     (its own learning rates, no clipping; `FactoryOptim(factory, max_grad_norm=...)` clips).
     `backend`: `LocalBackend()` (the default: threads of this process) or
     `actors.backend.RayBackend()` (one Ray actor per stage).
+
+    With `pipeline.resize_after`, a restart whose stages the cluster does not hold within that
+    many seconds runs on at a smaller shape (`rrfp_ray.train.resize`) from the last checkpoint,
+    and at each later checkpoint goes back to `pipeline` once the cluster holds it again;
+    `self.pipeline` is the shape in use, `self.target` the one asked for.
     """
 
     def __init__(
@@ -154,6 +160,7 @@ class Trainer:
         device: str = "cpu",
     ) -> None:
         self.pipeline = pipeline
+        self.target = pipeline
         self.checkpoints = checkpoints
         self.workload = make_workload(
             model=model,
@@ -168,6 +175,7 @@ class Trainer:
             device=device,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
+        self._target_workload = self.workload
         self.fingerprint = workload_fingerprint(pipeline=pipeline, workload=self.workload)
         resume = None
         if (
@@ -183,6 +191,7 @@ class Trainer:
         self._policies: dict[str, Policy] = {}
         self.planner: Planner | None = None  # made by the first planned iteration
         self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took
+        self.resizes: list[tuple[int, PipelineConfig]] = []  # (iteration, shape): each resize, where it resumed
         if resume is not None:
             self._restore(resume)
 
@@ -205,6 +214,8 @@ class Trainer:
                 self._recover(error, failed=f"iteration {self.iteration}")
                 continue
             report.restart, self._restored = self._restored, 0
+            if self.pipeline is not self.target:
+                report.shape = describe(self.pipeline)
             if report.skipped_step:
                 self.skipped_steps += 1
                 logger.warning(
@@ -216,6 +227,7 @@ class Trainer:
                 return report
             try:
                 self.save()
+                self._grow_back()
                 return report
             except PipelineError as error:
                 self._recover(error, failed=f"the checkpoint of iteration {self.iteration}")
@@ -273,17 +285,71 @@ class Trainer:
                 self.restarts, allowed, error.culprit or "the pipeline failed", failed, restoring,
             )  # fmt: skip
             try:
-                self.backend.restart()
-                self._restored = self.restarts
-                if manifest is None:
-                    self.iteration = 0  # the restarted stages hold the initial weights
+                try:
+                    self.backend.restart()
+                except PlacementError as unplaced:
+                    if self.pipeline.resize_after is None:
+                        raise
+                    self._shrink(manifest=manifest, unplaced=unplaced)  # restores the manifest at the smaller shape
                 else:
-                    self._restore(manifest)
+                    self._resume(manifest)
+                self._restored = self.restarts
                 return
             except PipelineError as again:
                 if again.exit_code is ExitCode.BAD_INPUT:
                     raise  # a checkpoint the stages refuse: no restart can load it
                 error, failed = again, f"restart {self.restarts}"
+
+    def _shrink(self, *, manifest: Manifest | None, unplaced: PlacementError) -> None:
+        """Bring the stages up at the first shape after the one in use that the cluster holds now
+        (`resize.shapes`: each tried once); a PlacementError when none is placed."""
+        for shape in shapes(target=self.target):
+            if shape == self.pipeline or not self.backend.can_place(pipeline=shape):
+                continue
+            logger.warning(
+                "resizing: the cluster did not hold %s within %g s; going on at %s from %s",
+                describe(self.pipeline), self.pipeline.resize_after, describe(shape), _source(manifest),
+            )  # fmt: skip
+            try:
+                self._reshape(shape, manifest=manifest)
+                return
+            except PlacementError as again:
+                unplaced = again
+        raise PlacementError(f"resize: no shape of {describe(self.target)} could be placed; last: {unplaced}")
+
+    def _grow_back(self) -> None:
+        """At a smaller shape, go back to the target from the checkpoint just committed if the cluster holds it now."""
+        if self.pipeline is self.target or not self.backend.can_place(pipeline=self.target):
+            return
+        manifest = self._latest()
+        logger.warning(
+            "resizing: the cluster holds %s again; leaving %s from %s",
+            describe(self.target), describe(self.pipeline), _source(manifest),
+        )  # fmt: skip
+        try:
+            self._reshape(self.target, manifest=manifest)
+        except PlacementError as unplaced:  # its nodes went again before the stages were placed
+            self._shrink(manifest=manifest, unplaced=unplaced)
+
+    def _reshape(self, shape: PipelineConfig, *, manifest: Manifest | None) -> None:
+        """Fresh stages at `shape`, resumed from `manifest` (None: the initial weights, iteration 0)."""
+        workload = self._target_workload
+        if shape is not self.target:
+            changed = {"microbatches": shape.microbatches, "dp": shape.dp, "layer_split": shape.layer_split}
+            workload = checked(replace(workload, **changed), pipeline=shape)
+        self.backend.restart(pipeline=shape, workload=workload)
+        self.pipeline, self.workload = shape, workload
+        self._policies.clear()  # built for the shape in use
+        self._resume(manifest)
+        self.planner = None  # a planner plans one shape: a fresh one for this
+        self.resizes.append((self.iteration, shape))
+        logger.warning("resized to %s at iteration %d", describe(shape), self.iteration)
+
+    def _resume(self, manifest: Manifest | None) -> None:
+        if manifest is None:
+            self.iteration = 0  # the fresh stages hold the initial weights
+        else:
+            self._restore(manifest)
 
     def _restore(self, manifest: Manifest) -> None:
         self.backend.load(directory=Path(self.checkpoints.directory), manifest=manifest)
@@ -342,6 +408,10 @@ class Trainer:
         if name not in self._policies:
             self._policies[name] = self.pipeline.resolved_policy(name)
         return self._policies[name]
+
+
+def _source(manifest: Manifest | None) -> str:
+    return "the initial weights" if manifest is None else f"the checkpoint of iteration {manifest.iteration}"
 
 
 def _optim(optimizer: OptimizerArg | None) -> OptimSpec:
