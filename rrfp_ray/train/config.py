@@ -263,11 +263,6 @@ class PipelineConfig(BaseModel):
             placement=policy.placement,
         )
 
-    @property
-    def parsed_cap(self) -> Cap:
-        """Deprecated alias of `cap` (which now holds the parsed `Cap`); goes in the next release."""
-        return self.cap
-
     @cached_property
     def parsed_hint(self) -> Hint | None:
         """The hint order checked against the shape, parsed once."""
