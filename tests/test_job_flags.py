@@ -22,6 +22,7 @@ RECORD = ROOT / "tests" / "data" / "job_flags.json"
 JOBS = {
     "bench_framing": "main",
     "bench_peers": "main",
+    "bench_plan_wait": "main",
     "bench_planning": "main",
     "bench_policies": None,
     "bench_runtime": "parse",

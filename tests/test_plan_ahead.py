@@ -153,3 +153,21 @@ def test_two_replicas_planned_train_as_fixed_and_each_reads_its_share_in_the_pla
             own = [index - replica * M for index in reads if replica * M <= index < (replica + 1) * M]
             assert own[0] == report.order[0]  # slot 0 first: stage 0's first forward
             assert list(dict.fromkeys(own)) == report.order  # stage 0 forwards the slots in order
+
+
+def test_the_gpt_jobs_iteration_line_shows_the_wait_for_the_plan(tmp_path):
+    from rrfp_ray.recipes.config import RunConfig
+    from rrfp_ray.recipes.gpt_run import PolicyRun
+    from rrfp_ray.recipes.gpt_workload import gpt_trainer
+
+    run = RunConfig(
+        model={"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False},
+        pipeline={"stages": 2, "microbatches": M, "policy": "planned", "timeout_s": 30},
+        train={"micro_batch_size": 2, "seq_len": 16, "iterations": 2, "varlen": True},
+    )
+    with gpt_trainer(run) as trainer:
+        lines = list(PolicyRun(trainer=trainer, run=run, policy="planned", telemetry=tmp_path / "t.jsonl").iterations())
+        waits = trainer.plan_wait_s
+    assert len(lines) == 2
+    for line, wait in zip(lines, waits, strict=True):
+        assert f"plan wait {wait * 1e3:.2f} ms" in line
