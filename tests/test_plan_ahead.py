@@ -34,7 +34,7 @@ class Featured(Regression):
 class Slow(Featured):
     """Featured data that takes `delay_s` to show its features (as one that reads them from files might)."""
 
-    delay_s: float = 0.5
+    delay_s: float = 1.0
 
     def features(self, *, iteration: int) -> list[float]:
         time.sleep(self.delay_s)
@@ -137,8 +137,13 @@ def test_the_planner_sees_each_slots_largest_feature_over_the_replicas():
 
 
 def test_two_replicas_planned_train_as_fixed_and_each_reads_its_share_in_the_planned_order():
+    """One order for both replicas: replica r's slot s reads its microbatch r x M + order[s]."""
     with _trainer(policy=default_hints(chunks=1)[0], dp=2) as fixed:
         expected = [report.loss for report in fixed.fit(3)]
+    with _trainer(dp=2, data=Regression(microbatches=2 * M)) as plain:  # no features, no telemetry yet: identity
+        identity = plain.fit(2)
+    assert [r.order for r in identity] == [list(range(M))] * 2
+    assert [r.loss for r in identity] == pytest.approx(expected[:2], rel=1e-6)
     data = Recording(microbatches=2 * M)
     object.__setattr__(data, "reads", [])
     with _trainer(dp=2, data=data) as trainer:
