@@ -94,12 +94,14 @@ def test_a_job_shrinks_when_a_node_goes_and_grows_back_when_the_cluster_can_hold
             trainer.fit(until - trainer.iteration)
     resized, by_hand = (_weights(directory) for directory in (checkpoints, reference))
     assert resized.keys() == by_hand.keys()
+    # rounding (Ray's all-reduce against the local one), grown by Adam over the iterations, stays well within
+    # a tenth of one step's move (up to the learning rate, 3e-3): an iteration lost or run twice is seen
     for name, value in resized.items():
         torch.testing.assert_close(
             _compared(name, value),
             _compared(name, by_hand[name]),
-            rtol=1e-4,
-            atol=1e-5,
+            rtol=1e-3,
+            atol=1e-4,
             msg=lambda m, n=name: f"{n}: {m}",
         )
 
