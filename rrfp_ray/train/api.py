@@ -398,7 +398,7 @@ class Trainer:
                 except PlacementError as unplaced:
                     if self.pipeline.resize_after is None:
                         raise
-                    self._shrink(manifest=manifest, unplaced=unplaced)  # restores the manifest at the smaller shape
+                    self._shrink(manifest=manifest, unplaced=unplaced, failed=self.pipeline)  # restores the manifest
                 else:
                     self._resume(manifest)
                 self._restored = self.restarts
@@ -408,21 +408,21 @@ class Trainer:
                     raise  # a checkpoint the stages refuse: no restart can load it
                 error, failed = again, f"restart {self.restarts}"
 
-    def _shrink(self, *, manifest: Manifest | None, unplaced: PlacementError) -> None:
-        """Bring the stages up at the first shape after the one in use that the cluster holds now
-        (`resize.shapes`: each tried once); a PlacementError when none is placed."""
+    def _shrink(self, *, manifest: Manifest | None, unplaced: PlacementError, failed: PipelineConfig) -> None:
+        """Bring the stages up from `manifest` at the first shape the cluster holds now (`resize.shapes`,
+        each tried once but `failed`, whose placement did not finish); a PlacementError when none is placed."""
         for shape in shapes(target=self.target):
-            if shape == self.pipeline or not self.backend.can_place(pipeline=shape):
+            if shape == failed or not self.backend.can_place(pipeline=shape):
                 continue
             logger.warning(
                 "resizing: the cluster did not hold %s within %g s; going on at %s from %s",
-                describe(self.pipeline), self.pipeline.resize_after, describe(shape), _source(manifest),
+                describe(failed), self.pipeline.resize_after, describe(shape), _source(manifest),
             )  # fmt: skip
             try:
                 self._resize_to(shape, manifest=manifest)
                 return
             except PlacementError as again:
-                unplaced = again
+                unplaced, failed = again, shape
         raise PlacementError(f"resize: no shape of {describe(self.target)} could be placed; last: {unplaced}")
 
     def _grow_back(self) -> None:
@@ -437,7 +437,7 @@ class Trainer:
         try:
             self._resize_to(self.target, manifest=manifest)
         except PlacementError as unplaced:  # its nodes went again before the stages were placed
-            self._shrink(manifest=manifest, unplaced=unplaced)
+            self._shrink(manifest=manifest, unplaced=unplaced, failed=self.target)
 
     def _resize_to(self, shape: PipelineConfig, *, manifest: Manifest | None) -> None:
         """Fresh stages at `shape`, resumed from `manifest` (None: the initial weights, iteration 0)."""
