@@ -311,7 +311,8 @@ class Trainer:
         scratch directory (a fresh `reshape-*` one in the checkpoint directory, else a temporary one; the
         committed checkpoints are left alone, and it is removed after), takes the workload of the new split
         (its ties found again) and loads what it now holds. Training goes on as if the split had always been
-        this one. Returns the seconds it took; logs which layers moved between which stages."""
+        this one. Returns the seconds it took; logs which layers moved between which stages. Stage actors on
+        several nodes need the checkpoint directory (shared storage) for the scratch save."""
         started = time.perf_counter()
         pipeline = self.pipeline.replaced(layer_split=tuple(layer_split))
         layers = self.workload.layers()
