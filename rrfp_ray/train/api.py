@@ -157,7 +157,12 @@ def check_global_batch(*, saved: Shape, pipeline: PipelineConfig) -> None:
         raise CheckpointError(
             f"resume: the checkpoint trained D x M = {saved.dp} x {saved.microbatches} = {batch} microbatches an "
             f"iteration, this pipeline D x M = {pipeline.dp} x {pipeline.microbatches} = "
-            f"{pipeline.global_microbatches}: give it microbatches = {batch} / dp to train the same"
+            f"{pipeline.global_microbatches}: "
+            + (
+                f"give it microbatches {batch // pipeline.dp} to train the same"
+                if batch % pipeline.dp == 0
+                else f"dp {pipeline.dp} does not divide {batch}"
+            )
         )
 
 
@@ -315,7 +320,11 @@ class Trainer:
         scratch directory (a fresh `reshape-*` one in the checkpoint directory, else a temporary one; the
         committed checkpoints are left alone, and it is removed after), takes the workload of the new split
         (its ties found again) and loads what it now holds. Training goes on as if the split had always been
-        this one. Returns the seconds it took; logs which layers moved between which stages."""
+        this one. Returns the seconds it took; logs which layers moved between which stages. Stage actors on
+        several nodes need the checkpoint directory (shared storage) for the scratch save.
+
+        A stage lost meanwhile is a PipelineError to the caller (no restart here): lost in the save, the
+        pipeline keeps its split; lost after, it holds the new one, and a restart loads the last checkpoint."""
         started = time.perf_counter()
         pipeline = self.pipeline.replaced(layer_split=tuple(layer_split))
         layers = self.workload.layers()
@@ -344,8 +353,8 @@ class Trainer:
                 parameters=self.parameters,
             )  # fmt: skip
             self.backend.set_workload(workload=workload)
+            self.pipeline, self.workload = pipeline, workload  # what the stages now run, whether the load works or not
             self.backend.load(directory=directory, manifest=manifest)
-        self.pipeline, self.workload = pipeline, workload
         seconds = time.perf_counter() - started
         logger.info(
             "reshape at iteration %d: split %s -> %s; %s (%.2f s)",

@@ -31,7 +31,8 @@ class Backend(Protocol):
         ...
 
     def set_workload(self, *, workload: ModelWorkload) -> None:
-        """Give every stage a fresh workload: the weights start again from the model as given."""
+        """Give every stage a fresh workload (another split of the same pipeline too: `Trainer.reshape`); the
+        weights start again from the model as given."""
         ...
 
     def run_iteration(
@@ -48,7 +49,9 @@ class Backend(Protocol):
         """Every stage writes its state; returns each stage's file for the manifest."""
         ...
 
-    def load(self, *, directory: Path, manifest: Manifest) -> None: ...
+    def load(self, *, directory: Path, manifest: Manifest) -> None:
+        """Every stage loads what it holds from `manifest`'s files, whatever pipeline shape wrote them."""
+        ...
 
     def chunk_states(self) -> list[dict[int, dict[str, Tensor]]]:
         """Every stage's (TP shard's, in `Mesh` index order) chunk weights, on the CPU."""
