@@ -114,7 +114,7 @@ class StageWorker:
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
         tp_ms = 0.0
         weight_ops_left = dict.fromkeys(range(layout.chunks), layout.microbatches)
-        executor.begin(iteration=iteration, order=args.order)
+        executor.begin(iteration=iteration, order=args.order, measure=args.measure)
         if dp is not None:
             dp.reducer.begin()
         try:
@@ -189,6 +189,9 @@ class StageWorker:
             send_busy = sum(sender.take_stats(into=self._breakdown) for sender in self._senders.values())
             stats.overhead_us = self._breakdown.to_us()
         stats.send_busy_ms, stats.recv_busy_ms = send_busy * 1e3, self._recv_busy * 1e3
+        if args.measure:  # after the iteration's own timings: it adds to the iteration, not to the stage's wall time
+            costs = executor.measure()
+            stats.layer_costs, stats.probe_ms = costs.layers, costs.probe_ms
         return events, stats
 
     @staticmethod

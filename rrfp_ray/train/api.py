@@ -73,6 +73,7 @@ def make_workload(
     seed: int = 0,
     injected: Trace | None = None,
     device: str = "cpu",
+    slow_devices: dict[int, float] | None = None,
 ) -> ModelWorkload:
     """What every stage receives (not yet dry-run); the arguments are `Trainer`'s."""
     if not isinstance(pipeline, PipelineConfig):
@@ -94,6 +95,7 @@ def make_workload(
         precision=pipeline.precision,
         activation_checkpointing=pipeline.activation_checkpointing,
         layer_split=pipeline.layer_split,
+        slow_devices=dict(slow_devices or {}),
     )
 
 
@@ -134,7 +136,8 @@ class Trainer:
     global-norm clipping; the default), or a factory `params -> torch.optim.Optimizer`
     (its own learning rates, no clipping; `FactoryOptim(factory, max_grad_norm=...)` clips).
     `backend`: `LocalBackend()` (the default: threads of this process) or
-    `actors.backend.RayBackend()` (one Ray actor per stage).
+    `actors.backend.RayBackend()` (one Ray actor per stage). `slow_devices`: stage -> factor, that
+    stage's device emulated as computing factor times slower (`rrfp_ray.runtime.measure.Throttle`).
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class Trainer:
         injected: Trace | None = None,
         checkpoints: Checkpointing | None = None,
         device: str = "cpu",
+        slow_devices: dict[int, float] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.checkpoints = checkpoints
@@ -166,6 +170,7 @@ class Trainer:
             seed=seed,
             injected=injected,
             device=device,
+            slow_devices=slow_devices,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
         self.fingerprint = workload_fingerprint(pipeline=pipeline, workload=self.workload)

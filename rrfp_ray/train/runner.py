@@ -18,6 +18,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
+from rrfp_ray.observe.telemetry import LayerCost
+from rrfp_ray.runtime.measure import Clock
 from rrfp_ray.runtime.tree import Tree, flatten, tree_map
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.train.precision import Precision, autocast, for_the_wire
@@ -223,6 +225,47 @@ class StageRunner:
             )
         for work in deferred.passes:
             work.run()
+
+    def layer_costs(self, *, chunk: int, inputs: Tree, first_layer: int, clock: Clock) -> list[LayerCost]:
+        """Each layer of `chunk` (model layer indices from `first_layer` on) timed on `inputs`, one
+        microbatch's input to the chunk: it runs through the layers one by one, each forward timed
+        and then its backward (input and weight gradients by `torch.autograd.grad`, which leaves
+        every `.grad` as it is; the RNG state is restored after), with what the forward saved for it."""
+        devices = [self._device] if self._device.startswith("cuda") else []
+        costs = []
+        x = inputs
+        with torch.random.fork_rng(devices=devices):
+            for offset, layer in enumerate(self.module(chunk)):
+                cost, x = self._layer_cost(layer=layer, inputs=x, index=first_layer + offset, clock=clock)
+                costs.append(cost)
+        return costs
+
+    def _layer_cost(self, *, layer: nn.Module, inputs: Tree, index: int, clock: Clock) -> tuple[LayerCost, Tree]:
+        """`layer` timed on `inputs` (as `layer_costs` says), and its output."""
+        x = tree_map(lambda t: t.detach().requires_grad_(t.is_floating_point()), inputs)
+        (out, saved), forward_ms = clock.median_ms(lambda: self._replay_forward(layer, x))
+        roots = _differentiable(out)
+        leaves = [t for t in flatten(x)[0] if t.requires_grad] + [p for p in layer.parameters() if p.requires_grad]
+        backward_ms = 0.0
+        if roots and leaves:
+            grads = [torch.ones_like(root) for root in roots]
+            _, backward_ms = clock.median_ms(
+                lambda: torch.autograd.grad(roots, leaves, grads, retain_graph=True, allow_unused=True)
+            )
+        cost = LayerCost(
+            layer=index,
+            forward_ms=forward_ms,
+            backward_ms=backward_ms,
+            param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
+            activation_bytes=self._activation_bytes(saved),
+        )
+        return cost, out
+
+    def _replay_forward(self, layer: nn.Module, x: Tree) -> tuple[Tree, dict[int, int]]:
+        saved: dict[int, int] = {}
+        with torch.enable_grad(), saved_tensors_hooks(note_storages(saved), unchanged):
+            with autocast(self.precision, device=self._device):
+                return layer(x), saved
 
     def losses(self) -> list[float]:
         """This iteration's unscaled losses, by microbatch (last virtual stage only); sums for a (sum, count) loss."""

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
 from rrfp_ray.runtime.executor import StepResult
+from rrfp_ray.runtime.measure import Clock, Costs, Throttle
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
 from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.schedule.actions import Action, Kind
@@ -136,6 +137,7 @@ class ModelWorkload:
     precision: Precision = Precision.FP32
     activation_checkpointing: bool = False  # recompute each block's internals in its backward
     layer_split: tuple[int, ...] | None = None  # layers per virtual stage; None: even
+    slow_devices: dict[int, float] = field(default_factory=dict)  # stage -> how many times slower it computes
 
     def layer_ranges(self, *, layout: Layout, n_layers: int) -> list[range]:
         """The layers of each virtual stage, by index into the model's layer list."""
@@ -175,7 +177,8 @@ class ModelWorkload:
             device=self.device,
             sizes=self.layer_split,
         )
-        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self, tied=tied)
+        first = {c: parts[layout.virtual_stage(stage=stage, chunk=c)].start for c in range(layout.chunks)}
+        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self, tied=tied, first_layers=first)
 
     def latency(self, message: Message) -> float:
         return 0.0 if self.injected is None else self.injected.latency(message)
@@ -206,10 +209,24 @@ class ModelWorkload:
 
 
 class ModelExecutor:
+    """Runs a stage's actions on its `StageRunner`; `first_layers`: each chunk's first model layer index.
+    On a stage of `ModelWorkload.slow_devices` everything it computes is throttled (`Throttle`):
+    its ops, its layers' measurement and its probe."""
+
     def __init__(
-        self, *, stage: int, runner: StageRunner, layout: Layout, workload: ModelWorkload, tied: TiedGradients
+        self,
+        *,
+        stage: int,
+        runner: StageRunner,
+        layout: Layout,
+        workload: ModelWorkload,
+        tied: TiedGradients,
+        first_layers: dict[int, int],
     ) -> None:
         self.stage = stage
+        self._first_layers = first_layers
+        self._throttle = Throttle(factor=workload.slow_devices.get(stage, 1.0), device=workload.device)
+        self._samples: dict[int, Any] | None = None  # measuring: one microbatch's input to each chunk
         self._tied = tied
         self.runner = runner
         self._layout = layout
@@ -229,8 +246,9 @@ class ModelExecutor:
             {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
         )
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
         self._order = order
+        self._samples = {} if measure else None
         self.runner.reset_iteration()
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
@@ -257,15 +275,33 @@ class ModelExecutor:
                 )
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
-            out = self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets)
+            if self._samples is not None and c not in self._samples:
+                self._samples[c] = tree_map(Tensor.detach, inputs)
+            out = self._throttle.run(lambda: self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets))
         elif action.kind is Kind.I:
-            out = self.runner.backward_input(chunk=c, microbatch=m, grad=payload)
+            out = self._throttle.run(lambda: self.runner.backward_input(chunk=c, microbatch=m, grad=payload))
         elif action.kind is Kind.B:
-            out = self.runner.backward(chunk=c, microbatch=m, grad=payload)
+            out = self._throttle.run(lambda: self.runner.backward(chunk=c, microbatch=m, grad=payload))
         else:
-            out = self.runner.backward_weight(chunk=c, microbatch=m)
+            out = self._throttle.run(lambda: self.runner.backward_weight(chunk=c, microbatch=m))
         self._inject(action)
         return out
+
+    def measure(self) -> Costs:
+        """Each layer of this stage replayed on the microbatch input its chunk was first given this
+        iteration (`StageRunner.layer_costs`), and the probe; both on this device, throttled as its ops are."""
+        if self._samples is None:
+            raise RuntimeError(f"stage {self.stage}: measure after an iteration begun without measure")
+        clock = Clock(device=self._workload.device, throttle=self._throttle)
+        layers = [
+            cost
+            for c in sorted(self._samples)
+            for cost in self.runner.layer_costs(
+                chunk=c, inputs=self._samples[c], first_layer=self._first_layers[c], clock=clock
+            )
+        ]
+        self._samples = None
+        return Costs(layers=sorted(layers, key=lambda cost: cost.layer), probe_ms=clock.probe_ms())
 
     def _inject(self, action: Action) -> None:
         if self._workload.injected is not None:
