@@ -15,13 +15,26 @@ import argparse
 import statistics
 import time
 
-from rrfp_ray.cli import add_log_level_flag, configure_logging
+from pydantic import ValidationError
+
+from rrfp_ray.cli import add_log_level_flag, config_error, configure_logging
 from rrfp_ray.job import run_job
+from rrfp_ray.recipes.config import RunConfig
 
 WARMUP = 2  # iterations left out of the medians
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+FLAGS = {  # the RunConfig field each flag sets, for its errors
+    "pipeline.shape.stages": "--stages",
+    "pipeline.shape.microbatches": "--microbatches",
+    "pipeline.balance.measure_every": "--measure-every",
+    "model.n_layer": "--n-layer",
+    "model.n_embd": "--n-embd",
+    "variability.slow_devices": "--slow-device",
+}
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=41, help="steps to time (the first two are a warm-up)")
     parser.add_argument("--measure-every", type=int, default=10, help="iterations between measurements")
@@ -32,21 +45,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-device", default=None, metavar="STAGE:FACTOR,...", help="stages that compute slower")
     add_log_level_flag(parser)
     args = parser.parse_args(argv)
-    if args.measure_every < 1:
-        parser.error(f"--measure-every must be >= 1, got {args.measure_every}")
-    if args.iterations < WARMUP + args.measure_every + 1:
-        parser.error(f"--iterations must be at least {WARMUP + args.measure_every + 1} to measure after the warm-up")
-    return args
-
-
-def main(argv: list[str] | None = None) -> dict:
-    args = parse(argv)
-    configure_logging(args)
-    from pydantic import ValidationError
-
-    from rrfp_ray.recipes.config import RunConfig
-    from rrfp_ray.recipes.gpt_workload import gpt_trainer
-
     try:
         run = RunConfig(
             pipeline={"stages": args.stages, "microbatches": args.microbatches, "measure_every": args.measure_every},
@@ -55,7 +53,17 @@ def main(argv: list[str] | None = None) -> dict:
             train={"iterations": args.iterations},
         )
     except ValidationError as error:
-        raise SystemExit(f"bench_measure.py: error: {error}") from None
+        config_error(parser, error, flags=FLAGS)
+    if args.iterations < WARMUP + args.measure_every + 1:
+        parser.error(f"--iterations must be at least {WARMUP + args.measure_every + 1} to measure after the warm-up")
+    return args, run
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, run = parse(argv)
+    configure_logging(args)
+    from rrfp_ray.recipes.gpt_workload import gpt_trainer
+
     trainer = gpt_trainer(run)
     steps: dict[bool, list[float]] = {True: [], False: []}
     last = None

@@ -41,6 +41,13 @@ stage's last op); it prints the exposed share of the reduce time (past every sta
 past the stage's own), measured and simulated, and the bytes summed and received:
 
     python jobs/bench_runtime.py --dp 2 --stages 4 --microbatches 16 --grad-mb 25 --policies 1f1b,bfw
+
+The synthetic model has --layers layers per stage (per virtual stage with --chunks > 1), each holding
+--layer-mb MB of real parameters; the trace's durations are for the even split, so with --split each
+op sleeps its device's share per layer it holds (the simulator sees the same). --measure-every N has
+the stages measure their layers' costs every N iterations (`StageStats.layer_costs`, docs/observe.md):
+
+    python jobs/bench_runtime.py --scenario imbalance --layers 2 --split 3,2,2,1 --measure-every 2
 """
 
 from __future__ import annotations

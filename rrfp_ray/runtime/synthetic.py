@@ -184,56 +184,47 @@ class SleepExecutor:
         self._held = {c: held[vs] for c, vs in vs_of.items()}
         self._params = {i: torch.zeros(model.layer_bytes, dtype=torch.uint8) for r in self._held.values() for i in r}
         self._run_trace = model.as_run(trace)
-        self._measuring = False
+        self._watched: dict[int, list] | None = None  # measuring: chunk -> [microbatch, its F ms, its backward ms]
 
     def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
-        self._measuring = measure
+        self._watched = {} if measure else None
 
     def measure(self) -> Costs:
-        """Each layer's forward and backward share slept and timed on this thread (a share: the trace's
-        mean over microbatches of this device's duration, over the layers the trace row is for), its
-        parameter bytes (the tensor it holds), and the activation bytes one microbatch keeps (the
-        trace's, shared by its layers, or else one payload tensor a layer).
+        """Each layer's forward and backward as this iteration's own ops measured them, slept on this
+        thread: of each chunk, the first microbatch to run, its F and its backward (B, or I and W), each
+        op's time shared evenly by the layers it holds (each costs its device's share of the trace); its
+        parameter bytes (the tensor it holds) and the activation bytes one microbatch keeps (the trace's,
+        shared by the layers of its row, or else one payload tensor a layer).
 
         The probe emulates the fixed reference computation on this device: it sleeps `PROBE_MS`
         times the device's speed factor, its mean op duration in the trace (F, B and W, over its
-        chunks and microbatches) over the mean of every device's."""
-        if not self._measuring:
+        chunks and microbatches) over the mean of every device's (`device_speed`)."""
+        if self._watched is None:
             raise RuntimeError(f"stage {self._stage}: measure after an iteration begun without measure")
-        self._measuring = False
         costs = []
-        for c, layers in sorted(self._held.items()):
-            vs, share = self._layout.virtual_stage(stage=self._stage, chunk=c), self._shares[c]
-            forward = statistics.mean(self._trace.F[vs]) / share
-            backward = (statistics.mean(self._trace.B[vs]) + statistics.mean(self._trace.W[vs])) / share
+        for c, (_, forward, backward) in sorted(self._watched.items()):
+            vs, layers = self._layout.virtual_stage(stage=self._stage, chunk=c), self._held[c]
             if self._trace.activation_bytes is not None:
-                activation = int(statistics.mean(self._trace.activation_bytes[vs]) / share)
+                activation = int(statistics.mean(self._trace.activation_bytes[vs]) / self._shares[c])
             else:
                 activation = self._payload.numel() * self._payload.element_size()
-            for layer in layers:
-                costs.append(
-                    LayerCost(
-                        layer=layer,
-                        forward_ms=_timed_sleep_ms(forward),
-                        backward_ms=_timed_sleep_ms(backward),
-                        param_bytes=self._params[layer].nbytes,
-                        activation_bytes=activation,
-                    )
+            costs += [
+                LayerCost(
+                    layer=layer,
+                    forward_ms=forward / len(layers),
+                    backward_ms=backward / len(layers),
+                    param_bytes=self._params[layer].nbytes,
+                    activation_bytes=activation,
                 )
-        return Costs(layers=costs, probe_ms=_timed_sleep_ms(PROBE_MS * self._speed()))
-
-    def _speed(self) -> float:
-        """This device's mean op duration in the trace over the mean of every device's (1: all alike)."""
-        trace, layout = self._trace, self._layout
-
-        def mean_op(stage: int) -> float:
-            rows = [layout.virtual_stage(stage=stage, chunk=c) for c in range(layout.chunks)]
-            return statistics.mean(
-                trace.F[vs][m] + trace.B[vs][m] + trace.W[vs][m] for vs in rows for m in range(trace.microbatches)
-            )
-
-        overall = statistics.mean(mean_op(stage) for stage in range(layout.stages))
-        return mean_op(self._stage) / overall if overall > 0 else 1.0
+                for layer in layers
+            ]
+        self._watched = None
+        return Costs(
+            layers=costs,
+            probe_ms=_timed_sleep_ms(
+                PROBE_MS * device_speed(trace=self._trace, layout=self._layout, stage=self._stage)
+            ),
+        )
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> None:
         return None
@@ -253,9 +244,33 @@ class SleepExecutor:
             _sleep_until(start + duration * (index + 1) / len(layers))
             release(ChunkGradients(tensors=[layer]))
         _sleep_until(start + duration)
+        if self._watched is not None:
+            self._note(action, ms=(time.time() - start) * 1e3)
         if self._layout.sends(action) is None:
             return None
         return self._payload
+
+    def _note(self, action: Action, *, ms: float) -> None:
+        """`action` took `ms`: noted when it is of its chunk's measured microbatch (the first to run its F)."""
+        if action.kind is Kind.F and action.chunk not in self._watched:
+            self._watched[action.chunk] = [action.microbatch, 0.0, 0.0]
+        watched = self._watched.get(action.chunk)
+        if watched is not None and watched[0] == action.microbatch:
+            watched[1 if action.kind is Kind.F else 2] += ms
+
+
+def device_speed(*, trace: Trace, layout: Layout, stage: int) -> float:
+    """`stage`'s device's mean op duration in `trace` (F + B + W, over its chunks and microbatches) over the
+    mean of every device's: its speed factor, 1 when all are alike."""
+
+    def mean_op(device: int) -> float:
+        rows = [layout.virtual_stage(stage=device, chunk=c) for c in range(layout.chunks)]
+        return statistics.mean(
+            trace.F[vs][m] + trace.B[vs][m] + trace.W[vs][m] for vs in rows for m in range(trace.microbatches)
+        )
+
+    overall = statistics.mean(mean_op(device) for device in range(layout.stages))
+    return mean_op(stage) / overall if overall > 0 else 1.0
 
 
 def _timed_sleep_ms(ms: float) -> float:

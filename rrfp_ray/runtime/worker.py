@@ -95,7 +95,10 @@ class StageWorker:
 
         With `dp`, this worker's stage is replicated: during a chunk's last weight-gradient op, its
         gradients go to the DP reduction as they become final (`rrfp_ray.runtime.reduce`; with
-        `dp.overlap` off, every chunk's once all stages have run their last op), and the step waits for it."""
+        `dp.overlap` off, every chunk's once all stages have run their last op), and the step waits for it.
+
+        With `args.measure`, the executor's `measure` follows the step, on this thread: the stats carry
+        its layer costs and probe (outside the stage's wall time)."""
         iteration, layout, policy = args.iteration, args.layout, args.policy
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit)
         with self._cond:

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
 from rrfp_ray.runtime.executor import StepResult
-from rrfp_ray.runtime.measure import Clock, Costs, Throttle
+from rrfp_ray.runtime.measure import Clock, Costs, LayerWatch, Throttle, stamp
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
 from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.schedule.actions import Action, Kind
@@ -226,7 +227,7 @@ class ModelExecutor:
         self.stage = stage
         self._first_layers = first_layers
         self._throttle = Throttle(factor=workload.slow_devices.get(stage, 1.0), device=workload.device)
-        self._samples: dict[int, Any] | None = None  # measuring: one microbatch's input to each chunk
+        self._watches: dict[int, tuple[int, LayerWatch]] | None = None  # measuring: chunk -> (microbatch, its watch)
         self._tied = tied
         self.runner = runner
         self._layout = layout
@@ -248,7 +249,7 @@ class ModelExecutor:
 
     def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
         self._order = order
-        self._samples = {} if measure else None
+        self._watches = {} if measure else None
         self.runner.reset_iteration()
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
@@ -275,33 +276,47 @@ class ModelExecutor:
                 )
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
-            if self._samples is not None and c not in self._samples:
-                self._samples[c] = tree_map(Tensor.detach, inputs)
-            out = self._throttle.run(lambda: self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets))
+            watch = self._watch(chunk=c, microbatch=m, first=True)
+            op = partial(self.runner.forward, chunk=c, microbatch=m, inputs=inputs, targets=targets, watch=watch)
         elif action.kind is Kind.I:
-            out = self._throttle.run(lambda: self.runner.backward_input(chunk=c, microbatch=m, grad=payload))
+            op = partial(self.runner.backward_input, chunk=c, microbatch=m, grad=payload)
         elif action.kind is Kind.B:
-            out = self._throttle.run(lambda: self.runner.backward(chunk=c, microbatch=m, grad=payload))
+            op = partial(self.runner.backward, chunk=c, microbatch=m, grad=payload)
         else:
-            out = self._throttle.run(lambda: self.runner.backward_weight(chunk=c, microbatch=m))
+            op = partial(self.runner.backward_weight, chunk=c, microbatch=m)
+        watch = self._watch(chunk=c, microbatch=m)
+        start = None if watch is None else stamp(self._workload.device)
+        out = self._throttle.run(op)
+        if watch is not None:
+            watch.op(forward=action.kind is Kind.F, start=start, end=stamp(self._workload.device))
         self._inject(action)
         return out
 
-    def measure(self) -> Costs:
-        """Each layer of this stage replayed on the microbatch input its chunk was first given this
-        iteration (`StageRunner.layer_costs`), and the probe; both on this device, throttled as its ops are."""
-        if self._samples is None:
-            raise RuntimeError(f"stage {self.stage}: measure after an iteration begun without measure")
-        clock = Clock(device=self._workload.device, throttle=self._throttle)
-        layers = [
-            cost
-            for c in sorted(self._samples)
-            for cost in self.runner.layer_costs(
-                chunk=c, inputs=self._samples[c], first_layer=self._first_layers[c], clock=clock
+    def _watch(self, *, chunk: int, microbatch: int, first: bool = False) -> LayerWatch | None:
+        """The watch over `microbatch`'s work in `chunk` when it is the one measured (`first`: a forward,
+        which starts one for the chunk's first microbatch to run); else None."""
+        if self._watches is None:
+            return None
+        if first and chunk not in self._watches:
+            layers = len(self.runner.module(chunk))
+            self._watches[chunk] = (
+                microbatch,
+                LayerWatch(device=self._workload.device, layers=layers, first_layer=self._first_layers[chunk]),
             )
-        ]
-        self._samples = None
-        return Costs(layers=sorted(layers, key=lambda cost: cost.layer), probe_ms=clock.probe_ms())
+        watched, watch = self._watches.get(chunk, (None, None))
+        return watch if watched == microbatch else None
+
+    def measure(self) -> Costs:
+        """Each layer's cost as the iteration's own work on its chunk's first microbatch measured it
+        (`LayerWatch`), and the probe on this device, throttled as its ops are."""
+        if self._watches is None:
+            raise RuntimeError(f"stage {self.stage}: measure after an iteration begun without measure")
+        if self._workload.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        layers = [cost for _, watch in self._watches.values() for cost in watch.costs()]
+        self._watches = None
+        probe = Clock(device=self._workload.device, throttle=self._throttle).probe_ms()
+        return Costs(layers=sorted(layers, key=lambda cost: cost.layer), probe_ms=probe)
 
     def _inject(self, action: Action) -> None:
         if self._workload.injected is not None:
