@@ -87,6 +87,7 @@ def make_workload(
     seed: int = 0,
     injected: Trace | None = None,
     device: str = "cpu",
+    slow_devices: dict[int, float] | None = None,
 ) -> ModelWorkload:
     """What every stage receives (not yet dry-run); the arguments are `Trainer`'s."""
     if not isinstance(pipeline, PipelineConfig):
@@ -108,6 +109,7 @@ def make_workload(
         precision=pipeline.precision,
         activation_checkpointing=pipeline.activation_checkpointing,
         layer_split=pipeline.layer_split,
+        slow_devices=dict(slow_devices or {}),
     )
 
 
@@ -177,7 +179,8 @@ class Trainer:
     global-norm clipping; the default), or a factory `params -> torch.optim.Optimizer`
     (its own learning rates, no clipping; `FactoryOptim(factory, max_grad_norm=...)` clips).
     `backend`: `LocalBackend()` (the default: threads of this process) or
-    `actors.backend.RayBackend()` (one Ray actor per stage).
+    `actors.backend.RayBackend()` (one Ray actor per stage). `slow_devices`: stage -> factor, that
+    stage's device emulated as computing factor times slower (`rrfp_ray.runtime.measure.Throttle`).
     """
 
     def __init__(
@@ -195,6 +198,7 @@ class Trainer:
         injected: Trace | None = None,
         checkpoints: Checkpointing | None = None,
         device: str = "cpu",
+        slow_devices: dict[int, float] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.checkpoints = checkpoints
@@ -209,6 +213,7 @@ class Trainer:
             seed=seed,
             injected=injected,
             device=device,
+            slow_devices=slow_devices,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
         built = self.workload.layers()

@@ -19,6 +19,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.group import StageGroup
+from rrfp_ray.runtime.iteration import measures
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
@@ -73,7 +74,8 @@ def run_iteration(
     cap: Cap | None = None,
     order: tuple[int, ...] | None = None,
 ) -> IterationReport:
-    """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`): either backend's."""
+    """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`), measuring
+    its layers' costs when `pipeline.balance` says (`measures`): either backend's."""
     return group.run_iteration(
         iteration=iteration,
         policy=policy,
@@ -81,6 +83,7 @@ def run_iteration(
         buffer_limit=pipeline.buffer_limit,
         tp_protocol=pipeline.tp_protocol,
         order=order,
+        measure=measures(iteration=iteration, period=pipeline.balance.measure_period),
     )
 
 
