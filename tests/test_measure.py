@@ -104,20 +104,20 @@ def _forward_ms(trainer: Trainer) -> dict[int, float]:
 
 
 def test_a_slow_device_measures_its_layers_slow_and_a_layer_moved_off_it_fast() -> None:
-    with _trainer(measure_every=1, slow={1: 1.5}) as trainer:
+    with _trainer(measure_every=1, slow={1: 2.0}) as trainer:
         even = _forward_ms(trainer)
-    assert 1.2 < even[2] / even[1] < 2.0  # layer 2 on the slowed stage 1, layer 1 on stage 0: the same layer
-    with _trainer(measure_every=1, split=(3, 1), slow={1: 1.5}) as trainer:
+    assert 1.4 < even[2] / even[1] < 3.0  # layer 2 on the slowed stage 1, layer 1 on stage 0: the same layer
+    with _trainer(measure_every=1, split=(3, 1), slow={1: 2.0}) as trainer:
         moved = _forward_ms(trainer)
-    assert 0.75 < moved[2] / moved[1] < 1.3  # layer 2 now on stage 0
-    assert 1.2 < moved[3] / moved[1] < 2.0
+    assert 0.7 < moved[2] / moved[1] < 1.4  # layer 2 now on stage 0
+    assert 1.4 < moved[3] / moved[1] < 3.0
 
 
 def test_the_throttle_slows_what_the_clock_times_by_its_factor() -> None:
     clock = Clock(throttle=Throttle(factor=2.0))
-    _, slow = clock.time_ms(lambda: time.sleep(SLEEP_S))
-    _, plain = Clock().time_ms(lambda: time.sleep(SLEEP_S))
-    assert 1.5 < slow / plain < 3.0
+    _, slow = clock.median_ms(lambda: time.sleep(SLEEP_S), repeats=5)
+    _, plain = Clock().median_ms(lambda: time.sleep(SLEEP_S), repeats=5)
+    assert 1.4 < slow / plain < 3.0
     with pytest.raises(ValueError, match="factor must be >= 1"):
         Throttle(factor=0.5)
 
