@@ -203,3 +203,21 @@ def test_bad_flags_exit_2_naming_the_flag(job, argv: list[str], expected: str, c
         job(argv)
     assert exit_info.value.code == 2
     assert expected in capsys.readouterr().err
+
+
+def test_turns_measure_every_period_over_their_common_iteration_count() -> None:
+    pipeline = PipelineConfig(stages=2, microbatches=2, policy="1f1b", timeout_s=60)
+    trace = generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0)
+    runs = {name: (pipeline.resolved_policy(name), pipeline.cap) for name in ("1f1b", "bf")}
+    with LocalPipeline(layout=pipeline.layout) as local:
+        local.group.set_workload(workload=SyntheticWorkload(trace=trace))
+        reports = local.group.take_turns(
+            runs=runs,
+            rounds=2,
+            first_iteration=0,
+            buffer_limit=None,
+            tp_protocol=pipeline.tp_protocol,
+            measure_period=3,
+        )
+    measured = sorted(r.iteration for rs in reports.values() for r in rs if r.stages[0].layer_costs)
+    assert measured == [0, 3]
