@@ -137,6 +137,10 @@ class PipelineDriver:
         """This driver actor's resident memory."""
         return rss_bytes()
 
+    def placed_groups(self) -> int:
+        """How many (replica, stage) placement groups its stages hold now (0 while they are down)."""
+        return self.group.fabric.placed_groups if self.group is not None else 0
+
     def stage_actors(self) -> list[ray.actor.ActorHandle]:
         """The stage actors' handles, in stage order (for inspection and fault-injection tests)."""
         return [handle.actor for handle in self.group.handles]
@@ -166,12 +170,19 @@ class RayFabric:
         self.pids: dict[str, int] = {}  # actor id -> process, once the stage actors are up
         self._pgs: list = []  # a placement group per (replica, stage): per TP group
 
+    @property
+    def placed_groups(self) -> int:
+        return len(self._pgs)
+
     def start(self) -> list[RayStageHandle]:
         """Placement (waiting for an autoscaler to add nodes), stage actors, their transport and links."""
         mesh = self.mesh
         demand = self.placement.demand(dp=mesh.dp, stages=mesh.stages, tp=mesh.tp)
         labels = [mesh.label(members[0]) for members in mesh.tp_groups()]
-        self._pgs = place(demand=demand, timeout_s=self.placement.timeout_s, labels=labels)  # logs its waiting and end
+        timeout_s = self.placement.timeout_s
+        if self._starts and self.pipeline.resize_after is not None:  # a restart: past this the job resizes
+            timeout_s = min(timeout_s, self.pipeline.resize_after)
+        self._pgs = place(demand=demand, timeout_s=timeout_s, labels=labels)  # logs its waiting and end
         spawn_s = max(self.timeout_s, _SPAWN_S)
         waited = time.perf_counter()
         run = replacement(self.run, mark="r", count=self._starts)  # a restart's old actors may hold their names
@@ -312,6 +323,7 @@ class RayFabric:
                 ray.kill(actor)
         for pg in self._pgs:
             remove_placement_group(pg)
+        self._pgs = []
         logger.info("%d stage actors stopped%s", len(self.actors), "" if graceful else " (after a failure)")
         self.actors = []
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rrfp_ray.errors import ExitCode
+from rrfp_ray.errors import ExitCode, PlacementError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
@@ -46,6 +46,7 @@ from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
+from rrfp_ray.train.resize import describe, shapes
 from rrfp_ray.train.runner import LossFn, partition
 from rrfp_ray.train.ties import find_ties
 from rrfp_ray.train.workload import DataSource, FactoryOptim, FeatureSource, ModelWorkload, Optim, OptimSpec
@@ -181,6 +182,11 @@ class Trainer:
     `backend`: `LocalBackend()` (the default: threads of this process) or
     `actors.backend.RayBackend()` (one Ray actor per stage). `slow_devices`: stage -> factor, that
     stage's device emulated as computing factor times slower (`rrfp_ray.runtime.measure.Throttle`).
+
+    With `pipeline.resize_after`, a restart whose stages the cluster does not hold within that
+    many seconds runs on at a smaller shape (`rrfp_ray.train.resize`) from the last checkpoint,
+    and at each later checkpoint goes back to `pipeline` once the cluster holds it again;
+    `self.pipeline` is the shape in use, `self.target` the one asked for.
     """
 
     def __init__(
@@ -201,6 +207,7 @@ class Trainer:
         slow_devices: dict[int, float] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.target = pipeline
         self.checkpoints = checkpoints
         self.workload = make_workload(
             model=model,
@@ -216,6 +223,7 @@ class Trainer:
             slow_devices=slow_devices,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
+        self._target_workload = self.workload
         built = self.workload.layers()
         self.parameters = model_parameters(built)
         self.fingerprint = parameters_fingerprint(self.parameters)
@@ -237,6 +245,7 @@ class Trainer:
         self._lookahead: Lookahead | None = None  # plans the next planned iteration while one runs
         self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took (nan: the last plan ran)
         self.plan_wait_s: list[float] = []  # per planned iteration: the seconds it waited for its plan
+        self.resizes: list[tuple[int, PipelineConfig]] = []  # (iteration, shape): each resize, where it resumed
         if resume is not None:
             self._restore(resume)
 
@@ -259,6 +268,8 @@ class Trainer:
                 self._recover(error, failed=f"iteration {self.iteration}")
                 continue
             report.restart, self._restored = self._restored, 0
+            if self.pipeline is not self.target:
+                report.shape = describe(self.pipeline)
             if report.skipped_step:
                 self.skipped_steps += 1
                 logger.warning(
@@ -270,6 +281,7 @@ class Trainer:
                 return report
             try:
                 self.save()
+                self._grow_back()
                 return report
             except PipelineError as error:
                 self._recover(error, failed=f"the checkpoint of iteration {self.iteration}")
@@ -358,6 +370,8 @@ class Trainer:
                 parameters=self.parameters,
             )  # fmt: skip
             self.backend.set_workload(workload=workload)
+            if self.pipeline is self.target:  # the asked-for shape takes the new split too
+                self.target, self._target_workload = pipeline, workload
             self.pipeline, self.workload = pipeline, workload  # what the stages now run, whether the load works or not
             self.backend.load(directory=directory, manifest=manifest)
         seconds = time.perf_counter() - started
@@ -393,17 +407,72 @@ class Trainer:
             try:
                 self._stop_planning()  # the checkpoint's planner, if any, plans again
                 self.planner = None
-                self.backend.restart()
-                self._restored = self.restarts
-                if manifest is None:
-                    self.iteration = 0  # the restarted stages hold the initial weights
+                try:
+                    self.backend.restart()
+                except PlacementError as unplaced:
+                    if self.pipeline.resize_after is None:
+                        raise
+                    self._shrink(manifest=manifest, unplaced=unplaced, failed=self.pipeline)  # restores the manifest
                 else:
-                    self._restore(manifest)
+                    self._resume(manifest)
+                self._restored = self.restarts
                 return
             except PipelineError as again:
                 if again.exit_code is ExitCode.BAD_INPUT:
                     raise  # a checkpoint the stages refuse: no restart can load it
                 error, failed = again, f"restart {self.restarts}"
+
+    def _shrink(self, *, manifest: Manifest | None, unplaced: PlacementError, failed: PipelineConfig) -> None:
+        """Bring the stages up from `manifest` at the first shape the cluster holds now (`resize.shapes`,
+        each tried once but `failed`, whose placement did not finish); a PlacementError when none is placed."""
+        for shape in shapes(target=self.target):
+            if shape == failed or not self.backend.can_place(pipeline=shape):
+                continue
+            logger.warning(
+                "resizing: the cluster did not hold %s within %g s; going on at %s from %s",
+                describe(failed), self.pipeline.resize_after, describe(shape), _source(manifest),
+            )  # fmt: skip
+            try:
+                self._resize_to(shape, manifest=manifest)
+                return
+            except PlacementError as again:
+                unplaced, failed = again, shape
+        raise PlacementError(f"resize: no shape of {describe(self.target)} could be placed; last: {unplaced}")
+
+    def _grow_back(self) -> None:
+        """At a smaller shape, go back to the target from the checkpoint just committed if the cluster holds it now."""
+        if self.pipeline is self.target or not self.backend.can_place(pipeline=self.target):
+            return
+        manifest = self._latest()
+        logger.warning(
+            "resizing: the cluster holds %s again; leaving %s from %s",
+            describe(self.target), describe(self.pipeline), _source(manifest),
+        )  # fmt: skip
+        try:
+            self._resize_to(self.target, manifest=manifest)
+        except PlacementError as unplaced:  # its nodes went again before the stages were placed
+            self._shrink(manifest=manifest, unplaced=unplaced, failed=self.target)
+
+    def _resize_to(self, shape: PipelineConfig, *, manifest: Manifest | None) -> None:
+        """Fresh stages at `shape`, resumed from `manifest` (None: the initial weights, iteration 0)."""
+        workload = self._target_workload
+        if shape is not self.target:
+            changed = {"microbatches": shape.microbatches, "dp": shape.dp, "layer_split": shape.layer_split}
+            workload = checked(replace(workload, **changed), pipeline=shape)
+        self._stop_planning()
+        self.planner = None  # a planner plans one shape: the checkpoint's, if of this shape, or a fresh one
+        self.backend.restart(pipeline=shape, workload=workload)
+        self.pipeline, self.workload = shape, workload
+        self._policies.clear()  # built for the shape in use
+        self._resume(manifest)
+        self.resizes.append((self.iteration, shape))
+        logger.warning("resized to %s at iteration %d", describe(shape), self.iteration)
+
+    def _resume(self, manifest: Manifest | None) -> None:
+        if manifest is None:
+            self.iteration = 0  # the fresh stages hold the initial weights
+        else:
+            self._restore(manifest)
 
     def _restore(self, manifest: Manifest) -> None:
         shape = self.shape
@@ -502,6 +571,10 @@ class Trainer:
         if name not in self._policies:
             self._policies[name] = self.pipeline.resolved_policy(name)
         return self._policies[name]
+
+
+def _source(manifest: Manifest | None) -> str:
+    return "the initial weights" if manifest is None else f"the checkpoint of iteration {manifest.iteration}"
 
 
 def _moves(*, before: Shape, after: Shape) -> str:

@@ -58,8 +58,15 @@ class Backend(Protocol):
         """Every stage's (TP shard's, in `Mesh` index order) chunk weights, on the CPU."""
         ...
 
-    def restart(self) -> None:
-        """Tear the stages down (whatever state they are in) and bring fresh ones up with the workload."""
+    def restart(self, *, pipeline: PipelineConfig | None = None, workload: ModelWorkload | None = None) -> None:
+        """Tear the stages down (whatever state they are in) and bring fresh ones up with the workload;
+        with `pipeline` and its `workload`, at that shape (`rrfp_ray.train.resize`). A cluster that does
+        not hold them in time is a `rrfp_ray.errors.PlacementError`."""
+        ...
+
+    def can_place(self, *, pipeline: PipelineConfig) -> bool:
+        """Whether the cluster holds `pipeline`'s stages now, counting what the running stages hold as
+        free (they would make room for it)."""
         ...
 
     def close(self) -> None: ...
@@ -141,8 +148,17 @@ class LocalBackend:
     def chunk_states(self) -> list[dict[int, dict[str, Tensor]]]:
         return self._running().chunk_states()
 
-    def restart(self) -> None:
-        self._running().restart()
+    def restart(self, *, pipeline: PipelineConfig | None = None, workload: ModelWorkload | None = None) -> None:
+        if pipeline is None:
+            self._running().restart()
+            return
+        if workload is None:
+            raise ValueError("restart at another pipeline shape needs that shape's workload")
+        self.close()
+        self.start(pipeline=pipeline, workload=workload)
+
+    def can_place(self, *, pipeline: PipelineConfig) -> bool:
+        return True  # threads of this process: any shape
 
     def close(self) -> None:
         if self._local is not None:
