@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.layout import Layout, Message
@@ -29,8 +30,9 @@ class StepResult:
 
 
 class Executor(Protocol):
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
-        """Before the iteration's first action; `order[slot]` is the data microbatch slot `slot` reads."""
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, packing: Packing | None = None) -> None:
+        """Before the iteration's first action; `order[slot]` is the data microbatch slot `slot` reads, and
+        `packing[j]` (None: the data's own) the samples data microbatch j holds."""
         ...
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
@@ -104,8 +106,8 @@ class ExecutorWrapper:
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
-        self.inner.begin(iteration=iteration, order=order)
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, packing: Packing | None = None) -> None:
+        self.inner.begin(iteration=iteration, order=order, packing=packing)
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
         return self.inner.finish(iteration=iteration, all_reduce=all_reduce)

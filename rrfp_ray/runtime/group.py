@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
@@ -114,6 +115,7 @@ class StageGroup:
         buffer_limit: int | None,
         tp_protocol: TPProtocol,
         order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
         args = IterationArgs(
             iteration=iteration,
@@ -123,6 +125,7 @@ class StageGroup:
             buffer_limit=buffer_limit,
             tp_protocol=tp_protocol,
             order=order,
+            packing=packing,
         )
         try:
             results = self._all(lambda _, h: h.run_iteration(args=args), what=f"iteration {iteration}")

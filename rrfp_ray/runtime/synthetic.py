@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import TieSpec
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action, Kind
@@ -119,7 +120,7 @@ class SleepExecutor:
         self._payload = torch.zeros(payload_elems)
         self._in_step = in_step
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, packing: Packing | None = None) -> None:
         pass
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> None:

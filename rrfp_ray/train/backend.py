@@ -15,6 +15,7 @@ from typing import Protocol
 from torch import Tensor
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor
@@ -35,9 +36,16 @@ class Backend(Protocol):
         ...
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
-        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`."""
+        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, data
+        microbatch j made of the samples `packing[j]` (None: the data's own microbatches)."""
         ...
 
     def evaluate(self, *, microbatches: int) -> float:
@@ -69,6 +77,7 @@ def run_iteration(
     policy: Policy,
     cap: Cap | None = None,
     order: tuple[int, ...] | None = None,
+    packing: Packing | None = None,
 ) -> IterationReport:
     """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`): either backend's."""
     return group.run_iteration(
@@ -78,6 +87,7 @@ def run_iteration(
         buffer_limit=pipeline.buffer_limit,
         tp_protocol=pipeline.tp_protocol,
         order=order,
+        packing=packing,
     )
 
 
@@ -117,10 +127,22 @@ class LocalBackend:
         self._running().set_workload(workload=workload)
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
         return run_iteration(
-            group=self._running(), pipeline=self._config, iteration=iteration, policy=policy, cap=cap, order=order
+            group=self._running(),
+            pipeline=self._config,
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            order=order,
+            packing=packing,
         )
 
     def evaluate(self, *, microbatches: int) -> float:
