@@ -139,6 +139,7 @@ class StageGroup:
         ]
         report = merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.mesh.tp])
         report.order = None if order is None else list(order)
+        report.packing = None if packing is None else [list(group) for group in packing]
         return report
 
     def take_turns(

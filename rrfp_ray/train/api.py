@@ -26,7 +26,8 @@ from torch import Tensor
 from rrfp_ray.errors import ExitCode
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Lookahead, Seen, seen
-from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
+from rrfp_ray.plan.packing import Packing
+from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.actions import Placement
@@ -48,7 +49,16 @@ from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
 from rrfp_ray.train.runner import LossFn, partition
 from rrfp_ray.train.ties import find_ties
-from rrfp_ray.train.workload import DataSource, FactoryOptim, FeatureSource, ModelWorkload, Optim, OptimSpec
+from rrfp_ray.train.workload import (
+    DataSource,
+    FactoryOptim,
+    FeatureSource,
+    ModelWorkload,
+    Optim,
+    OptimSpec,
+    SampleSource,
+    check_packing,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +216,8 @@ class Trainer:
             device=device,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
+        if pipeline.policy == PLANNED:
+            self._check_arrange(pipeline.arrange)
         built = self.workload.layers()
         self.parameters = model_parameters(built)
         self.fingerprint = parameters_fingerprint(self.parameters)
@@ -230,9 +242,14 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
 
-    def step(self, *, policy: str | None = None) -> IterationReport:
+    def step(
+        self, *, policy: str | None = None, arrange: Arrangement | None = None, packing: Packing | None = None
+    ) -> IterationReport:
         """One iteration (all microbatches, then the optimizer step) under `policy` (default: the config's),
-        then the checkpoint, if one is due.
+        then the checkpoint, if one is due. `arrange`: what a `planned` iteration's plan arranges (default: the
+        config's). `packing`: a fixed policy's iteration trains on these microbatches (per data microbatch of
+        every replica, D x M, the indexes of the global batch's samples it holds; `SampleSource`), not the
+        data's own; a `planned` iteration packs by its plan.
 
         A lost stage, in the iteration or in its checkpoint, rebuilds the pipeline from the last
         checkpoint and goes on, up to `checkpoints.max_restarts` times; the iterations since that
@@ -242,9 +259,17 @@ class Trainer:
             try:
                 name = self.pipeline.policy if policy is None else policy
                 if name == PLANNED:
-                    report = self._planned_iteration()
+                    if packing is not None:
+                        raise ValueError(
+                            "packing is for a fixed policy: a planned iteration packs by its plan (arrange)"
+                        )
+                    report = self._planned_iteration(self.pipeline.arrange if arrange is None else arrange)
                 else:
-                    report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(name))
+                    if packing is not None:
+                        check_packing(packing=packing, workload=self.workload, iteration=self.iteration)
+                    report = self.backend.run_iteration(
+                        iteration=self.iteration, policy=self._policy(name), packing=packing
+                    )
             except PipelineError as error:
                 self._recover(error, failed=f"iteration {self.iteration}")
                 continue
@@ -440,18 +465,20 @@ class Trainer:
             return None
         return None if self.planner is None else self.planner.to_dict()
 
-    def _planned_iteration(self) -> IterationReport:
+    def _planned_iteration(self, arrange: Arrangement) -> IterationReport:
         """Run the plan made for this iteration while the one before ran (`rrfp_ray.plan.ahead`: from this
         iteration's features and the telemetry of iterations up to the one before that), ask for the next
-        iteration's, then feed this one's report back."""
+        iteration's, then feed this one's report back. A planner that arranges otherwise starts afresh."""
         shape = {
             "stages": self.pipeline.stages,
             "chunks": self.pipeline.chunks,
             "microbatches": self.pipeline.microbatches,
         }
-        if self.planner is None or self.planner.shape != shape:
+        if self.planner is None or self.planner.shape != shape or self.planner.config.arrange is not arrange:
+            self._check_arrange(arrange)
             self._stop_planning()
-            config = PlannerConfig(hints=default_hints(chunks=self.pipeline.chunks), cap=self.pipeline.cap)
+            hints = default_hints(chunks=self.pipeline.chunks)
+            config = PlannerConfig(hints=hints, cap=self.pipeline.cap, arrange=arrange)
             self.planner = Planner(config=config, **shape)
         if self._lookahead is None:
             self._lookahead = Lookahead(planner=self.planner, shows=self._seen, timeout_s=self.pipeline.timeout_s)
@@ -460,8 +487,10 @@ class Trainer:
         self.plan_wait_s.append(taken.wait_s)
         policy = taken.plan.validate(**shape)
         self._lookahead.ask(iteration=self.iteration + 1)
-        order = taken.plan.order
-        report = self.backend.run_iteration(iteration=self.iteration, policy=policy, cap=taken.plan.cap, order=order)
+        order, packing = taken.plan.order, taken.plan.packing
+        report = self.backend.run_iteration(
+            iteration=self.iteration, policy=policy, cap=taken.plan.cap, order=order, packing=packing
+        )
         self._lookahead.observe(report=report, taken=taken)
         logger.debug(
             "iteration %d: plan %s %s waited for %.2f ms (iteration %.1f ms)",
@@ -474,9 +503,31 @@ class Trainer:
         data = self.workload.data
         if not isinstance(data, FeatureSource):
             return None
+        packs = self.planner is not None and self.planner.config.arrange.packs
         return seen(
-            data.features(iteration=iteration), replicas=self.pipeline.dp, microbatches=self.pipeline.microbatches
+            data.features(iteration=iteration),
+            replicas=self.pipeline.dp,
+            microbatches=self.pipeline.microbatches,
+            samples=data.sample_features(iteration=iteration) if packs else None,
         )
+
+    def _check_arrange(self, arrange: Arrangement) -> None:
+        """ValueError naming what a planner that packs needs and this run has not got."""
+        if not arrange.packs:
+            return
+        what = f"arrange {arrange.value} packs samples into microbatches"
+        if not self.workload.counted_loss:
+            raise ValueError(
+                f"{what}, which changes a per-microbatch mean loss: it needs a loss_fn that returns (sum, count), "
+                "as lm_loss_sum and caption_loss do (a token-weighted loss)"
+            )
+        if not isinstance(self.workload.data, SampleSource) or not isinstance(self.workload.data, FeatureSource):
+            raise ValueError(
+                f"{what}: the data source must show its features and samples (features, sample_features and "
+                f"samples(iteration=, indexes=)); {type(self.workload.data).__name__} does not"
+            )
+        if self.pipeline.dp != 1:
+            raise ValueError(f"{what} of one replica: it needs dp 1, got dp {self.pipeline.dp}")
 
     def _stop_planning(self) -> None:
         """Drop the plans in flight (after a restart, a new shape or on close)."""
