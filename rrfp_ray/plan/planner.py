@@ -208,20 +208,17 @@ class Planner:
         return self.last
 
     def sample_costs(self, *, samples: Sequence[Sequence[float]], features: Sequence[float] | None) -> list[float]:
-        """Per sample (flat, microbatch by microbatch), its predicted ms summed over every block and op kind:
-        each fit's slope times the sample's feature, plus its intercept shared among a microbatch's samples."""
+        """Per sample (flat, microbatch by microbatch), its predicted ms summed over every block and op kind: the
+        fits' slope times its feature. A fit's intercept is a microbatch's own, the same in every microbatch however
+        packed, so it moves no balance; where no cost follows the feature (slope 0), every sample costs 1."""
         blocks = self.shape["stages"] * self.shape["chunks"]
-        fits = [
-            self.model.kind_fit(block=vs, kind=k, features=features)
+        slope = sum(
+            self.model.kind_fit(block=vs, kind=k, features=features).slope
             for vs in range(blocks)
             for k in (Kind.F, Kind.I, Kind.W)
-        ]
-        total = fits[0]
-        for fit in fits[1:]:
-            total = total + fit
+        )
         flat = [float(x) for row in samples for x in row]
-        share = total.intercept * self.shape["microbatches"] / len(flat)
-        return [max(0.0, share + total.slope * x) for x in flat]
+        return [slope * x for x in flat] if slope > 0 else [1.0] * len(flat)
 
     def observe(
         self,

@@ -263,7 +263,7 @@ class Trainer:
                         raise ValueError(
                             "packing is for a fixed policy: a planned iteration packs by its plan (arrange)"
                         )
-                    report = self._planned_iteration(self.pipeline.arrange if arrange is None else arrange)
+                    report = self._planned_iteration(arrange)
                 else:
                     if packing is not None:
                         check_packing(packing=packing, workload=self.workload, iteration=self.iteration)
@@ -465,16 +465,19 @@ class Trainer:
             return None
         return None if self.planner is None else self.planner.to_dict()
 
-    def _planned_iteration(self, arrange: Arrangement) -> IterationReport:
+    def _planned_iteration(self, arrange: Arrangement | None) -> IterationReport:
         """Run the plan made for this iteration while the one before ran (`rrfp_ray.plan.ahead`: from this
         iteration's features and the telemetry of iterations up to the one before that), ask for the next
-        iteration's, then feed this one's report back. A planner that arranges otherwise starts afresh."""
+        iteration's, then feed this one's report back. A new planner arranges as `arrange` says (None: the
+        pipeline's arrange); the planner arranges as it was made unless `arrange` asks otherwise, then anew."""
         shape = {
             "stages": self.pipeline.stages,
             "chunks": self.pipeline.chunks,
             "microbatches": self.pipeline.microbatches,
         }
-        if self.planner is None or self.planner.shape != shape or self.planner.config.arrange is not arrange:
+        changed = arrange is not None and self.planner is not None and self.planner.config.arrange is not arrange
+        if self.planner is None or self.planner.shape != shape or changed:
+            arrange = self.pipeline.arrange if arrange is None else arrange
             self._check_arrange(arrange)
             self._stop_planning()
             hints = default_hints(chunks=self.pipeline.chunks)
@@ -503,7 +506,8 @@ class Trainer:
         data = self.workload.data
         if not isinstance(data, FeatureSource):
             return None
-        packs = self.planner is not None and self.planner.config.arrange.packs
+        arrange = None if self.planner is None else self.planner.config.arrange
+        packs = arrange is not None and arrange.packs and self._refusal(arrange) is None
         return seen(
             data.features(iteration=iteration),
             replicas=self.pipeline.dp,
@@ -513,21 +517,28 @@ class Trainer:
 
     def _check_arrange(self, arrange: Arrangement) -> None:
         """ValueError naming what a planner that packs needs and this run has not got."""
-        if not arrange.packs:
-            return
+        refusal = self._refusal(arrange)
+        if refusal is not None:
+            raise ValueError(refusal)
+
+    def _refusal(self, arrange: Arrangement) -> str | None:
+        """Why plans arranged so cannot pack this run's samples (None: they can, or they do not pack)."""
         what = f"arrange {arrange.value} packs samples into microbatches"
+        if not arrange.packs:
+            return None
         if not self.workload.counted_loss:
-            raise ValueError(
+            return (
                 f"{what}, which changes a per-microbatch mean loss: it needs a loss_fn that returns (sum, count), "
                 "as lm_loss_sum and caption_loss do (a token-weighted loss)"
             )
         if not isinstance(self.workload.data, SampleSource) or not isinstance(self.workload.data, FeatureSource):
-            raise ValueError(
+            return (
                 f"{what}: the data source must show its features and samples (features, sample_features and "
                 f"samples(iteration=, indexes=)); {type(self.workload.data).__name__} does not"
             )
         if self.pipeline.dp != 1:
-            raise ValueError(f"{what} of one replica: it needs dp 1, got dp {self.pipeline.dp}")
+            return f"{what} of one replica: it needs dp 1, got dp {self.pipeline.dp}"
+        return None
 
     def _stop_planning(self) -> None:
         """Drop the plans in flight (after a restart, a new shape or on close)."""
