@@ -30,7 +30,7 @@ from rrfp_ray.recipes.gpt_workload import corpus_source
 from rrfp_ray.schedule.validate import read_hint
 from rrfp_ray.train.api import check_global_batch, model_parameters
 from rrfp_ray.train.checkpoint import CheckpointError, parameters_fingerprint, resume_point
-from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
 
 PIPELINE = model_flags(
@@ -86,6 +86,11 @@ def run_config(
         corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
         if args.trace:
             _read_trace(parser, run)
+        if run.pipeline.policy == PLANNED and run.pipeline.arrange.packs and not workload_for(run).counted_loss:
+            parser.error(
+                f"--arrange {run.pipeline.arrange.value} packs samples into microbatches, which changes a "
+                "per-microbatch mean loss: it needs a token-weighted (sum, count) loss, as the GPT's with --varlen"
+            )
         if run.train.resume:
             run = _resume(run, workload=workload_for(run))
     except CheckpointError as error:

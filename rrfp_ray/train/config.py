@@ -238,6 +238,10 @@ class PipelineConfig(BaseModel):
             )
         if self.stages == 1 and self.chunks > 1:
             raise ValueError("chunks > 1 needs stages >= 2 (a stage cannot send to itself)")
+        if self.policy == PLANNED and self.arrange.packs and self.dp != 1:
+            raise ValueError(
+                f"arrange {self.arrange.value} packs the samples of one replica: it needs dp 1, got {self.dp}"
+            )
         try:
             self._layout_policy()
         except ValueError as error:
