@@ -132,3 +132,15 @@ def test_the_planner_packs_by_predicted_costs_deterministically():
                          stages=2, chunks=1, microbatches=4)  # fmt: skip
     assert order_only.plan(iteration=5, features=features, samples=rows).packing is None
     assert PlannerConfig.from_dict(config.to_dict()) == config
+
+
+def test_with_data_parallelism_each_replica_reads_its_packed_microbatches():
+    run = GPT.model_copy(update={"pipeline": GPT.pipeline.replaced(dp=2)})
+    # the global batch's 24 samples in 8 microbatches, 4 a replica, samples moved between the replicas
+    packing = ((19,), (11, 0), (3, 8, 1, 5), (2, 22, 4, 9, 6), (7,), (23, 12), (15, 20, 13, 17), (14, 10, 16, 21, 18))
+    base, base_grads = _captured(lambda: gpt_trainer(run), None)
+    packed, grads = _captured(lambda: gpt_trainer(run), packing)
+    assert packed.loss == pytest.approx(base.loss, rel=1e-5)
+    for got_stage, want_stage in zip(grads, base_grads):
+        for got, want in zip(got_stage, want_stage):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
