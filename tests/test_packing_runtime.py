@@ -85,7 +85,9 @@ def test_a_mean_loss_refuses_packing():
         with pytest.raises(ValueError, match=r"changes a per-microbatch mean loss: it needs a loss_fn that returns"):
             trainer.step(packing=UNEVEN)
     planned = fixed.model_copy(update={"pipeline": fixed.pipeline.replaced(policy="planned", arrange="packing")})
-    with pytest.raises(ValueError, match=r"arrange packing packs samples into microbatches, which changes"):
+    with pytest.raises(
+        ValueError, match=r"arrange packing: packing regroups samples between microbatches, which changes"
+    ):
         gpt_trainer(planned)
 
 

@@ -56,8 +56,8 @@ from rrfp_ray.train.workload import (
     ModelWorkload,
     Optim,
     OptimSpec,
-    SampleSource,
     check_packing,
+    packing_refusal,
 )
 
 logger = logging.getLogger(__name__)
@@ -428,7 +428,9 @@ class Trainer:
         self.planner = None
         planned = {"stages": shape.stages, "chunks": shape.chunks, "microbatches": shape.microbatches}
         if manifest.planner is not None and manifest.planner["shape"] == planned:  # else it plans afresh
-            self.planner = Planner.from_dict(manifest.planner)
+            restored = Planner.from_dict(manifest.planner)
+            if restored.config.arrange is self.pipeline.arrange:  # else it plans afresh, arranging as asked
+                self.planner = restored
         logger.info("resumed from the checkpoint of iteration %d in %s", manifest.iteration, self.checkpoints.directory)
 
     def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
@@ -523,22 +525,15 @@ class Trainer:
 
     def _refusal(self, arrange: Arrangement) -> str | None:
         """Why plans arranged so cannot pack this run's samples (None: they can, or they do not pack)."""
-        what = f"arrange {arrange.value} packs samples into microbatches"
         if not arrange.packs:
             return None
-        if not self.workload.counted_loss:
-            return (
-                f"{what}, which changes a per-microbatch mean loss: it needs a loss_fn that returns (sum, count), "
-                "as lm_loss_sum and caption_loss do (a token-weighted loss)"
-            )
-        if not isinstance(self.workload.data, SampleSource) or not isinstance(self.workload.data, FeatureSource):
-            return (
-                f"{what}: the data source must show its features and samples (features, sample_features and "
-                f"samples(iteration=, indexes=)); {type(self.workload.data).__name__} does not"
-            )
-        if self.pipeline.dp != 1:
-            return f"{what} of one replica: it needs dp 1, got dp {self.pipeline.dp}"
-        return None
+        refusal = packing_refusal(self.workload)
+        if refusal is None and not isinstance(self.workload.data, FeatureSource):
+            refusal = f"planning needs features(iteration=) of the data source; {type(self.workload.data).__name__}"
+            refusal += " has not got them"
+        if refusal is None and self.pipeline.dp != 1:
+            refusal = f"a plan packs the samples of one replica: it needs dp 1, got dp {self.pipeline.dp}"
+        return None if refusal is None else f"arrange {arrange.value}: {refusal}"
 
     def _stop_planning(self) -> None:
         """Drop the plans in flight (after a restart, a new shape or on close)."""

@@ -76,20 +76,28 @@ class SampleSource(Protocol):
         ...
 
 
-def check_packing(*, packing: Packing, workload: ModelWorkload, iteration: int) -> None:
-    """ValueError unless `workload` can train `iteration` on `packing`: D x M non-empty microbatches placing every
-    sample of the global batch once, from a `SampleSource`, under a (sum, count) loss."""
+def packing_refusal(workload: ModelWorkload) -> str | None:
+    """Why `workload` cannot train on packed microbatches (None: it can)."""
     if not workload.counted_loss:
-        raise ValueError(
+        return (
             "packing regroups samples between microbatches, which changes a per-microbatch mean loss: it needs "
             "a loss_fn that returns (sum, count), as lm_loss_sum and caption_loss do (a token-weighted loss)"
         )
-    data = workload.data
-    if not isinstance(data, SampleSource):
-        raise ValueError(
+    if not isinstance(workload.data, SampleSource):
+        return (
             f"packing needs a data source with sample_features(iteration=) and samples(iteration=, indexes=) "
-            f"(SampleSource); {type(data).__name__} has not got them"
+            f"(SampleSource); {type(workload.data).__name__} has not got them"
         )
+    return None
+
+
+def check_packing(*, packing: Packing, workload: ModelWorkload, iteration: int) -> None:
+    """ValueError unless `workload` can train `iteration` on `packing`: D x M non-empty microbatches placing every
+    sample of the global batch once, from a `SampleSource`, under a (sum, count) loss."""
+    refusal = packing_refusal(workload)
+    if refusal is not None:
+        raise ValueError(refusal)
+    data = workload.data
     groups = workload.microbatches * workload.dp
     count = len(data.sample_features(iteration=iteration))
     placed = sorted(i for group in packing for i in group)
