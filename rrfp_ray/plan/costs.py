@@ -1,7 +1,7 @@
 """The cost model: what each op will take, from recent telemetry and what the data shows.
 
-Per block (a virtual stage today; a layer where telemetry times layers) and op kind it keeps the
-measured durations of the last few iterations, each with its data microbatch's feature, and fits
+Per block (a virtual stage for the planner; a layer, or a device's probe, for the rebalancer) and op
+kind it keeps the measured durations of the last few iterations, each with its data microbatch's feature, and fits
 ``duration = intercept + slope * feature`` robustly (Theil-Sen: the median of pairwise slopes), so
 a block whose cost does not follow the feature learns a slope near 0. When a new iteration's
 durations sit far from the fit (a stage slowed down or recovered), the older ones are dropped and
@@ -28,6 +28,7 @@ _MAD = 1.4826  # MAD to standard deviation under a normal law
 _SHIFT_MIN = 0.1  # a log shift of the median below this (about 10%) never counts as a change
 _SHIFT_SIGMAS = 4.0  # a change: the new median off the fit by this many of its standard errors
 BYTES = "bytes"  # the pseudo-kind under which activation bytes are kept
+PROBE = "probe"  # the pseudo-kind under which a device's time for the reference computation is kept
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def robust_fit(features: np.ndarray, values: np.ndarray) -> Fit:
     return Fit(intercept=intercept, slope=slope, sigma=sigma)
 
 
-Key = tuple[int, str]  # (block, kind): kind is an op kind's letter (F, I, W, B) or BYTES
+Key = tuple[int, str]  # (block, kind): kind is an op kind's letter (F, I, W, B), BYTES or PROBE
 
 
 @dataclass
@@ -82,6 +83,12 @@ class CostModel:
             _, x, y = (np.array(c, dtype=float) for c in zip(*self.observations[key]))
             self._fits[key] = robust_fit(x, y)
         return self._fits.get(key)
+
+    def level(self, key: Key) -> float | None:
+        """The fit at feature 1: for a key observed without features, the robust median of its recent
+        values; None before any observation."""
+        fit = self.fit(key)
+        return None if fit is None else fit.predict(1.0)
 
     def add(self, *, key: Key, iteration: int, samples: Sequence[tuple[float, float]]) -> bool:
         """Record one iteration's (feature, value) samples of a key; True when they showed a change."""

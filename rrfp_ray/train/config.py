@@ -229,6 +229,10 @@ class PipelineConfig(BaseModel):
             )
         if self.stages == 1 and self.chunks > 1:
             raise ValueError("chunks > 1 needs stages >= 2 (a stage cannot send to itself)")
+        if self.rebalance and self.chunks > 1:
+            raise ValueError(
+                f"rebalance moves layers between stages of one chunk each: it needs chunks 1, got chunks {self.chunks}"
+            )
         try:
             self._layout_policy()
         except ValueError as error:
