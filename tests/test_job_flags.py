@@ -24,6 +24,7 @@ JOBS = {
     "bench_peers": "main",
     "bench_planning": "main",
     "bench_policies": None,
+    "bench_rebalance": "main",
     "bench_runtime": "parse",
     "bench_simulator": None,
     "bench_suite": "parse",

@@ -163,7 +163,10 @@ class BalanceConfig(BaseModel):
         0.1, gt=0, description="a stage whose work is above the mean by this fraction is a bottleneck"
     )
     rebalance_window: int = Field(
-        10, ge=1, description="iterations a bottleneck must last before a move, and a relieved stage is left alone"
+        10,
+        ge=1,
+        description="measured iterations a bottleneck must last before a move (so at least between two moves), "
+        "and iterations of gain a move must pay for",
     )
     stage_memory_mb: float | None = Field(
         None, gt=0, description="each stage's memory for the rebalancer's splits (default: the device's)"
