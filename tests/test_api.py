@@ -273,7 +273,7 @@ def test_the_config_parses_cap_backend_and_protocol_once():
     assert (config.cap, config.backend, config.tp_protocol) == (Cap(multiple=1.5), LinkTransport.GLOO, TPProtocol.FIRST)
     assert PipelineConfig(cap=6).cap == Cap(count=6) == PipelineConfig(cap=Cap(count=6)).cap
     assert PipelineConfig(cap="inf").cap.limit(peak=3) == math.inf
-    assert str(PipelineConfig().cap) == "2x" and PipelineConfig().parsed_cap is PipelineConfig().cap
+    assert str(PipelineConfig().cap) == "2x"
     for bad, field in (({"cap": "0"}, "cap"), ({"cap": {"multiple": -1}}, "cap"), ({"backend": "mpi"}, "backend")):
         with pytest.raises(ValueError, match=field):
             PipelineConfig(**bad)

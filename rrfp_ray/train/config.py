@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rrfp_ray.plan.planner import default_hints
 from rrfp_ray.policy.agreement import TPGather, TPProtocol
@@ -50,15 +50,16 @@ class ShapeConfig(BaseModel):
                 ) from None
         return value
 
-    @model_validator(mode="after")
-    def _split_fits(self) -> ShapeConfig:
-        parts = self.stages * self.chunks
-        if self.layer_split is not None and (len(self.layer_split) != parts or min(self.layer_split) < 1):
+    @field_validator("layer_split", mode="after")
+    @classmethod
+    def _split_fits(cls, value: tuple[int, ...] | None, info: ValidationInfo) -> tuple[int, ...] | None:
+        parts = info.data.get("stages", 1) * info.data.get("chunks", 1)
+        if value is not None and (len(value) != parts or min(value) < 1):
             raise ValueError(
-                f"layer_split {','.join(map(str, self.layer_split))} must give each of the stages x chunks = "
-                f"{parts} virtual stages at least one layer"
+                f"{','.join(map(str, value))} must give each of the stages x chunks = {parts} virtual stages "
+                "at least one layer"
             )
-        return self
+        return value
 
 
 class ScheduleConfig(BaseModel):
@@ -269,11 +270,6 @@ class PipelineConfig(BaseModel):
             split=policy.split,
             placement=policy.placement,
         )
-
-    @property
-    def parsed_cap(self) -> Cap:
-        """Deprecated alias of `cap` (which now holds the parsed `Cap`); goes in the next release."""
-        return self.cap
 
     @cached_property
     def parsed_hint(self) -> Hint | None:

@@ -1,0 +1,120 @@
+"""The multimodal workload on real compute: fixed schedules, readiness and `planned` on the VLM.
+
+Per seed (model init and data), one trainer runs every policy in turn from the same initial
+weights (`Trainer.reset`), the order of the policies rotated by the seed; per policy, warm-up
+iterations and then timed ones. No delay is injected: an op takes what the model's compute takes,
+and the images per sample (heavy-tailed) make the encoder's ops vary.
+
+A policy's cell is the median over seeds of its median iteration makespan (the op schedule, the
+optimizer step left out); its ratio is, per seed, the best fixed schedule's median over its own,
+geometric mean over the seeds with the lowest and highest. Readiness runs at the pipeline's cap
+(1x: the hint's own in-flight peak), so every policy holds at most the microbatches of its fixed
+list; the peak activation bytes each measured are printed beside it (over 1F1B's).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.schedule.actions import Kind, parse_action
+from rrfp_ray.sim.replay import replay
+from rrfp_ray.train.api import Trainer
+
+FIXED = ("1f1b", "zb-h1")
+READINESS = ("bf", "bfw", "cpw")
+PLANNED = "planned"
+POLICIES = (*FIXED, *READINESS, PLANNED)
+
+
+@dataclass
+class PolicyRuns:
+    """What one policy measured over the seeds: per seed, its timed iterations' reports."""
+
+    reports: list[list[IterationReport]] = field(default_factory=list)
+    planning_s: list[float] = field(default_factory=list)  # planned only: the seconds each plan took
+
+    def medians(self) -> list[float]:
+        return [statistics.median(r.schedule_ms for r in seed) for seed in self.reports]
+
+    def peak_bytes(self) -> float:
+        return statistics.median(max(s.peak_bytes for s in r.stages) for seed in self.reports for r in seed)
+
+
+def run_seed(*, trainer: Trainer, seed: int, warmup: int, iterations: int, runs: Mapping[str, PolicyRuns]) -> None:
+    """Every policy on `trainer` (one seed), in an order rotated by the seed."""
+    names = list(runs)
+    for name in names[seed % len(names) :] + names[: seed % len(names)]:
+        trainer.reset()
+        trainer.planning_s.clear()
+        for _ in range(warmup):
+            trainer.step(policy=name)
+        runs[name].reports.append([trainer.step(policy=name) for _ in range(iterations)])
+        runs[name].planning_s += trainer.planning_s[warmup:]
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """Geometric mean, lowest, highest."""
+    return math.exp(statistics.fmean(math.log(v) for v in values)), min(values), max(values)
+
+
+def ratios(runs: Mapping[str, PolicyRuns], name: str) -> list[float]:
+    """Per seed: the best fixed schedule's median makespan over `name`'s."""
+    fixed = [runs[f].medians() for f in FIXED]
+    return [min(f[s] for f in fixed) / m for s, m in enumerate(runs[name].medians())]
+
+
+def encoder_spread(runs: PolicyRuns) -> float:
+    """P95 / P5 of stage 0's forward op times (where the images are encoded), over every iteration."""
+    times = sorted(
+        e.end_ms - e.start_ms
+        for seed in runs.reports
+        for r in seed
+        for e in r.events
+        if e.stage == 0 and parse_action(e.action, stages=len(r.stages)).kind is Kind.F
+    )
+    return _quantile(times, 0.95) / _quantile(times, 0.05)
+
+
+def replay_ratio(runs: PolicyRuns, *, trainer: Trainer) -> float | None:
+    """Median simulated / measured makespan of the policy's iterations replayed on their own measured trace."""
+    pipeline = trainer.pipeline
+    ratios = []
+    for seed in runs.reports:
+        for report in seed:
+            policy = make_policy(
+                name=report.policy, stages=pipeline.stages, chunks=pipeline.chunks, microbatches=pipeline.microbatches
+            )
+            ratios.append(replay(report, policy=policy, layout=pipeline.layout, cap=pipeline.cap).ratio)
+    return statistics.median(ratios) if ratios else None
+
+
+def table(runs: Mapping[str, PolicyRuns], *, trainer: Trainer) -> list[str]:
+    """Markdown: a row per policy."""
+    head = ["policy", "median ms", "over the best fixed", "peak bytes / 1F1B's", "replayed / measured"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = runs["1f1b"].peak_bytes()
+    for name, policy_runs in runs.items():
+        g, low, high = spread(ratios(runs, name))
+        played = replay_ratio(policy_runs, trainer=trainer)
+        cells = [
+            name,
+            f"{statistics.median(policy_runs.medians()):.1f}",
+            f"{g:.3f}x ({low:.3f}-{high:.3f})",
+            f"{policy_runs.peak_bytes() / base:.2f}",
+            "-" if played is None else f"{played:.3f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def best_readiness(runs: Mapping[str, PolicyRuns]) -> str:
+    return max(READINESS, key=lambda name: spread(ratios(runs, name))[0])
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]

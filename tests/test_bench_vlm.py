@@ -1,0 +1,36 @@
+"""jobs/bench_vlm.py: a tiny in-process run measures every policy on the VLM and prints its targets;
+bad flags exit 2 naming the flag."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.vlm import POLICIES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+import bench_vlm
+
+
+def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "vlm.json"
+    args = ["--seeds", "1", "--iterations", "2", "--warmup", "0", "--microbatches", "4", "--micro-batch-size", "2"]
+    bench_vlm.main([*args, "--max-images", "4", "--json", str(data)])
+    text = capsys.readouterr().out
+    for name in POLICIES:
+        assert f"| {name} |" in text
+    assert "target planned >= 1.05x the best fixed:" in text and "target replayed within 5%:" in text
+    result = json.loads(data.read_text())
+    assert set(result["medians_ms"]) == set(POLICIES) and all(len(v) == 1 for v in result["medians_ms"].values())
+    assert result["encoder_p95_p5"] >= 1.0 and result["planning_ms"] > 0
+    assert all(0.5 < r < 2.0 for r in result["replayed_over_measured"].values())
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["--seeds", "0"], "--seeds"), (["--stages", "x"], "--stages")])
+def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_vlm.main(args)
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err
