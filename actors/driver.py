@@ -105,7 +105,7 @@ class PipelineDriver:
         return self.group.save(directory=directory, iteration=iteration)
 
     def load(self, *, directory: str, manifest: Manifest) -> None:
-        self.group.load(directory=directory, files=manifest.files)
+        self.group.load(directory=directory, manifest=manifest)
 
     def chunk_states(self) -> list[dict]:
         """Every stage actor's chunk weights (CPU tensors), in `Mesh` index order."""

@@ -26,7 +26,7 @@ from rrfp_ray.runtime.tcp_gather import TcpGather
 from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.schedule.layout import Layout, Link
-from rrfp_ray.train.checkpoint import StageFile
+from rrfp_ray.train.checkpoint import Manifest, StageFile
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +213,8 @@ class StageActor:
     def chunk_states(self) -> dict[int, dict[str, torch.Tensor]]:
         return self._hosted().chunk_states()
 
-    def load(self, *, directory: str, file: StageFile) -> None:
-        self._hosted().load(directory=directory, file=file)
+    def load(self, *, directory: str, manifest: Manifest) -> None:
+        self._hosted().load(directory=directory, manifest=manifest)
 
     def rss_bytes(self) -> int:
         """This actor process's resident memory."""
@@ -280,8 +280,8 @@ class RayStageHandle:
     def save(self, *, directory: str, iteration: int) -> ray.ObjectRef:
         return self.actor.save.remote(directory=directory, iteration=iteration)
 
-    def load(self, *, directory: str, file: Any) -> ray.ObjectRef:
-        return self.actor.load.remote(directory=directory, file=file)
+    def load(self, *, directory: str, manifest: Any) -> ray.ObjectRef:
+        return self.actor.load.remote(directory=directory, manifest=manifest)
 
     def chunk_states(self) -> ray.ObjectRef:
         return self.actor.chunk_states.remote()

@@ -161,6 +161,8 @@ def train_on_ray(
         raise SystemExit(2) from None
     with trainer:
         print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
+        if trainer.resumed is not None:
+            print(trainer.resumed)
         summary, runs = {}, {}
         baseline = baseline_of(run, compare=args.compare is not False)
         if baseline is not None:

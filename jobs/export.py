@@ -1,9 +1,9 @@
-"""Export a GPT checkpoint as the unsplit model's state dict (every stage, chunk and TP shard
-gathered, tied weights once):
+"""Export a GPT checkpoint as the unsplit model's state dict (every stage's weights, TP shards
+put back together, tied weights once), whatever pipeline shape wrote it:
 
     python jobs/export.py --checkpoint-dir runs/train_gpt/checkpoints --out gpt.pt
 
-The checkpoint directory holds `model.json` (the run's model and split, which
+The checkpoint directory holds `model.json` (the run's model, which
 jobs/train_gpt.py writes beside its checkpoints); the newest complete checkpoint is exported. Load the file with
 `torch.load(FILE, weights_only=True)` into `nn.Sequential(*GPT(config).layers())`.
 """
@@ -24,20 +24,19 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", required=True, help="where the state dict goes (torch.save)")
     args = parser.parse_args(argv)
     from rrfp_ray.recipes.gpt_workload import MODEL_FILE, SavedModel
-    from rrfp_ray.train.api import model_fingerprint
-    from rrfp_ray.train.checkpoint import latest, load_stage
-    from rrfp_ray.train.export import unsplit_state_dict
+    from rrfp_ray.train.api import model_parameters
+    from rrfp_ray.train.checkpoint import latest, parameters_fingerprint
+    from rrfp_ray.train.export import checkpoint_state_dict
 
     directory = Path(args.checkpoint_dir)
     if not (directory / MODEL_FILE).is_file():
-        parser.error(f"--checkpoint-dir {directory}: no {MODEL_FILE} (the run's model and split) in it")
-    saved = SavedModel.read(directory)
-    split = {"stages": saved.stages, "chunks": saved.chunks, "tp": saved.tp}
-    manifest = latest(directory=directory, fingerprint=model_fingerprint(layers=saved.layers(), **split))
+        parser.error(f"--checkpoint-dir {directory}: no {MODEL_FILE} (the run's model) in it")
+    layers = SavedModel.read(directory).layers()
+    parameters = model_parameters(layers())
+    manifest = latest(directory=directory, fingerprint=parameters_fingerprint(parameters), parameters=parameters)
     if manifest is None:
-        parser.error(f"--checkpoint-dir {directory}: no complete checkpoint of this run's model and split")
-    shards = [load_stage(directory=directory, file=manifest.files[i])["chunks"] for i in sorted(manifest.files)]
-    state = unsplit_state_dict(layers=saved.layers(), shards=shards, **split)
+        parser.error(f"--checkpoint-dir {directory}: no complete checkpoint of this run's model")
+    state = checkpoint_state_dict(layers=layers, directory=directory, manifest=manifest)
     out = Path(args.out)
     torch.save(state, out)
     print(f"wrote {out}: {len(state)} tensors from iteration {manifest.iteration} of {directory}")

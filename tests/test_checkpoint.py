@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from rrfp_ray.train.checkpoint import Manifest, commit, fingerprint, latest, load_stage, save_stage
+from rrfp_ray.train.checkpoint import Manifest, Shape, commit, fingerprint, latest, load_stage, save_stage
 
 FP = fingerprint("model", 2, 1)
+SHAPE = Shape(stages=2, tp=1, dp=1, chunks=1, placement="looped", layer_split=(1, 1), zero=0, microbatches=4)
 
 
 def _checkpoint(directory, iteration, stages=2):
@@ -19,7 +20,10 @@ def _checkpoint(directory, iteration, stages=2):
         )
         for s in range(stages)
     }
-    commit(directory=directory, manifest=Manifest(iteration=iteration, fingerprint=FP, files=files))
+    commit(
+        directory=directory,
+        manifest=Manifest(iteration=iteration, fingerprint=FP, files=files, shape=SHAPE, parameters={"0.w": (3,)}),
+    )
 
 
 def test_round_trip_and_newest_wins(tmp_path):
@@ -57,7 +61,7 @@ def test_a_truncated_manifest_is_passed_over(tmp_path):
 
 def test_a_mismatched_checkpoint_is_an_error(tmp_path):
     _checkpoint(tmp_path, 5)
-    with pytest.raises(ValueError, match="another model or pipeline shape"):
+    with pytest.raises(ValueError, match="another model"):
         latest(directory=tmp_path, fingerprint=fingerprint("other", 4, 1))
 
 

@@ -23,12 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # a stage with no restart left. Argument 3 `debug`: the library logs at debug, as --log-level debug sets it.
 JOB = """
 import logging, sys
+from dataclasses import replace
 from pathlib import Path
 import torch
 from torch import nn
 from rrfp_ray import InMemoryData, PipelineConfig, Trainer
 from rrfp_ray.job import run_job
-from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, latest, save_stage
+from rrfp_ray.train.checkpoint import Checkpointing, commit, latest, save_stage
 
 class Payload:
     def __reduce__(self):
@@ -63,8 +64,8 @@ def main():
             directory = Path(first.checkpoints.directory)
             manifest = latest(directory=directory, fingerprint=first.fingerprint)
         tampered = save_stage(directory=directory, iteration=2, stage=1, state={"w": torch.zeros(1), "x": Payload()})
-        commit(directory=directory, manifest=Manifest(iteration=2, fingerprint=manifest.fingerprint,
-                                                      files={**manifest.files, 1: tampered}))
+        files = {**manifest.files, 1: replace(manifest.files[1], sha256=tampered.sha256)}
+        commit(directory=directory, manifest=replace(manifest, files=files))
         with trainer(resume=True) as again:
             again.fit(2)
     else:

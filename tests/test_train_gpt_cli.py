@@ -130,10 +130,10 @@ def _manifest(directory: Path, text: str) -> Path:
         (lambda d: _manifest(d, '{"iteration": 4}'), "{d}/manifest-00000004.json: the manifest lacks a field"),
         (
             lambda d: _manifest(d, '{"iteration": 4, "fingerprint": "0123", "files": {}}'),
-            "checkpoint {d}/manifest-00000004.json was written for another model or pipeline shape",
+            "{d}/manifest-00000004.json: this checkpoint was written in the chunk-indexed format",
         ),
     ],
-    ids=["missing directory", "no manifest", "empty", "truncated", "no fields", "another shape"],
+    ids=["missing directory", "no manifest", "empty", "truncated", "no fields", "old format"],
 )
 def test_resume_from_a_bad_checkpoint_is_a_clean_error_naming_the_file(setup, expected, tmp_path, capsys):
     directory = tmp_path / "checkpoints"
@@ -149,11 +149,19 @@ def test_resume_from_a_bad_checkpoint_is_a_clean_error_naming_the_file(setup, ex
 def test_resume_with_a_stage_file_missing_names_it(tmp_path, capsys):
     run = train_gpt.parse(["--checkpoint-dir", str(tmp_path)])[1]
     from rrfp_ray.recipes.gpt_workload import gpt_workload
-    from rrfp_ray.train.api import workload_fingerprint
+    from rrfp_ray.train.api import model_parameters, pipeline_shape
+    from rrfp_ray.train.checkpoint import Manifest, StageFile, commit, parameters_fingerprint
 
-    fingerprint = workload_fingerprint(pipeline=run.pipeline, workload=gpt_workload(run))
-    files = '{"0": {"path": "iter-00000004/stage-0.pt", "sha256": "00"}}'
-    _manifest(tmp_path, f'{{"iteration": 4, "fingerprint": "{fingerprint}", "files": {files}}}')
+    layers = gpt_workload(run).layers()
+    parameters = model_parameters(layers)
+    manifest = Manifest(
+        iteration=4,
+        fingerprint=parameters_fingerprint(parameters),
+        files={0: StageFile(path="iter-00000004/stage-0.pt", sha256="00")},
+        shape=pipeline_shape(pipeline=run.pipeline, n_layers=len(layers)),
+        parameters=parameters,
+    )
+    commit(directory=tmp_path, manifest=manifest)
     with pytest.raises(SystemExit):
         train_gpt.parse(["--resume", "--checkpoint-dir", str(tmp_path)])
     assert f"its file {tmp_path}/iter-00000004/stage-0.pt is missing" in capsys.readouterr().err

@@ -165,12 +165,18 @@ def test_every_replicas_shard_is_checkpointed_and_resume_restores_them(tmp_path)
         _assert_same(_weights(resumed), expected)  # the moments of every replica's shard came back
 
 
-def test_a_zero_checkpoint_is_not_taken_for_a_plain_one(tmp_path):
-    with _trainer(zero=1, directory=str(tmp_path)) as first:
-        first.fit(1)
+@pytest.mark.parametrize(("saved", "resumed"), [(1, 0), (0, 1)])
+def test_a_checkpoint_resumes_with_zero_switched_on_or_off(tmp_path, saved, resumed):
+    """The replicas' optimizer shards merge onto a plain pipeline, and a plain checkpoint is cut into shards."""
+    with _trainer(zero=saved) as clean:
+        clean.fit(4)
+        expected = _weights(clean)
+    with _trainer(zero=saved, directory=str(tmp_path)) as first:
+        first.fit(2)
         first.save()
-    with pytest.raises(ValueError, match="written for another model or pipeline shape"):
-        _trainer(zero=0, directory=str(tmp_path), resume=True)
+    with _trainer(zero=resumed, directory=str(tmp_path), resume=True) as again:
+        again.fit(2)
+        _assert_same(_weights(again), expected)
 
 
 def test_zero_1_without_data_parallelism_is_refused_naming_both_fields():

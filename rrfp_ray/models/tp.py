@@ -65,43 +65,51 @@ def check_tp(*, n_head: int, n_embd: int, size: int) -> None:
         )
 
 
+SHARDED_IN_BLOCK = (
+    "attn.qkv.weight",
+    "attn.qkv.bias",
+    "attn.proj.weight",
+    "mlp.fc.weight",
+    "mlp.fc.bias",
+    "mlp.proj.weight",
+)
+_ROWS = ("mlp.fc.weight", "mlp.fc.bias")  # column-parallel: rank r holds rows r/T .. of the tensor
+_COLUMNS = ("attn.proj.weight", "mlp.proj.weight")  # row-parallel: rank r holds its input columns
+
+
+def shard_tensor(name: str, tensor: Tensor, *, rank: int, size: int) -> Tensor:
+    """Rank `rank`'s slice of a `Block` tensor `name` (a parameter, its gradient or its optimizer state);
+    a replicated one whole."""
+    if name.startswith("attn.qkv."):  # the query, key and value rows of this rank's heads
+        return torch.cat([part.chunk(size)[rank] for part in tensor.chunk(3)]).clone()
+    if name in _ROWS:
+        return tensor.chunk(size)[rank].clone()
+    if name in _COLUMNS:
+        return tensor.chunk(size, dim=1)[rank].clone()
+    return tensor.clone()
+
+
+def unshard_tensor(name: str, shards: Sequence[Tensor]) -> Tensor:
+    """The whole `Block` tensor `name` from every rank's slice (`shard_tensor`, inverted), in rank order."""
+    if name.startswith("attn.qkv."):
+        parts = [shard.chunk(3) for shard in shards]  # each rank: its q, k and v rows
+        return torch.cat([torch.cat([p[i] for p in parts]) for i in range(3)])
+    if name in _ROWS:
+        return torch.cat(list(shards))
+    if name in _COLUMNS:
+        return torch.cat(list(shards), dim=1)
+    return shards[0].clone()
+
+
 def shard_block_tensors(tensors: dict[str, Tensor], *, n_head: int, rank: int, size: int) -> dict[str, Tensor]:
     """Rank `rank`'s slices of a `Block`'s parameters (or of their gradients), by name."""
-    width = tensors["attn.qkv.weight"].shape[1]
-    check_tp(n_head=n_head, n_embd=width, size=size)
-    heads = slice(rank * width // size, (rank + 1) * width // size)  # this rank's heads' columns of q, k or v
-    hidden = slice(rank * 4 * width // size, (rank + 1) * 4 * width // size)
-    out = {name: t for name, t in tensors.items() if not name.startswith(("attn.", "mlp."))}
-    for name in ("attn.qkv.weight", "attn.qkv.bias"):
-        if name in tensors:
-            out[name] = torch.cat([part[heads] for part in tensors[name].split(width)])
-    out["attn.proj.weight"] = tensors["attn.proj.weight"][:, heads]
-    out["mlp.fc.weight"] = tensors["mlp.fc.weight"][hidden]
-    if "mlp.fc.bias" in tensors:
-        out["mlp.fc.bias"] = tensors["mlp.fc.bias"][hidden]
-    out["mlp.proj.weight"] = tensors["mlp.proj.weight"][:, hidden]
-    for name in ("attn.proj.bias", "mlp.proj.bias"):  # added once, after the sum: replicated
-        if name in tensors:
-            out[name] = tensors[name]
-    return {name: t.clone() for name, t in out.items()}
+    check_tp(n_head=n_head, n_embd=tensors["attn.qkv.weight"].shape[1], size=size)
+    return {name: shard_tensor(name, t, rank=rank, size=size) for name, t in tensors.items()}
 
 
 def unshard_block_tensors(shards: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """A whole `Block`'s parameters from every rank's slices (`shard_block_tensors`, inverted), by name."""
-    out = {name: t.clone() for name, t in shards[0].items() if not name.startswith(("attn.", "mlp."))}
-    for name in ("attn.qkv.weight", "attn.qkv.bias"):
-        if name in shards[0]:
-            parts = [shard[name].chunk(3) for shard in shards]  # each rank: its q, k and v rows
-            out[name] = torch.cat([torch.cat([p[i] for p in parts]) for i in range(3)])
-    out["attn.proj.weight"] = torch.cat([shard["attn.proj.weight"] for shard in shards], dim=1)
-    out["mlp.fc.weight"] = torch.cat([shard["mlp.fc.weight"] for shard in shards])
-    if "mlp.fc.bias" in shards[0]:
-        out["mlp.fc.bias"] = torch.cat([shard["mlp.fc.bias"] for shard in shards])
-    out["mlp.proj.weight"] = torch.cat([shard["mlp.proj.weight"] for shard in shards], dim=1)
-    for name in ("attn.proj.bias", "mlp.proj.bias"):
-        if name in shards[0]:
-            out[name] = shards[0][name].clone()
-    return out
+    return {name: unshard_tensor(name, [shard[name] for shard in shards]) for name in shards[0]}
 
 
 REPLICA = "tp_replica"  # parameter attribute: a copy of rank 0's, left out of the gradient norm

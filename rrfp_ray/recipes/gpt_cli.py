@@ -28,8 +28,8 @@ from rrfp_ray.models.gpt import GPTConfig
 from rrfp_ray.recipes.config import RunConfig, TrainConfig
 from rrfp_ray.recipes.gpt_workload import corpus_source
 from rrfp_ray.schedule.validate import read_hint
-from rrfp_ray.train.api import workload_fingerprint
-from rrfp_ray.train.checkpoint import CheckpointError, resume_point
+from rrfp_ray.train.api import check_global_batch, model_parameters
+from rrfp_ray.train.checkpoint import CheckpointError, parameters_fingerprint, resume_point
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
 
@@ -87,7 +87,7 @@ def run_config(
         if args.trace:
             _read_trace(parser, run)
         if run.train.resume:
-            _check_resume(run, workload=workload_for(run))
+            run = _resume(run, workload=workload_for(run))
     except CheckpointError as error:
         parser.error(f"--resume: {str(error).removeprefix('resume: ')}")
     except ValidationError as error:
@@ -142,7 +142,20 @@ def _read_trace(parser: argparse.ArgumentParser, run: RunConfig) -> None:
         parser.error(f"--trace {run.variability.trace_file}: {error}")
 
 
-def _check_resume(run: RunConfig, *, workload: ModelWorkload) -> None:
-    """A CheckpointError unless the checkpoint directory holds one `workload` can resume from."""
-    fingerprint = workload_fingerprint(pipeline=run.pipeline, workload=workload)
-    resume_point(directory=Path(run.train.checkpoint_dir), fingerprint=fingerprint)
+def _resume(run: RunConfig, *, workload: ModelWorkload) -> RunConfig:
+    """`run`, resuming the checkpoint in its directory: a CheckpointError unless there is one `workload`'s
+    model can resume from. A run of another D trains the checkpoint's global batch D x M: M follows."""
+    parameters = model_parameters(workload.layers())
+    saved = resume_point(
+        directory=Path(run.train.checkpoint_dir), fingerprint=parameters_fingerprint(parameters), parameters=parameters
+    ).shape
+    batch = saved.dp * saved.microbatches
+    if saved.dp != run.pipeline.dp:
+        if batch % run.pipeline.dp:
+            raise CheckpointError(
+                f"resume: --dp {run.pipeline.dp} does not divide the checkpoint's global batch D x M = "
+                f"{saved.dp} x {saved.microbatches} = {batch} microbatches an iteration"
+            )
+        run = run.model_copy(update={"pipeline": run.pipeline.replaced(microbatches=batch // run.pipeline.dp)})
+    check_global_batch(saved=saved, pipeline=run.pipeline)
+    return run

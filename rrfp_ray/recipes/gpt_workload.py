@@ -43,34 +43,24 @@ MODEL_FILE = "model.json"  # beside a GPT run's checkpoints: what jobs/export.py
 
 @dataclass(frozen=True)
 class SavedModel:
-    """The model and split of a GPT run, as written beside its checkpoints."""
+    """The model of a GPT run, as written beside its checkpoints (which record the pipeline's shape themselves)."""
 
     config: GPTConfig
     seed: int
-    stages: int
-    chunks: int
-    tp: int
 
     @classmethod
     def of(cls, run: RunConfig) -> SavedModel:
-        p = run.pipeline
-        return cls(config=run.model, seed=run.train.seed, stages=p.stages, chunks=p.chunks, tp=p.tp)
+        return cls(config=run.model, seed=run.train.seed)
 
     def write(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        data = {
-            "model": self.config.model_dump(),
-            "seed": self.seed,
-            "stages": self.stages,
-            "chunks": self.chunks,
-            "tp": self.tp,
-        }
+        data = {"model": self.config.model_dump(), "seed": self.seed}
         (directory / MODEL_FILE).write_text(json.dumps(data, indent=2))
 
     @classmethod
     def read(cls, directory: Path) -> SavedModel:
         data = json.loads((directory / MODEL_FILE).read_text())
-        return cls(config=GPTConfig(**data.pop("model")), **data)
+        return cls(config=GPTConfig(**data["model"]), seed=int(data["seed"]))
 
     def layers(self) -> ModelLayers:
         return model_layers(model=GPTLayers(config=self.config, seed=self.seed), seed=self.seed)

@@ -62,7 +62,9 @@ class Executor(Protocol):
         """Write this stage's checkpoint file (`shard`: its actor index); returns what the manifest records of it."""
         ...
 
-    def load(self, *, directory: Path, file: Any) -> None: ...
+    def load(self, *, directory: Path, manifest: Any) -> None:
+        """Load this stage's share of the checkpoint `manifest` records (`rrfp_ray.train.checkpoint.Manifest`)."""
+        ...
 
     def chunk_states(self) -> dict[int, dict[str, torch.Tensor]]:
         """This stage's chunk weights, on the CPU: {chunk: state dict}."""
@@ -122,8 +124,8 @@ class ExecutorWrapper:
     def save(self, *, directory: Path, iteration: int, shard: int) -> Any:
         return self.inner.save(directory=directory, iteration=iteration, shard=shard)
 
-    def load(self, *, directory: Path, file: Any) -> None:
-        self.inner.load(directory=directory, file=file)
+    def load(self, *, directory: Path, manifest: Any) -> None:
+        self.inner.load(directory=directory, manifest=manifest)
 
     def chunk_states(self) -> dict[int, dict[str, torch.Tensor]]:
         return self.inner.chunk_states()

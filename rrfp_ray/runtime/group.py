@@ -49,7 +49,9 @@ class StageHandle(Protocol):
         """Pending checkpoint file of this stage (`rrfp_ray.train.checkpoint.StageFile`)."""
         ...
 
-    def load(self, *, directory: str, file: Any) -> Pending: ...
+    def load(self, *, directory: str, manifest: Any) -> Pending:
+        """Load this stage's share of the checkpoint `manifest` records, from whichever files hold it."""
+        ...
 
     def chunk_states(self) -> Pending:
         """Pending weights of this stage's chunks, on the CPU: {chunk: state dict}."""
@@ -188,11 +190,12 @@ class StageGroup:
         logger.info("iteration %d: %d stage files written to %s", iteration, len(files), directory)
         return dict(enumerate(files))
 
-    def load(self, *, directory: str, files: Mapping[int, Any]) -> None:
-        """Every replica's stage loads the one file of its (stage, TP rank) (ZeRO-1: its own)."""
-        shared = self.mesh.size if self.zero else self.mesh.per_replica
-        self._all(lambda i, h: h.load(directory=directory, file=files[i % shared]), what="checkpoint load")
-        logger.info("%d stage files loaded from %s", len(files), directory)
+    def load(self, *, directory: str, manifest: Any) -> None:
+        """Every stage of every replica loads what it now holds from the files of `manifest`
+        (`rrfp_ray.train.checkpoint.Manifest`), whatever shape wrote them (ZeRO-1: the optimizer
+        state of the parameters it now steps)."""
+        self._all(lambda _, h: h.load(directory=directory, manifest=manifest), what="checkpoint load")
+        logger.info("checkpoint of iteration %d loaded from %s", manifest.iteration, directory)
 
     def chunk_states(self) -> list[Any]:
         """Every stage's chunk weights (CPU), by stage index: what `rrfp_ray.train.export` puts together."""

@@ -146,8 +146,8 @@ class StageHost:
     def save(self, *, directory: str, iteration: int) -> Any:
         return self._executor().save(directory=Path(directory), iteration=iteration, shard=self.index)
 
-    def load(self, *, directory: str, file: Any) -> None:
-        self._executor().load(directory=Path(directory), file=file)
+    def load(self, *, directory: str, manifest: Any) -> None:
+        self._executor().load(directory=Path(directory), manifest=manifest)
 
     def chunk_states(self) -> dict[int, dict[str, Tensor]]:
         return self._executor().chunk_states()

@@ -80,8 +80,8 @@ class ThreadStage:
     def save(self, *, directory: str, iteration: int) -> Future:
         return self._thread.submit(self.host.save, directory=directory, iteration=iteration)
 
-    def load(self, *, directory: str, file: Any) -> Future:
-        return self._thread.submit(self.host.load, directory=directory, file=file)
+    def load(self, *, directory: str, manifest: Any) -> Future:
+        return self._thread.submit(self.host.load, directory=directory, manifest=manifest)
 
     def chunk_states(self) -> Future:
         return self._thread.submit(self.host.chunk_states)

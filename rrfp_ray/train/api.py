@@ -13,6 +13,7 @@ iteration has (`microbatches`); stage 0 reads the inputs and the last stage the 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -26,14 +27,25 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.backend import Backend, LocalBackend
-from rrfp_ray.train.checkpoint import Checkpointing, Manifest, commit, fingerprint, latest, resume_point
+from rrfp_ray.train.checkpoint import (
+    CheckpointError,
+    Checkpointing,
+    Manifest,
+    Shape,
+    commit,
+    latest,
+    parameters_fingerprint,
+    resume_point,
+)
 from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
-from rrfp_ray.train.runner import LossFn
+from rrfp_ray.train.runner import LossFn, partition
+from rrfp_ray.train.ties import find_ties
 from rrfp_ray.train.workload import DataSource, FactoryOptim, FeatureSource, ModelWorkload, Optim, OptimSpec
 
 logger = logging.getLogger(__name__)
@@ -111,16 +123,40 @@ def checked(workload: ModelWorkload, *, pipeline: PipelineConfig) -> ModelWorklo
     return replace(workload, counted_loss=findings.counted_loss, ties=findings.ties)
 
 
-def model_fingerprint(*, layers: Callable[[], Sequence[torch.nn.Module]], stages: int, chunks: int, tp: int) -> str:
-    """What a checkpoint must match to load: the split and the parameters' shapes."""
-    return fingerprint(stages, chunks, tp, [tuple(p.shape) for m in layers() for p in m.parameters()])
+def model_parameters(layers: Sequence[torch.nn.Module]) -> dict[str, tuple[int, ...]]:
+    """Every parameter's whole (unsharded) shape, by its name in the layer list (`3.attn.qkv.weight`): all a
+    checkpoint must match to load, whatever the pipeline's shape."""
+    return {
+        f"{i}.{name}": tuple(p.shape)
+        for i, layer in enumerate(layers)
+        for name, p in layer.named_parameters(remove_duplicate=False)
+    }
 
 
-def workload_fingerprint(*, pipeline: PipelineConfig, workload: ModelWorkload) -> str:
-    """What a checkpoint must have been written for: the pipeline's shape and every parameter's."""
-    shapes = [tuple(p.shape) for m in workload.layers() for p in m.parameters()]
-    zero = [f"zero{pipeline.zero} dp{pipeline.dp}"] if pipeline.zero else []  # a file per replica's shard
-    return fingerprint(pipeline.stages, pipeline.chunks, pipeline.tp, shapes, *zero)
+def pipeline_shape(*, pipeline: PipelineConfig, n_layers: int) -> Shape:
+    """The shape a checkpoint records of the pipeline that wrote it (the split spelled out even when even)."""
+    parts = partition(n_layers=n_layers, parts=pipeline.layout.virtual_stages, sizes=pipeline.layer_split)
+    return Shape(
+        stages=pipeline.stages,
+        tp=pipeline.tp,
+        dp=pipeline.dp,
+        chunks=pipeline.chunks,
+        placement=pipeline.layout.placement.value,
+        layer_split=tuple(len(part) for part in parts),
+        zero=pipeline.zero,
+        microbatches=pipeline.microbatches,
+    )
+
+
+def check_global_batch(*, saved: Shape, pipeline: PipelineConfig) -> None:
+    """CheckpointError unless `pipeline` trains the global batch (D x M microbatches) the checkpoint's run did."""
+    batch = saved.dp * saved.microbatches
+    if batch != pipeline.global_microbatches:
+        raise CheckpointError(
+            f"resume: the checkpoint trained D x M = {saved.dp} x {saved.microbatches} = {batch} microbatches an "
+            f"iteration, this pipeline D x M = {pipeline.dp} x {pipeline.microbatches} = "
+            f"{pipeline.global_microbatches}: give it microbatches = {batch} / dp to train the same"
+        )
 
 
 class Trainer:
@@ -168,12 +204,15 @@ class Trainer:
             device=device,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
-        self.fingerprint = workload_fingerprint(pipeline=pipeline, workload=self.workload)
+        built = self.workload.layers()
+        self.parameters = model_parameters(built)
+        self.fingerprint = parameters_fingerprint(self.parameters)
+        self._n_layers = len(built)
         resume = None
-        if (
-            checkpoints is not None and checkpoints.resume
-        ):  # a CheckpointError saying what is wrong, before any stage starts
-            resume = resume_point(directory=Path(checkpoints.directory), fingerprint=self.fingerprint)
+        if checkpoints is not None and checkpoints.resume:  # a CheckpointError saying what is wrong, before any start
+            directory = Path(checkpoints.directory)
+            resume = resume_point(directory=directory, fingerprint=self.fingerprint, parameters=self.parameters)
+            check_global_batch(saved=resume.shape, pipeline=pipeline)
         self.backend: Backend = LocalBackend() if backend is None else backend
         self.backend.start(pipeline=pipeline, workload=self.workload)
         self.iteration = 0
@@ -182,6 +221,7 @@ class Trainer:
         self.skipped_steps = 0  # iterations whose gradient norm was inf or NaN: no stage stepped
         self._policies: dict[str, Policy] = {}
         self.planner: Planner | None = None  # made by the first planned iteration
+        self.resumed: str | None = None  # what the last checkpoint loaded was: its iteration, its shape and this one
         self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took
         if resume is not None:
             self._restore(resume)
@@ -230,6 +270,7 @@ class Trainer:
             tp=self.pipeline.tp,
             shards=self.backend.chunk_states(),
             placement=self.pipeline.layout.placement,
+            sizes=self.pipeline.layer_split,
         )
 
     def save(self) -> Path:
@@ -242,7 +283,14 @@ class Trainer:
         directory = Path(self.checkpoints.directory)
         files = self.backend.save(directory=directory, iteration=self.iteration)
         planner = None if self.planner is None else self.planner.to_dict()
-        manifest = Manifest(iteration=self.iteration, fingerprint=self.fingerprint, files=files, planner=planner)
+        manifest = Manifest(
+            iteration=self.iteration,
+            fingerprint=self.fingerprint,
+            files=files,
+            shape=self.shape,
+            parameters=self.parameters,
+            planner=planner,
+        )
         try:
             path = commit(directory=directory, manifest=manifest)
         except OSError as error:
@@ -252,8 +300,60 @@ class Trainer:
         logger.info("checkpoint of iteration %d committed: %s", self.iteration, path)
         return path
 
+    @property
+    def shape(self) -> Shape:
+        """This pipeline's shape, as a checkpoint records it."""
+        return pipeline_shape(pipeline=self.pipeline, n_layers=self._n_layers)
+
+    def reshape(self, *, layer_split: tuple[int, ...]) -> float:
+        """Move the running pipeline (the same stages, TP, DP and chunks) to `layer_split` (layers per virtual
+        stage) at this iteration boundary, losing no work: every stage writes its state by parameter to a
+        scratch directory (a fresh `reshape-*` one in the checkpoint directory, else a temporary one; the
+        committed checkpoints are left alone, and it is removed after), takes the workload of the new split
+        (its ties found again) and loads what it now holds. Training goes on as if the split had always been
+        this one. Returns the seconds it took; logs which layers moved between which stages."""
+        started = time.perf_counter()
+        pipeline = self.pipeline.replaced(layer_split=tuple(layer_split))
+        layers = self.workload.layers()
+        layout = pipeline.layout
+        ties = find_ties(
+            layers, stages=layout.stages, chunks=layout.chunks, placement=layout.placement, sizes=pipeline.layer_split
+        )
+        groups, now = (tuple(dict.fromkeys(t.stages for t in found)) for found in (ties, self.workload.ties))
+        if groups != now:
+            raise ValueError(
+                f"layer_split {','.join(map(str, layer_split))}: tied parameters would be shared by the stages "
+                f"{list(groups)} instead of {list(now)}, whose links the running pipeline has not got; restart it "
+                "with this split instead (resume a checkpoint: any split loads it)"
+            )
+        workload = replace(self.workload, layer_split=pipeline.layer_split, ties=ties)
+        before = self.shape
+        base = None
+        if self.checkpoints is not None:
+            base = Path(self.checkpoints.directory)
+            base.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="reshape-", dir=base) as scratch:
+            directory = Path(scratch)
+            files = self.backend.save(directory=directory, iteration=self.iteration)
+            manifest = Manifest(
+                iteration=self.iteration, fingerprint=self.fingerprint, files=files, shape=before,
+                parameters=self.parameters,
+            )  # fmt: skip
+            self.backend.set_workload(workload=workload)
+            self.backend.load(directory=directory, manifest=manifest)
+        self.pipeline, self.workload = pipeline, workload
+        seconds = time.perf_counter() - started
+        logger.info(
+            "reshape at iteration %d: split %s -> %s; %s (%.2f s)",
+            self.iteration, ",".join(map(str, before.layer_split)), ",".join(map(str, self.shape.layer_split)),
+            _moves(before=before, after=self.shape), seconds,
+        )  # fmt: skip
+        return seconds
+
     def _latest(self) -> Manifest | None:
-        return latest(directory=Path(self.checkpoints.directory), fingerprint=self.fingerprint)
+        return latest(
+            directory=Path(self.checkpoints.directory), fingerprint=self.fingerprint, parameters=self.parameters
+        )
 
     def _recover(self, error: PipelineError, *, failed: str) -> None:
         """Rebuild the pipeline and load the last checkpoint; a rebuild that fails too takes the next restart."""
@@ -286,9 +386,18 @@ class Trainer:
                 error, failed = again, f"restart {self.restarts}"
 
     def _restore(self, manifest: Manifest) -> None:
+        shape = self.shape
+        onto = "the same shape" if manifest.shape == shape else shape.describe()
+        self.resumed = (
+            f"resuming iteration {manifest.iteration} of a {manifest.shape.describe()} checkpoint onto {onto}"
+        )
+        logger.info("%s", self.resumed)
         self.backend.load(directory=Path(self.checkpoints.directory), manifest=manifest)
         self.iteration = manifest.iteration
-        self.planner = None if manifest.planner is None else Planner.from_dict(manifest.planner)
+        self.planner = None
+        planned = {"stages": shape.stages, "chunks": shape.chunks, "microbatches": shape.microbatches}
+        if manifest.planner is not None and manifest.planner["shape"] == planned:  # else it plans afresh
+            self.planner = Planner.from_dict(manifest.planner)
         logger.info("resumed from the checkpoint of iteration %d in %s", manifest.iteration, self.checkpoints.directory)
 
     def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
@@ -342,6 +451,33 @@ class Trainer:
         if name not in self._policies:
             self._policies[name] = self.pipeline.resolved_policy(name)
         return self._policies[name]
+
+
+def _moves(*, before: Shape, after: Shape) -> str:
+    """Which layers moved from which stage to which, in words."""
+
+    def stages(shape: Shape) -> list[int]:
+        placement = Placement(shape.placement)
+        return [
+            placement.locate(virtual_stage=vs, stages=shape.stages)[0]
+            for vs, size in enumerate(shape.layer_split)
+            for _ in range(size)
+        ]
+
+    runs: list[tuple[int, int, int, int]] = []  # first layer, last layer, from stage, to stage
+    for layer, (old, new) in enumerate(zip(stages(before), stages(after))):
+        if old == new:
+            continue
+        if runs and runs[-1][1] == layer - 1 and runs[-1][2:] == (old, new):
+            runs[-1] = (runs[-1][0], layer, old, new)
+        else:
+            runs.append((layer, layer, old, new))
+    if not runs:
+        return "no layer moved between stages"
+    return ", ".join(
+        (f"layer {a}" if a == b else f"layers {a}-{b}") + f" moved from stage {old} to stage {new}"
+        for a, b, old, new in runs
+    )
 
 
 def _optim(optimizer: OptimizerArg | None) -> OptimSpec:

@@ -130,7 +130,7 @@ class LocalBackend:
         return self._running().save(directory=str(directory), iteration=iteration)
 
     def load(self, *, directory: Path, manifest: Manifest) -> None:
-        self._running().load(directory=str(directory), files=manifest.files)
+        self._running().load(directory=str(directory), manifest=manifest)
 
     def chunk_states(self) -> list[dict[int, dict[str, Tensor]]]:
         return self._running().chunk_states()

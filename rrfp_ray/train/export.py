@@ -4,20 +4,24 @@ Each stage holds `nn.Sequential` chunks over its share of the layer list, so a c
 key `k.name` is layer `part.start + k`'s `name`. A reference build of the model (its
 structure; its values are not used) maps every such tensor to its key in the model the
 user gave. A tensor several layers share (a tied weight) appears once, under its first
-key. The GPT's TP blocks are put back together from their ranks' slices.
+key. The GPT's TP blocks are put back together from their ranks' slices. A checkpoint, keyed by
+names in the layer list already, maps the same way (`checkpoint_state_dict`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from torch import Tensor, nn
 
 from rrfp_ray.models.gpt import Block
 from rrfp_ray.models.tp import unshard_block_tensors
 from rrfp_ray.schedule.actions import Placement
+from rrfp_ray.train.checkpoint import Manifest
 from rrfp_ray.train.layers import ModelLayers, to_layers
 from rrfp_ray.train.runner import partition
+from rrfp_ray.train.state import whole_weights
 
 ChunkStates = dict[int, dict[str, Tensor]]  # one stage (TP shard)'s chunks: chunk -> its state dict
 
@@ -30,16 +34,16 @@ def unsplit_state_dict(
     tp: int,
     shards: Sequence[ChunkStates],
     placement: Placement = Placement.LOOPED,
+    sizes: Sequence[int] | None = None,
 ) -> dict[str, Tensor]:
-    """`shards[stage * tp + rank]` is that shard's chunk states; returns the unsplit model's state dict."""
+    """`shards[stage * tp + rank]` is that shard's chunk states (`sizes`: layers per virtual stage, default
+    even); returns the unsplit model's state dict."""
     if len(shards) != stages * tp:
         raise ValueError(f"need stages x tp = {stages * tp} shards, got {len(shards)}")
     model = layers.model()
     modules = to_layers(model, split_points=layers.split_points)
-    parts = partition(n_layers=len(modules), parts=stages * chunks)
-    keys: dict[int, str] = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        keys.setdefault(id(tensor), key)
+    parts = partition(n_layers=len(modules), parts=stages * chunks, sizes=sizes)
+    keys = _model_keys(model)
     gathered: dict[str, Tensor] = {}
     for stage in range(stages):
         for chunk in range(chunks):
@@ -51,6 +55,26 @@ def unsplit_state_dict(
                 for name, value in state.items():
                     gathered.setdefault(keys[id(reference[name])], value.detach().cpu())
     return {key: gathered[key] for key in dict.fromkeys(keys.values()) if key in gathered}
+
+
+def checkpoint_state_dict(*, layers: ModelLayers, directory: Path, manifest: Manifest) -> dict[str, Tensor]:
+    """The unsplit model's state dict from the checkpoint `manifest` records, whatever shape wrote it."""
+    model = layers.model()
+    keys = _model_keys(model)
+    weights = whole_weights(directory=directory, manifest=manifest)
+    gathered: dict[str, Tensor] = {}
+    for i, module in enumerate(to_layers(model, split_points=layers.split_points)):
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            gathered.setdefault(keys[id(tensor)], weights[f"{i}.{name}"])
+    return {key: gathered[key] for key in dict.fromkeys(keys.values()) if key in gathered}
+
+
+def _model_keys(model: nn.Module) -> dict[int, str]:
+    """Each tensor's first key in the model's state dict, by the tensor's id."""
+    keys: dict[int, str] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        keys.setdefault(id(tensor), key)
+    return keys
 
 
 def _layer_state(chunk_state: dict[str, Tensor], *, index: int) -> dict[str, Tensor]:

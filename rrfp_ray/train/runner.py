@@ -293,6 +293,11 @@ class StageRunner:
             unfinished = sorted([*self._saved, *self._deferred])
             raise RuntimeError(f"optimizer step with backward work unfinished for (chunk, microbatch) {unfinished}")
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer over the parameters this runner steps (with ZeRO-1, this replica's share)."""
+        return self._optimizer
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "chunks": {c: m.state_dict() for c, m in self._chunks.items()},

@@ -30,12 +30,13 @@ from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.schedule.layout import Layout, Message
 from rrfp_ray.sim.trace import Trace
-from rrfp_ray.train.checkpoint import StageFile, load_stage, save_stage
+from rrfp_ray.train.checkpoint import Manifest, StageFile, save_stage
 from rrfp_ray.train.layers import ModelLayers
 from rrfp_ray.train.precision import Precision, autocast
 from rrfp_ray.train.recompute import checkpoint_blocks
 from rrfp_ray.train.release import GradRelease
 from rrfp_ray.train.runner import LossFn, StageRunner, build_stage, clip_coef, lr_at, partition
+from rrfp_ray.train.state import Layers, held_names, load_state, stage_state
 from rrfp_ray.train.ties import Tie, TiedGradients, TieReduce
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,8 @@ class ModelWorkload:
             device=self.device,
             sizes=self.layer_split,
         )
-        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self, tied=tied)
+        held = {i: layers[i] for i in sorted(own)}
+        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self, tied=tied, layers=held)
 
     def latency(self, message: Message) -> float:
         return 0.0 if self.injected is None else self.injected.latency(message)
@@ -207,9 +209,17 @@ class ModelWorkload:
 
 class ModelExecutor:
     def __init__(
-        self, *, stage: int, runner: StageRunner, layout: Layout, workload: ModelWorkload, tied: TiedGradients
+        self,
+        *,
+        stage: int,
+        runner: StageRunner,
+        layout: Layout,
+        workload: ModelWorkload,
+        tied: TiedGradients,
+        layers: Layers,
     ) -> None:
         self.stage = stage
+        self._layers = layers  # this stage's layers, by index into the model's layer list
         self._tied = tied
         self.runner = runner
         self._layout = layout
@@ -349,11 +359,29 @@ class ModelExecutor:
         }
 
     def save(self, *, directory: Path, iteration: int, shard: int) -> StageFile:
-        """Write this stage's (TP shard's) chunks and optimizer state atomically; the driver commits the manifest."""
-        return save_stage(directory=directory, iteration=iteration, stage=shard, state=self.runner.state_dict())
+        """Write this stage's (TP shard's) weights and optimizer state by parameter name, atomically (a replica
+        other than 0 writes only the optimizer state it steps: ZeRO-1); the driver commits the manifest."""
+        rank = self._workload.tp_rank
+        state = stage_state(
+            layers=self._layers, optimizer=self.runner.optimizer, tp_rank=rank, weights=self._workload.dp_rank == 0
+        )
+        file = save_stage(directory=directory, iteration=iteration, stage=shard, state=state)
+        weights, optimizer = held_names(state)
+        return replace(file, tp_rank=rank, weights=weights, optimizer=optimizer)
 
-    def load(self, *, directory: Path, file: StageFile) -> None:
-        self.runner.load_state_dict(load_stage(directory=directory, file=file))
+    def load(self, *, directory: Path, manifest: Manifest) -> None:
+        """Take the weights of this stage's layers and the optimizer state of the parameters it steps from
+        whichever of `manifest`'s files hold them, whatever pipeline shape wrote them."""
+        size = self._workload.layers.size if isinstance(self._workload.layers, TPLayers) else 1
+        read = load_state(
+            directory=directory,
+            manifest=manifest,
+            layers=self._layers,
+            optimizer=self.runner.optimizer,
+            tp_rank=self._workload.tp_rank,
+            tp_size=size,
+        )
+        logger.debug("stage %d: %d of %d checkpoint files read", self.stage, read, len(manifest.files))
 
     @torch.no_grad()
     def evaluate(self, *, chunk: int, inputs: Tensor | None, index: int) -> Tensor:
