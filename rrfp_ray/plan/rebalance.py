@@ -59,7 +59,7 @@ class RebalanceSettings:
     threshold: float
     window: int
     memory_bytes: float = math.inf
-    move_setup_s: float = 1.0
+    move_setup_s: float = 0.25  # an estimate too low is corrected by the first move; one too high never is
     move_bytes_per_s: float = 200e6
 
     def __post_init__(self) -> None:
