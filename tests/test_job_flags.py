@@ -22,6 +22,7 @@ RECORD = ROOT / "tests" / "data" / "job_flags.json"
 JOBS = {
     "bench_framing": "main",
     "bench_peers": "main",
+    "bench_plan_wait": "main",
     "bench_planning": "main",
     "bench_policies": None,
     "bench_rebalance": "main",
@@ -29,6 +30,7 @@ JOBS = {
     "bench_simulator": None,
     "bench_suite": "parse",
     "bench_tp": None,
+    "bench_vlm": "main",
     "dashboard_shots": "parse",
     "export": "main",
     "replay": "main",

@@ -4,6 +4,7 @@ split (tied embeddings included), and bad splits refused naming the field."""
 from __future__ import annotations
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from rrfp_ray.recipes.config import RunConfig
@@ -44,12 +45,16 @@ def _run(split: tuple[int, ...] | None) -> RunConfig:
 
 
 def test_training_is_the_same_whatever_the_split() -> None:
-    losses, held = {}, {}
+    losses, held, exported = {}, {}, {}
     for split in (None, (1, 1, 4), (4, 1, 1)):
         with gpt_trainer(_run(split)) as trainer:
             losses[split] = [report.loss for report in trainer.fit(3)]
             held[split] = [sum(p.numel() for p in e.runner.parameters()) for e in trainer.backend.executors]
+            exported[split] = trainer.state_dict()
     assert held[(4, 1, 1)][0] > held[None][0] > held[(1, 1, 4)][0]
     assert held[(1, 1, 4)][2] > held[None][2] > held[(4, 1, 1)][2]
     for split in ((1, 1, 4), (4, 1, 1)):
         assert losses[split] == pytest.approx(losses[None], rel=1e-5)
+        assert exported[split].keys() == exported[None].keys()  # the export gathers each split's layers
+        for key, tensor in exported[None].items():
+            torch.testing.assert_close(exported[split][key], tensor, rtol=1e-4, atol=1e-6)

@@ -1,4 +1,5 @@
-"""jobs/bench_planning.py: a tiny run prints its table, and bad flags exit 2 naming the flag."""
+"""jobs/bench_planning.py and jobs/bench_plan_wait.py: a tiny run prints its table or its ratio, and bad flags exit 2
+naming the flag."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from benchmarks.planning import ratios
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+import bench_plan_wait
 import bench_planning
 
 
@@ -38,5 +40,23 @@ def test_a_tiny_run_prints_and_writes_its_table(tmp_path: Path, capsys: pytest.C
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         bench_planning.main(args)
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_a_tiny_plan_wait_run_prints_the_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_plan_wait.main(["--iterations", "2"])
+    text = capsys.readouterr().out
+    assert "wait / iteration" in text and "2 plans made; 0 iterations ran the last plan" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"), [(["--iterations", "1"], "--iterations"), (["--layers", "1", "--stages", "4"], "--stages")]
+)
+def test_bad_plan_wait_flags_exit_2_naming_the_flag(
+    args: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_plan_wait.main(args)
     assert exit_info.value.code == 2
     assert flag in capsys.readouterr().err

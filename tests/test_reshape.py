@@ -161,7 +161,7 @@ def test_reshape_mid_run_trains_as_the_run_that_never_reshaped(tmp_path, referen
 
 def test_reshape_refuses_a_split_that_does_not_fit_and_the_run_goes_on(reference):
     with gpt_trainer(_run(**EVEN)) as trainer:
-        with pytest.raises(ValueError, match="layer_split 1,1,4 must give each of the stages x chunks = 2"):
+        with pytest.raises(ValueError, match="1,1,4 must give each of the stages x chunks = 2"):
             trainer.reshape(layer_split=(1, 1, 4))
         with pytest.raises(ValueError, match="6 layers in all"):
             trainer.reshape(layer_split=(2, 2))

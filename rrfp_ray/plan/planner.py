@@ -45,7 +45,9 @@ def default_hints(*, chunks: int, fixed_only: bool = False) -> tuple[str, ...]:
 class PlannerConfig:
     """`simulations`: the search budget in simulated iterations (`python jobs/bench_simulator.py`
     prints what a P=8, M=32 iteration costs); `samples`: noise samples per candidate;
-    `time_limit_s`: a wall-clock limit that only stops a search early (None: none)."""
+    `time_limit_s`: a wall-clock limit that only stops a search early (None: none); `wait_s`: the
+    longest an iteration waits for the plan made for it while the iteration before ran
+    (`rrfp_ray.plan.ahead`) before it runs the last plan instead."""
 
     hints: tuple[str, ...]
     cap: Cap
@@ -54,6 +56,7 @@ class PlannerConfig:
     seed: int = 0
     window: int = 4
     time_limit_s: float | None = None
+    wait_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.hints:
@@ -64,6 +67,8 @@ class PlannerConfig:
             raise ValueError(f"simulations must be >= samples = {self.samples}, got {self.simulations}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be > 0, got {self.time_limit_s}")
+        if not self.wait_s > 0:
+            raise ValueError(f"wait_s must be > 0, got {self.wait_s}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +79,7 @@ class PlannerConfig:
             "seed": self.seed,
             "window": self.window,
             "time_limit_s": self.time_limit_s,
+            "wait_s": self.wait_s,
         }
 
     @classmethod
@@ -91,6 +97,7 @@ class Planner:
         microbatches: int,
         model: CostModel | None = None,
         last: Plan | None = None,
+        planned: int | None = None,
     ) -> None:
         self.config = config
         self.shape = {"stages": stages, "chunks": chunks, "microbatches": microbatches}
@@ -99,6 +106,7 @@ class Planner:
         self.model = model if model is not None else CostModel(window=config.window)
         self.last = last or Plan.identity(microbatches=microbatches, hint=config.hints[0], cap=config.cap)
         self.last.validate(**self.shape)
+        self.planned = planned  # the iteration `last` was planned for (None: none yet)
 
     def predicted(self, *, iteration: int, features: Sequence[float] | None) -> list[Trace]:
         """The iteration as the model sees it: the mean, or `samples` noisy draws around it."""
@@ -169,6 +177,7 @@ class Planner:
             log.debug("iteration %d: %s (%.1f ms predicted)", iteration, found.plan.hint, found.score_ms)
         else:
             log.warning("iteration %d: no plan within %.3f s; running the last plan", iteration, config.time_limit_s)
+        self.planned = iteration
         return self.last
 
     def observe(
@@ -192,6 +201,7 @@ class Planner:
             "shape": dict(self.shape),
             "model": self.model.to_dict(),
             "last": self.last.to_dict(),
+            "planned": self.planned,
         }
 
     @classmethod
@@ -201,6 +211,7 @@ class Planner:
             **data["shape"],
             model=CostModel.from_dict(data["model"]),
             last=Plan.from_dict(data["last"]),
+            planned=data.get("planned"),
         )
 
 

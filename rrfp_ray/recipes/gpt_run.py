@@ -12,6 +12,7 @@ from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
+from rrfp_ray.train.config import PLANNED
 
 Summary = dict[str, Any]
 
@@ -70,6 +71,8 @@ class PolicyRun:
         )
         if self.run.pipeline.tp > 1:
             line += f"  TP agreement {report.tp_fraction:4.2%}"
+        if self.policy == PLANNED:
+            line += f"  plan wait {self.trainer.plan_wait_s[-1] * 1e3:.2f} ms"
         if report.restart:
             line += f"  (first after restart {report.restart})"
         if report.skipped_step:

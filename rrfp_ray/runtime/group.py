@@ -82,7 +82,7 @@ class StageGroup:
     data; their stages sum gradients before the step, so every replica holds the same weights:
     replica 0 alone evaluates and writes checkpoints, and every replica loads them. With `zero`
     (ZeRO-1), each replica holds its own shard of the optimizer state: every replica writes its
-    file, and loads its own."""
+    file, and loads the state of the parameters it owns from whichever files hold it."""
 
     def __init__(self, *, fabric: Fabric, layout: Layout, zero: bool = False) -> None:
         mesh = fabric.mesh

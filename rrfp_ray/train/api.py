@@ -18,12 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rrfp_ray.errors import ExitCode
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
@@ -222,7 +224,9 @@ class Trainer:
         self._policies: dict[str, Policy] = {}
         self.planner: Planner | None = None  # made by the first planned iteration
         self.resumed: str | None = None  # what the last checkpoint loaded was: its iteration, its shape and this one
-        self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took
+        self._lookahead: Lookahead | None = None  # plans the next planned iteration while one runs
+        self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took (nan: the last plan ran)
+        self.plan_wait_s: list[float] = []  # per planned iteration: the seconds it waited for its plan
         if resume is not None:
             self._restore(resume)
 
@@ -282,7 +286,7 @@ class Trainer:
             raise ValueError("save() needs checkpoints=Checkpointing(directory=...) given to the Trainer")
         directory = Path(self.checkpoints.directory)
         files = self.backend.save(directory=directory, iteration=self.iteration)
-        planner = None if self.planner is None else self.planner.to_dict()
+        planner = self.planner_state()
         manifest = Manifest(
             iteration=self.iteration,
             fingerprint=self.fingerprint,
@@ -373,6 +377,8 @@ class Trainer:
                 self.restarts, allowed, error.culprit or "the pipeline failed", failed, restoring,
             )  # fmt: skip
             try:
+                self._stop_planning()  # the checkpoint's planner, if any, plans again
+                self.planner = None
                 self.backend.restart()
                 self._restored = self.restarts
                 if manifest is None:
@@ -417,6 +423,7 @@ class Trainer:
         self.iteration = 0
 
     def close(self) -> None:
+        self._stop_planning()
         self.backend.close()
 
     def __enter__(self) -> Trainer:
@@ -425,27 +432,57 @@ class Trainer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def planner_state(self) -> dict[str, Any] | None:
+        """The planner's state (`Planner.to_dict`) once every plan and observation asked for is done, as the
+        checkpoint keeps it; None without a planner, or when planning did not settle within the pipeline's timeout."""
+        if self._lookahead is not None and not self._lookahead.settle(timeout_s=self.pipeline.timeout_s):
+            logger.warning("the planner did not settle within %.1f s: its state is left out", self.pipeline.timeout_s)
+            return None
+        return None if self.planner is None else self.planner.to_dict()
+
     def _planned_iteration(self) -> IterationReport:
-        """Plan this iteration synchronously from its data's features and every finished iteration's
-        telemetry, run the plan's hint policy with its microbatch order, and feed the report back."""
+        """Run the plan made for this iteration while the one before ran (`rrfp_ray.plan.ahead`: from this
+        iteration's features and the telemetry of iterations up to the one before that), ask for the next
+        iteration's, then feed this one's report back."""
         shape = {
             "stages": self.pipeline.stages,
             "chunks": self.pipeline.chunks,
             "microbatches": self.pipeline.microbatches,
         }
-        if self.planner is None:
+        if self.planner is None or self.planner.shape != shape:
+            self._stop_planning()
             config = PlannerConfig(hints=default_hints(chunks=self.pipeline.chunks), cap=self.pipeline.cap)
             self.planner = Planner(config=config, **shape)
-        data = self.workload.data
-        shown = isinstance(data, FeatureSource) and self.pipeline.dp == 1  # D x M features: not planned per replica yet
-        features = data.features(iteration=self.iteration) if shown else None
-        started = time.perf_counter()
-        plan = self.planner.plan(iteration=self.iteration, features=features)
-        self.planning_s.append(time.perf_counter() - started)
-        policy = plan.validate(**shape)
-        report = self.backend.run_iteration(iteration=self.iteration, policy=policy, cap=plan.cap, order=plan.order)
-        self.planner.observe(report=report, plan=plan, features=features)
+        if self._lookahead is None:
+            self._lookahead = Lookahead(planner=self.planner, shows=self._seen, timeout_s=self.pipeline.timeout_s)
+        taken = self._lookahead.take(iteration=self.iteration)
+        self.planning_s.append(taken.planning_s)
+        self.plan_wait_s.append(taken.wait_s)
+        policy = taken.plan.validate(**shape)
+        self._lookahead.ask(iteration=self.iteration + 1)
+        order = taken.plan.order
+        report = self.backend.run_iteration(iteration=self.iteration, policy=policy, cap=taken.plan.cap, order=order)
+        self._lookahead.observe(report=report, taken=taken)
+        logger.debug(
+            "iteration %d: plan %s %s waited for %.2f ms (iteration %.1f ms)",
+            self.iteration, taken.plan.hint, list(order), taken.wait_s * 1e3, report.makespan_ms,
+        )  # fmt: skip
         return report
+
+    def _seen(self, iteration: int) -> Seen | None:
+        """What `iteration`'s data shows the planner; each replica reads its own M microbatches, in one order."""
+        data = self.workload.data
+        if not isinstance(data, FeatureSource):
+            return None
+        return seen(
+            data.features(iteration=iteration), replicas=self.pipeline.dp, microbatches=self.pipeline.microbatches
+        )
+
+    def _stop_planning(self) -> None:
+        """Drop the plans in flight (after a restart, a new shape or on close)."""
+        if self._lookahead is not None:
+            self._lookahead.close()
+        self._lookahead = None
 
     def _policy(self, name: str) -> Policy:
         if name not in self._policies:
