@@ -15,7 +15,8 @@ measured iterations. A layer's predicted cost on stage s is its intrinsic cost x
 - **predict**: both splits' iterations simulated (`rrfp_ray.sim.simulator`) with per-stage F and B from
   the summed layer costs, the same policy and cap; the move is taken only if its predicted gain over the
   next `window` iterations beats the cost of moving (the last move's measured seconds; before the first,
-  an estimate from the parameter state to move);
+  an estimate from the parameter state to move) and shortens the predicted iteration by more than half
+  the threshold (less is the measurements' noise, not worth chasing);
 - **hysteresis**: a move restarts every stage's count, so no move follows within `window` measured
   iterations of the last: a stage just relieved is not moved back within the window, and a bottleneck
   the best split cannot remove (layers come whole) is kept, not chased.
@@ -254,7 +255,7 @@ class Rebalancer:
                 f"split {','.join(map(str, self.split))} must give each of the {len(self.policy.order)} stages "
                 "at least one layer"
             )
-        self.model = CostModel(window=self.settings.window)
+        self.model = CostModel(window=self.settings.window, restart=False)
         self.streak = [0] * len(self.split)
 
     @property
@@ -355,6 +356,13 @@ class Rebalancer:
             move_s = self.settings.move_setup_s + bytes_ / self.settings.move_bytes_per_s
         gain_s = (before - after) * window / 1000
         predicted = {"before_ms": before, "after_ms": after, "move_s": move_s}
+        if after > before * (1 - self.settings.threshold / 2):
+            return Decision(
+                **stay,
+                reason=f"stage {slow} is {ratio:.0%} above the mean; {','.join(map(str, split))} would gain "
+                f"{1 - after / before:.1%} a predicted iteration, within half the threshold",
+                **predicted,
+            )
         if gain_s <= move_s:
             return Decision(
                 **stay,
