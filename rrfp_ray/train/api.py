@@ -46,6 +46,7 @@ from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
+from rrfp_ray.train.rebalancing import Move, Rebalancing
 from rrfp_ray.train.runner import LossFn, partition
 from rrfp_ray.train.ties import find_ties
 from rrfp_ray.train.workload import DataSource, FactoryOptim, FeatureSource, ModelWorkload, Optim, OptimSpec
@@ -227,6 +228,12 @@ class Trainer:
         self._lookahead: Lookahead | None = None  # plans the next planned iteration while one runs
         self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took (nan: the last plan ran)
         self.plan_wait_s: list[float] = []  # per planned iteration: the seconds it waited for its plan
+        self.rebalancing: Rebalancing | None = None
+        if pipeline.balance.rebalance:
+            hint = default_hints(chunks=1)[0] if pipeline.policy == PLANNED else pipeline.policy
+            self.rebalancing = Rebalancing(
+                pipeline=pipeline, policy=self._policy(hint), device=device, reshape=self.reshape
+            )
         if resume is not None:
             self._restore(resume)
 
@@ -256,6 +263,8 @@ class Trainer:
                     report.iteration, self.skipped_steps,
                 )  # fmt: skip
             self.iteration += 1
+            if self.rebalancing is not None:
+                self.rebalancing.after(report)
             if self.checkpoints is None or not self.checkpoints.every or self.iteration % self.checkpoints.every:
                 return report
             try:
@@ -263,6 +272,11 @@ class Trainer:
                 return report
             except PipelineError as error:
                 self._recover(error, failed=f"the checkpoint of iteration {self.iteration}")
+
+    @property
+    def moves(self) -> list[Move]:
+        """The rebalancer's moves so far, in order (none without `pipeline.balance.rebalance`)."""
+        return [] if self.rebalancing is None else list(self.rebalancing.moves)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The unsplit model's weights, gathered from every stage, chunk and TP shard (tied ones once):
