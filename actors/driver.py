@@ -94,6 +94,7 @@ class PipelineDriver:
             first_iteration=first_iteration,
             buffer_limit=self.pipeline.buffer_limit,
             tp_protocol=self.pipeline.tp_protocol,
+            measure_period=self.pipeline.balance.measure_period,
         )
 
     def evaluate(self, *, microbatches: int) -> float:

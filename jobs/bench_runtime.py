@@ -41,6 +41,13 @@ stage's last op); it prints the exposed share of the reduce time (past every sta
 past the stage's own), measured and simulated, and the bytes summed and received:
 
     python jobs/bench_runtime.py --dp 2 --stages 4 --microbatches 16 --grad-mb 25 --policies 1f1b,bfw
+
+The synthetic model has --layers layers per stage (per virtual stage with --chunks > 1), each holding
+--layer-mb MB of real parameters; the trace's durations are for the even split, so with --split each
+op sleeps its device's share per layer it holds (the simulator sees the same). --measure-every N has
+the stages measure their layers' costs every N iterations (`StageStats.layer_costs`, docs/observe.md):
+
+    python jobs/bench_runtime.py --scenario imbalance --layers 2 --split 3,2,2,1 --measure-every 2
 """
 
 from __future__ import annotations
@@ -85,6 +92,14 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
         "--reduce-latency-ms", type=float, default=0.0, help="with --dp: the simulator's latency per bucket"
     )
     pipe.add_argument(
+        "--layers",
+        type=int,
+        default=1,
+        help="layers per stage (per virtual stage with --chunks > 1) in the even split the trace's durations are for; "
+        "--split moves them, each costing its device's share",
+    )
+    pipe.add_argument("--layer-mb", type=float, default=0.0, help="MB of real parameters each layer holds")
+    pipe.add_argument(
         "--rank-comm",
         action="store_true",
         help="with --tp: each TP rank's messages take their own latencies (the scenario drawn with seed + rank)",
@@ -117,7 +132,6 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
 
 def main(argv: list[str] | None = None) -> dict:
     args, pipeline, traces, names = parse(argv)
-    trace = traces[0]
     import ray
 
     from actors.driver import PipelineDriver
@@ -125,17 +139,22 @@ def main(argv: list[str] | None = None) -> dict:
     from benchmarks import runtime
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
 
+    model = runtime.layer_model(args, pipeline=pipeline)
+    trace = model.as_run(traces[0])  # what the stages sleep, for the simulator
     simulated = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names)
     log_level = configure_logging(args)
     print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
     driver = PipelineDriver.remote(
         pipeline=pipeline,
         workload=SyntheticWorkload(
-            trace=trace,
+            trace=traces[0],
             payload_elems=args.payload_elems,
             rank_comm=tuple(traces) if args.rank_comm else (),
             grad_elems=int(args.grad_mb * 2**20) // 4 if pipeline.dp > 1 else 0,
             grad_layers=args.grad_layers,
+            layers=args.layers,
+            layer_bytes=model.layer_bytes,
+            layer_split=model.split,
         ),
     )
     try:

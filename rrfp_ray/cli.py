@@ -154,13 +154,19 @@ PIPELINE_FLAGS = (
 )
 
 
-def scenario_flags(**defaults: Any) -> tuple[Flag, ...]:
-    """The `VariabilityConfig` flags; `defaults` (field -> value) are a job's own, e.g. scenario="multimodal"."""
+def scenario_flags(*, slow_devices: bool = False, **defaults: Any) -> tuple[Flag, ...]:
+    """The `VariabilityConfig` flags, --slow-device among them for a job whose stages compute for real
+    (`slow_devices`); `defaults` (field -> value) are a job's own, e.g. scenario="multimodal"."""
     from rrfp_ray.train.config import VariabilityConfig
 
-    spelled = {"seed": Flag("seed", "--variability-seed"), "trace_file": Flag("trace_file", "--trace", metavar="FILE")}
+    spelled = {
+        "seed": Flag("seed", "--variability-seed"),
+        "trace_file": Flag("trace_file", "--trace", metavar="FILE"),
+        "slow_devices": Flag("slow_devices", "--slow-device", default=None, metavar="STAGE:FACTOR,..."),
+    }
     own = [replace(spelled.get(name, Flag(name)), default=value) for name, value in defaults.items()]
-    return model_flags(VariabilityConfig, without=("params",), flags=[*spelled.values(), *own])
+    without = ("params",) if slow_devices else ("params", "slow_devices")
+    return model_flags(VariabilityConfig, without=without, flags=[*spelled.values(), *own])
 
 
 def add_scenario_flags(parser: argparse.ArgumentParser, *, flags: Sequence[Flag] | None = None) -> None:

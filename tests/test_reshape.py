@@ -140,14 +140,21 @@ def test_a_checkpoint_of_the_chunk_indexed_format_is_refused_saying_so(tmp_path)
         gpt_trainer(_run(tmp_path, resume=True, **EVEN))
 
 
-def test_reshape_mid_run_trains_as_the_run_that_never_reshaped(tmp_path, reference, caplog):
+@pytest.mark.parametrize("shape", [EVEN, {"stages": 2, "dp": 2, "zero": 1, "microbatches": 2}], ids=["plain", "ZeRO"])
+def test_reshape_mid_run_trains_as_the_run_that_never_reshaped(tmp_path, reference, caplog, shape):
     caplog.set_level(logging.INFO, logger="rrfp_ray.train.api")
-    with gpt_trainer(_run(tmp_path / "ckpt", **EVEN)) as trainer:
+
+    def held() -> list[int]:  # replica 0's stages' parameter elements
+        return [sum(p.numel() for p in e.runner.parameters()) for e in trainer.backend.executors[:2]]
+
+    with gpt_trainer(_run(tmp_path / "ckpt", **shape)) as trainer:
         losses = [r.loss for r in trainer.fit(3)]
+        before = held()
         seconds = trainer.reshape(layer_split=(1, 5))
         committed = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
         assert trainer.pipeline.layer_split == (1, 5) and trainer.workload.layer_split == (1, 5)
-        assert [sum(p.numel() for p in e.runner.parameters()) > 0 for e in trainer.backend.executors] == [True, True]
+        after = held()
+        assert after[0] < before[0] and after[1] > before[1]
         losses += [r.loss for r in trainer.fit(ITERATIONS - 3)]
     assert seconds > 0
     assert losses == pytest.approx(reference, rel=1e-4)

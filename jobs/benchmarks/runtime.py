@@ -34,6 +34,7 @@ from rrfp_ray.observe.telemetry import IterationReport, dp_summary, tp_summary
 from rrfp_ray.runtime.breakdown import Phase
 from rrfp_ray.runtime.breakdown import summarize as summarize_phases
 from rrfp_ray.runtime.cpu import Role, per_op_us
+from rrfp_ray.runtime.synthetic import LayerModel
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
 from rrfp_ray.sim.trace import Trace
@@ -45,7 +46,6 @@ PIPELINE = model_flags(  # the policy is each run's own
     without=(
         "policy",
         "hint",
-        "layer_split",
         "buffer_limit",
         "link_timeout_s",
         "zero",
@@ -104,6 +104,10 @@ def checked(
         )
     if args.reduce_mb_per_s is not None and not args.reduce_mb_per_s > 0:
         parser.error(f"--reduce-mb-per-s must be > 0, got {args.reduce_mb_per_s:g}")
+    if args.layers < 1:
+        parser.error(f"--layers must be >= 1, got {args.layers}")
+    if args.layer_mb < 0:
+        parser.error(f"--layer-mb must be >= 0, got {args.layer_mb:g}")
     if args.reduce_latency_ms < 0:
         parser.error(f"--reduce-latency-ms must be >= 0, got {args.reduce_latency_ms:g}")
     if args.rank_comm and (args.tp < 2 or args.trace):
@@ -139,8 +143,21 @@ def checked(
         pipeline = pipeline_of(baseline)
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
+    try:
+        layer_model(args, pipeline=pipeline).ranges(virtual_stages=pipeline.layout.virtual_stages)
+    except ValueError as error:
+        parser.error(f"--split: {error} (--layers {args.layers} per virtual stage)")
     names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
     return pipeline, traces, names
+
+
+def layer_model(args: argparse.Namespace, *, pipeline: PipelineConfig) -> LayerModel:
+    """The synthetic model --layers, --layer-mb and --split describe."""
+    return LayerModel(
+        layers=args.layers * pipeline.layout.virtual_stages,
+        layer_bytes=int(args.layer_mb * 2**20),
+        split=pipeline.layer_split,
+    )
 
 
 def simulated_ms(

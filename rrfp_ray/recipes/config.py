@@ -72,6 +72,7 @@ class RunConfig(BaseModel):
                 raise ValueError(f"pipeline.tp {self.pipeline.tp} does not divide model.n_head {self.model.n_head}")
             if 4 * self.model.n_embd % self.pipeline.tp:
                 raise ValueError(f"pipeline.tp {self.pipeline.tp} does not divide the MLP width 4 x model.n_embd")
+        self.variability.check_slow_devices(stages=self.pipeline.stages)
         if self.train.seq_len > self.model.block_size:
             raise ValueError(f"train.seq_len {self.train.seq_len} is over model.block_size {self.model.block_size}")
         return self

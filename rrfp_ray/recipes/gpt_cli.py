@@ -51,7 +51,7 @@ TRAIN = model_flags(
         Flag("checkpoint_every", default=0),
     ),
 )
-VARIABILITY = scenario_flags(scenario="multimodal", t_f=10.0)
+VARIABILITY = scenario_flags(slow_devices=True, scenario="multimodal", t_f=10.0)
 FLAGS = {
     **flag_names((*PIPELINE, *MODEL, *TRAIN)),
     **{f"variability.{field}": flag for field, flag in flag_names(VARIABILITY).items()},

@@ -115,7 +115,8 @@ def _arguments(run: RunConfig) -> dict[str, Any]:
 
 
 def training_arguments(run: RunConfig) -> dict[str, Any]:
-    """`Trainer`'s arguments that `run` sets whatever the model: optimizer, seed, injected delays, device."""
+    """`Trainer`'s arguments that `run` sets whatever the model: optimizer, seed, injected delays, device and
+    slow devices."""
     train = run.train
     injected = None
     if run.variability.scenario != "none" or run.variability.trace_file is not None:
@@ -132,4 +133,5 @@ def training_arguments(run: RunConfig) -> dict[str, Any]:
         "seed": train.seed,
         "injected": injected,
         "device": train.device,
+        "slow_devices": dict(run.variability.slow_devices),
     }

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rrfp_ray.runtime.measure import Costs
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.layout import Layout, Message
@@ -29,8 +30,14 @@ class StepResult:
 
 
 class Executor(Protocol):
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
-        """Before the iteration's first action; `order[slot]` is the data microbatch slot `slot` reads."""
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
+        """Before the iteration's first action; `order[slot]` is the data microbatch slot `slot` reads;
+        `measure`: `measure` follows the iteration's `finish` (the executor keeps what it replays)."""
+        ...
+
+    def measure(self) -> Costs:
+        """After `finish` of an iteration begun with `measure`: each of the stage's layers' costs and
+        its device's probe, timed on this (the compute) thread (`rrfp_ray.runtime.measure`)."""
         ...
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
@@ -104,8 +111,11 @@ class ExecutorWrapper:
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
-        self.inner.begin(iteration=iteration, order=order)
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
+        self.inner.begin(iteration=iteration, order=order, measure=measure)
+
+    def measure(self) -> Costs:
+        return self.inner.measure()
 
     def finish(self, *, iteration: int, all_reduce: Callable[[float], float]) -> StepResult | None:
         return self.inner.finish(iteration=iteration, all_reduce=all_reduce)

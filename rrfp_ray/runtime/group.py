@@ -20,7 +20,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Workload
-from rrfp_ray.runtime.iteration import IterationArgs
+from rrfp_ray.runtime.iteration import IterationArgs, measures
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.schedule.layout import Layout
 
@@ -114,7 +114,9 @@ class StageGroup:
         buffer_limit: int | None,
         tp_protocol: TPProtocol,
         order: tuple[int, ...] | None = None,
+        measure: bool = False,
     ) -> IterationReport:
+        """One iteration; with `measure`, each stage measures its layers' costs after it (`StageStats.layer_costs`)."""
         args = IterationArgs(
             iteration=iteration,
             layout=policy.layout_over(self.layout),
@@ -123,6 +125,7 @@ class StageGroup:
             buffer_limit=buffer_limit,
             tp_protocol=tp_protocol,
             order=order,
+            measure=measure,
         )
         try:
             results = self._all(lambda _, h: h.run_iteration(args=args), what=f"iteration {iteration}")
@@ -146,16 +149,23 @@ class StageGroup:
         first_iteration: int,
         buffer_limit: int | None,
         tp_protocol: TPProtocol,
+        measure_period: int = 0,
     ) -> dict[str, list[IterationReport]]:
         """`rounds` iterations of every run (a policy under a cap), the runs taking turns so that
-        drift hits all of them alike; iterations are numbered on from `first_iteration`."""
+        drift hits all of them alike; iterations are numbered on from `first_iteration`, and measure
+        every `measure_period` (`measures`)."""
         reports: dict[str, list[IterationReport]] = {label: [] for label in runs}
         iteration = first_iteration
         for _ in range(rounds):
             for label, (policy, cap) in runs.items():
                 reports[label].append(
                     self.run_iteration(
-                        iteration=iteration, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=tp_protocol
+                        iteration=iteration,
+                        policy=policy,
+                        cap=cap,
+                        buffer_limit=buffer_limit,
+                        tp_protocol=tp_protocol,
+                        measure=measures(iteration=iteration, period=measure_period),
                     )
                 )
                 iteration += 1

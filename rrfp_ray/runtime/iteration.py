@@ -22,3 +22,8 @@ class IterationArgs:
     # the data microbatch each microbatch slot trains on (`order[slot]`); None: slot m trains on microbatch m
     order: tuple[int, ...] | None = None
     measure: bool = False  # each stage measures its layers' costs after this iteration (`StageStats.layer_costs`)
+
+
+def measures(*, iteration: int, period: int) -> bool:
+    """Whether iteration `iteration` measures its stages' layer costs, every `period` iterations (0: never)."""
+    return period > 0 and iteration % period == 0

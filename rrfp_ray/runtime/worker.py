@@ -95,7 +95,10 @@ class StageWorker:
 
         With `dp`, this worker's stage is replicated: during a chunk's last weight-gradient op, its
         gradients go to the DP reduction as they become final (`rrfp_ray.runtime.reduce`; with
-        `dp.overlap` off, every chunk's once all stages have run their last op), and the step waits for it."""
+        `dp.overlap` off, every chunk's once all stages have run their last op), and the step waits for it.
+
+        With `args.measure`, the executor's `measure` follows the step, on this thread: the stats carry
+        its layer costs and probe (outside the stage's wall time)."""
         iteration, layout, policy = args.iteration, args.layout, args.policy
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit)
         with self._cond:
@@ -114,7 +117,7 @@ class StageWorker:
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
         tp_ms = 0.0
         weight_ops_left = dict.fromkeys(range(layout.chunks), layout.microbatches)
-        executor.begin(iteration=iteration, order=args.order)
+        executor.begin(iteration=iteration, order=args.order, measure=args.measure)
         if dp is not None:
             dp.reducer.begin()
         try:
@@ -189,6 +192,9 @@ class StageWorker:
             send_busy = sum(sender.take_stats(into=self._breakdown) for sender in self._senders.values())
             stats.overhead_us = self._breakdown.to_us()
         stats.send_busy_ms, stats.recv_busy_ms = send_busy * 1e3, self._recv_busy * 1e3
+        if args.measure:  # after the iteration's own timings: it adds to the iteration, not to the stage's wall time
+            costs = executor.measure()
+            stats.layer_costs, stats.probe_ms = costs.layers, costs.probe_ms
         return events, stats
 
     @staticmethod

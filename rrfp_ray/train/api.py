@@ -88,6 +88,7 @@ def make_workload(
     seed: int = 0,
     injected: Trace | None = None,
     device: str = "cpu",
+    slow_devices: dict[int, float] | None = None,
 ) -> ModelWorkload:
     """What every stage receives (not yet dry-run); the arguments are `Trainer`'s."""
     if not isinstance(pipeline, PipelineConfig):
@@ -109,6 +110,7 @@ def make_workload(
         precision=pipeline.precision,
         activation_checkpointing=pipeline.activation_checkpointing,
         layer_split=pipeline.layer_split,
+        slow_devices=dict(slow_devices or {}),
     )
 
 
@@ -158,7 +160,12 @@ def check_global_batch(*, saved: Shape, pipeline: PipelineConfig) -> None:
         raise CheckpointError(
             f"resume: the checkpoint trained D x M = {saved.dp} x {saved.microbatches} = {batch} microbatches an "
             f"iteration, this pipeline D x M = {pipeline.dp} x {pipeline.microbatches} = "
-            f"{pipeline.global_microbatches}: give it microbatches = {batch} / dp to train the same"
+            f"{pipeline.global_microbatches}: "
+            + (
+                f"give it microbatches {batch // pipeline.dp} to train the same"
+                if batch % pipeline.dp == 0
+                else f"dp {pipeline.dp} does not divide {batch}"
+            )
         )
 
 
@@ -173,7 +180,8 @@ class Trainer:
     global-norm clipping; the default), or a factory `params -> torch.optim.Optimizer`
     (its own learning rates, no clipping; `FactoryOptim(factory, max_grad_norm=...)` clips).
     `backend`: `LocalBackend()` (the default: threads of this process) or
-    `actors.backend.RayBackend()` (one Ray actor per stage).
+    `actors.backend.RayBackend()` (one Ray actor per stage). `slow_devices`: stage -> factor, that
+    stage's device emulated as computing factor times slower (`rrfp_ray.runtime.measure.Throttle`).
     """
 
     def __init__(
@@ -191,6 +199,7 @@ class Trainer:
         injected: Trace | None = None,
         checkpoints: Checkpointing | None = None,
         device: str = "cpu",
+        slow_devices: dict[int, float] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.checkpoints = checkpoints
@@ -205,6 +214,7 @@ class Trainer:
             seed=seed,
             injected=injected,
             device=device,
+            slow_devices=slow_devices,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
         built = self.workload.layers()
@@ -329,7 +339,11 @@ class Trainer:
         scratch directory (a fresh `reshape-*` one in the checkpoint directory, else a temporary one; the
         committed checkpoints are left alone, and it is removed after), takes the workload of the new split
         (its ties found again) and loads what it now holds. Training goes on as if the split had always been
-        this one. Returns the seconds it took; logs which layers moved between which stages."""
+        this one. Returns the seconds it took; logs which layers moved between which stages. Stage actors on
+        several nodes need the checkpoint directory (shared storage) for the scratch save.
+
+        A stage lost meanwhile is a PipelineError to the caller (no restart here): lost in the save, the
+        pipeline keeps its split; lost after, it holds the new one, and a restart loads the last checkpoint."""
         started = time.perf_counter()
         pipeline = self.pipeline.replaced(layer_split=tuple(layer_split))
         layers = self.workload.layers()
@@ -358,8 +372,8 @@ class Trainer:
                 parameters=self.parameters,
             )  # fmt: skip
             self.backend.set_workload(workload=workload)
+            self.pipeline, self.workload = pipeline, workload  # what the stages now run, whether the load works or not
             self.backend.load(directory=directory, manifest=manifest)
-        self.pipeline, self.workload = pipeline, workload
         seconds = time.perf_counter() - started
         logger.info(
             "reshape at iteration %d: split %s -> %s; %s (%.2f s)",

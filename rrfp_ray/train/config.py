@@ -310,6 +310,37 @@ class VariabilityConfig(BaseModel):
     t_f: float = Field(20.0, gt=0, description="forward time per virtual stage in ms (synthetic workload)")
     params: dict[str, float] = Field(default_factory=dict, description="scenario parameters, e.g. {'sigma': 0.3}")
     trace_file: str | None = Field(None, description="load this trace JSON instead of generating one")
+    slow_devices: dict[int, float] = Field(
+        default_factory=dict,
+        description="stage:factor pairs, comma-separated, e.g. 2:1.5: that stage's device computes factor (>= 1) "
+        "times slower, whatever layers it holds",
+    )
+
+    @field_validator("slow_devices", mode="before")
+    @classmethod
+    def _slow_text(cls, value: Any) -> Any:
+        if value is None:  # the flag not given
+            return {}
+        if not isinstance(value, str):
+            return value
+        pairs = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            stage, colon, factor = part.partition(":")
+            try:
+                pairs[int(stage)] = float(factor)
+            except ValueError:
+                colon = ""
+            if not colon:
+                raise ValueError(f"slow_devices must be stage:factor pairs like 2:1.5, got {part!r}")
+        return pairs
+
+    @field_validator("slow_devices")
+    @classmethod
+    def _slow_values(cls, value: dict[int, float]) -> dict[int, float]:
+        for stage, factor in value.items():
+            if stage < 0 or not factor >= 1.0 or factor == float("inf"):
+                raise ValueError(f"slow_devices {stage}:{factor:g}: a stage >= 0 and a finite factor >= 1")
+        return value
 
     @model_validator(mode="after")
     def _scenario_known(self) -> VariabilityConfig:
@@ -317,6 +348,12 @@ class VariabilityConfig(BaseModel):
             scenario=self.scenario, stages=1, microbatches=1, chunks=1, seed=self.seed, t_f=self.t_f, **self.params
         )
         return self
+
+    def check_slow_devices(self, *, stages: int) -> None:
+        """ValueError unless every slow device is one of the pipeline's `stages`."""
+        outside = sorted(stage for stage in self.slow_devices if stage >= stages)
+        if outside:
+            raise ValueError(f"variability.slow_devices: stages {outside} are not among the pipeline's {stages} stages")
 
     def trace(self, *, pipeline: PipelineConfig) -> Trace:
         if self.trace_file is not None:

@@ -155,9 +155,9 @@ class FaultyExecutor(ExecutorWrapper):
         self.shard = shard
         self._index = 0
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
         self._index = 0
-        self.inner.begin(iteration=iteration, order=order)
+        self.inner.begin(iteration=iteration, order=order, measure=measure)
 
     def run(
         self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
+from rrfp_ray.runtime.measure import LayerWatch, stamp
 from rrfp_ray.runtime.tree import Tree, flatten, tree_map
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.train.precision import Precision, autocast, for_the_wire
@@ -99,12 +100,14 @@ class _Saved:
     inputs: list[Tensor]  # the received leaves that carry a gradient back (none on virtual stage 0)
     roots: list[Tensor]  # the output's differentiable leaves, or the scaled loss on the last virtual stage
     nbytes: int
+    watch: LayerWatch | None = None  # this microbatch's layers are being measured
 
 
 @dataclass
 class _Deferred:
     passes: list[WeightPass]
     nbytes: int
+    watch: LayerWatch | None = None
 
 
 class StageRunner:
@@ -152,12 +155,21 @@ class StageRunner:
         unique = {id(p): p for c in sorted(self._chunk_params) for p in self._chunk_params[c]}
         return list(unique.values())  # a parameter two chunks of this stage share is stepped once
 
-    def forward(self, *, chunk: int, microbatch: int, inputs: Tree, targets: Tree | None = None) -> Tree | None:
+    def forward(
+        self,
+        *,
+        chunk: int,
+        microbatch: int,
+        inputs: Tree,
+        targets: Tree | None = None,
+        watch: LayerWatch | None = None,
+    ) -> Tree | None:
         """Run the chunk; return the activations to send, or None on the last virtual stage.
 
         Inputs and outputs are trees of tensors (`rrfp_ray.runtime.tree`). A received leaf
         that requires grad gets its gradient sent back; a sent leaf requires grad when
-        the chunk's output depends on it differentiably."""
+        the chunk's output depends on it differentiably. With `watch`, this microbatch's work
+        through each layer, forward and backward, is stamped into it (the same work, layer by layer)."""
         module = self.module(chunk)
         key = (chunk, microbatch)
         if key in self._saved or key in self._deferred:
@@ -171,14 +183,17 @@ class StageRunner:
         saved: dict[int, int] = {}
         with torch.enable_grad(), saved_tensors_hooks(note_storages(saved), unchanged):
             with autocast(self.precision, device=self._device):
-                out = module(x)
+                out = (
+                    module(x) if watch is None else self._watched_forward(module=module, x=x, saved=saved, watch=watch)
+                )
                 if targets is not None:
                     roots = [self._scaled_loss(out=out, targets=targets, microbatch=microbatch)]
             if targets is None:
                 out = tree_map(lambda t: for_the_wire(self.precision, t), out)
                 roots = _differentiable(out)
         received = [] if chunk == self._first else [t for t in flatten(x)[0] if t.requires_grad]
-        self._saved[key] = _Saved(inputs=received, roots=roots, nbytes=self._activation_bytes(saved | _storages(roots)))
+        nbytes = self._activation_bytes(saved | _storages(roots))
+        self._saved[key] = _Saved(inputs=received, roots=roots, nbytes=nbytes, watch=watch)
         self._peak = max(self._peak, self.held_bytes())
         return None if last else tree_map(_to_send, out)
 
@@ -186,8 +201,12 @@ class StageRunner:
         """Input and weight gradients at once; return the input gradients (None on virtual stage 0)."""
         saved = self._pop_saved(chunk=chunk, microbatch=microbatch)
         grads = self._root_grads(chunk=chunk, roots=saved.roots, grad=grad)
+        if saved.watch is not None:
+            saved.watch.begin_pass()
         if saved.roots:
             torch.autograd.backward(saved.roots, grads)
+        if saved.watch is not None:
+            saved.watch.end_pass()
         if chunk == self._first:
             return None
         return _grad_message([x.grad if x.grad is not None else torch.zeros_like(x) for x in saved.inputs])
@@ -199,6 +218,8 @@ class StageRunner:
         """
         saved = self._pop_saved(chunk=chunk, microbatch=microbatch)
         grads = self._root_grads(chunk=chunk, roots=saved.roots, grad=grad)
+        if saved.watch is not None:
+            saved.watch.begin_pass()
         if not saved.inputs or not saved.roots:
             dx = None if chunk == self._first else _grad_message([torch.zeros_like(x) for x in saved.inputs])
             edges = [get_gradient_edge(root) for root in saved.roots]
@@ -209,8 +230,10 @@ class StageRunner:
                 roots=saved.roots, grads=grads, leaves=saved.inputs, params=self._chunk_params[chunk]
             )
             dx = _grad_message(dx)
+        if saved.watch is not None:
+            saved.watch.end_pass()
         held = saved.nbytes + self._activation_bytes(_storages(g for work in passes for g in work.grads))
-        self._deferred[(chunk, microbatch)] = _Deferred(passes=passes, nbytes=held)
+        self._deferred[(chunk, microbatch)] = _Deferred(passes=passes, nbytes=held, watch=saved.watch)
         self._peak = max(self._peak, self.held_bytes())
         return dx
 
@@ -221,8 +244,36 @@ class StageRunner:
             raise RuntimeError(
                 f"no weight pass pending for chunk {chunk} microbatch {microbatch}: backward_input has not run"
             )
+        watch = deferred.watch
+        owner = {} if watch is None else self._layer_of_params(chunk)
         for work in deferred.passes:
+            if watch is not None:
+                watch.begin_pass()
             work.run()
+            if watch is not None:
+                watch.end_pass(owner=owner.get(id(work.params[0])) if work.params else None)
+
+    def _watched_forward(self, *, module: nn.Module, x: Tree, saved: dict[int, int], watch: LayerWatch) -> Tree:
+        """`module`'s layers run one by one, as `nn.Sequential` does, each stamped, with what it saved for its
+        backward (noted in `saved` too, for the chunk), and a hook on each boundary for the backward's stamps."""
+        layers = list(module)
+        for j, layer in enumerate(layers):
+            own: dict[int, int] = {}
+            both = _noting(note_storages(saved), note_storages(own))
+            with saved_tensors_hooks(both, unchanged):
+                start = stamp(self._device)
+                x = layer(x)
+                watch.forward.append((start, stamp(self._device)))
+            watch.activation_bytes.append(self._activation_bytes(own))
+            watch.param_bytes.append(sum(p.numel() * p.element_size() for p in layer.parameters()))
+            if j < len(layers) - 1:
+                for t in _differentiable(x):
+                    t.register_hook(watch.boundary_hook(j))
+        return x
+
+    def _layer_of_params(self, chunk: int) -> dict[int, int]:
+        """id of each parameter of `chunk` -> the offset of its layer in the chunk."""
+        return {id(p): j for j, layer in enumerate(self.module(chunk)) for p in layer.parameters()}
 
     def losses(self) -> list[float]:
         """This iteration's unscaled losses, by microbatch (last virtual stage only); sums for a (sum, count) loss."""
@@ -371,6 +422,17 @@ class StageRunner:
         """The bytes of `storages` (data pointer: bytes) that are not a parameter's."""
         params = {p.untyped_storage().data_ptr() for p in self.parameters()}
         return sum(size for ptr, size in storages.items() if ptr not in params)
+
+
+def _noting(*notes: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A pack hook that notes each saved storage with every one of `notes` (each one keeps it detached)."""
+
+    def pack(tensor: Tensor) -> Tensor:
+        for note in notes:
+            tensor = note(tensor)
+        return tensor
+
+    return pack
 
 
 def _storages(tensors: Iterable[Tensor]) -> dict[int, int]:

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
 from rrfp_ray.runtime.executor import StepResult
+from rrfp_ray.runtime.measure import Clock, Costs, LayerWatch, Throttle, stamp
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
 from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.schedule.actions import Action, Kind
@@ -137,6 +139,7 @@ class ModelWorkload:
     precision: Precision = Precision.FP32
     activation_checkpointing: bool = False  # recompute each block's internals in its backward
     layer_split: tuple[int, ...] | None = None  # layers per virtual stage; None: even
+    slow_devices: dict[int, float] = field(default_factory=dict)  # stage -> how many times slower it computes
 
     def layer_ranges(self, *, layout: Layout, n_layers: int) -> list[range]:
         """The layers of each virtual stage, by index into the model's layer list."""
@@ -177,7 +180,10 @@ class ModelWorkload:
             sizes=self.layer_split,
         )
         held = {i: layers[i] for i in sorted(own)}
-        return ModelExecutor(stage=stage, runner=runner, layout=layout, workload=self, tied=tied, layers=held)
+        first = {c: parts[layout.virtual_stage(stage=stage, chunk=c)].start for c in range(layout.chunks)}
+        return ModelExecutor(
+            stage=stage, runner=runner, layout=layout, workload=self, tied=tied, layers=held, first_layers=first
+        )
 
     def latency(self, message: Message) -> float:
         return 0.0 if self.injected is None else self.injected.latency(message)
@@ -208,6 +214,11 @@ class ModelWorkload:
 
 
 class ModelExecutor:
+    """Runs a stage's actions on its `StageRunner`; `layers`: its layers by index into the model's layer
+    list; `first_layers`: each chunk's first model layer index.
+    On a stage of `ModelWorkload.slow_devices` everything it computes is throttled (`Throttle`):
+    its ops, its layers' measurement and its probe."""
+
     def __init__(
         self,
         *,
@@ -217,9 +228,13 @@ class ModelExecutor:
         workload: ModelWorkload,
         tied: TiedGradients,
         layers: Layers,
+        first_layers: dict[int, int],
     ) -> None:
         self.stage = stage
         self._layers = layers  # this stage's layers, by index into the model's layer list
+        self._first_layers = first_layers
+        self._throttle = Throttle(factor=workload.slow_devices.get(stage, 1.0), device=workload.device)
+        self._watches: dict[int, tuple[int, LayerWatch]] | None = None  # measuring: chunk -> (microbatch, its watch)
         self._tied = tied
         self.runner = runner
         self._layout = layout
@@ -239,8 +254,9 @@ class ModelExecutor:
             {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
         )
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None) -> None:
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
         self._order = order
+        self._watches = {} if measure else None
         self.runner.reset_iteration()
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
@@ -267,15 +283,47 @@ class ModelExecutor:
                 )
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
-            out = self.runner.forward(chunk=c, microbatch=m, inputs=inputs, targets=targets)
+            watch = self._watch(chunk=c, microbatch=m, first=True)
+            op = partial(self.runner.forward, chunk=c, microbatch=m, inputs=inputs, targets=targets, watch=watch)
         elif action.kind is Kind.I:
-            out = self.runner.backward_input(chunk=c, microbatch=m, grad=payload)
+            op = partial(self.runner.backward_input, chunk=c, microbatch=m, grad=payload)
         elif action.kind is Kind.B:
-            out = self.runner.backward(chunk=c, microbatch=m, grad=payload)
+            op = partial(self.runner.backward, chunk=c, microbatch=m, grad=payload)
         else:
-            out = self.runner.backward_weight(chunk=c, microbatch=m)
+            op = partial(self.runner.backward_weight, chunk=c, microbatch=m)
+        watch = self._watch(chunk=c, microbatch=m)
+        start = None if watch is None else stamp(self._workload.device)
+        out = self._throttle.run(op)
+        if watch is not None:
+            watch.op(forward=action.kind is Kind.F, start=start, end=stamp(self._workload.device))
         self._inject(action)
         return out
+
+    def _watch(self, *, chunk: int, microbatch: int, first: bool = False) -> LayerWatch | None:
+        """The watch over `microbatch`'s work in `chunk` when it is the one measured (`first`: a forward,
+        which starts one for the chunk's first microbatch to run); else None."""
+        if self._watches is None:
+            return None
+        if first and chunk not in self._watches:
+            layers = len(self.runner.module(chunk))
+            self._watches[chunk] = (
+                microbatch,
+                LayerWatch(device=self._workload.device, layers=layers, first_layer=self._first_layers[chunk]),
+            )
+        watched, watch = self._watches.get(chunk, (None, None))
+        return watch if watched == microbatch else None
+
+    def measure(self) -> Costs:
+        """Each layer's cost as the iteration's own work on its chunk's first microbatch measured it
+        (`LayerWatch`), and the probe on this device, throttled as its ops are."""
+        if self._watches is None:
+            raise RuntimeError(f"stage {self.stage}: measure after an iteration begun without measure")
+        if self._workload.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        layers = [cost for _, watch in self._watches.values() for cost in watch.costs()]
+        self._watches = None
+        probe = Clock(device=self._workload.device, throttle=self._throttle).probe_ms()
+        return Costs(layers=sorted(layers, key=lambda cost: cost.layer), probe_ms=probe)
 
     def _inject(self, action: Action) -> None:
         if self._workload.injected is not None:

@@ -1,0 +1,93 @@
+"""What measuring per-layer costs adds to training: the GPT job in one process, its stages measuring
+every --measure-every iterations (`StageStats.layer_costs`, `probe_ms`).
+
+    python jobs/bench_measure.py --iterations 41 --measure-every 10
+
+It times each `Trainer.step` and prints the median step of the iterations that measured and of those
+that did not (the first two left out as warm-up), the measurement's own cost (their difference) and
+its share of training time at that period: difference / (period x median unmeasured step). With
+--slow-device STAGE:FACTOR that stage computes FACTOR times slower, and the costs it measured show it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from pydantic import ValidationError
+
+from rrfp_ray.cli import add_log_level_flag, config_error, configure_logging
+from rrfp_ray.job import run_job
+from rrfp_ray.recipes.config import RunConfig
+
+WARMUP = 2  # iterations left out of the medians
+
+
+FLAGS = {  # the RunConfig field each flag sets, for its errors
+    "pipeline.shape.stages": "--stages",
+    "pipeline.shape.microbatches": "--microbatches",
+    "pipeline.balance.measure_every": "--measure-every",
+    "model.n_layer": "--n-layer",
+    "model.n_embd": "--n-embd",
+    "variability.slow_devices": "--slow-device",
+}
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=41, help="steps to time (the first two are a warm-up)")
+    parser.add_argument("--measure-every", type=int, default=10, help="iterations between measurements")
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages (threads of this process)")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--n-layer", type=int, default=4, help="the GPT's transformer blocks")
+    parser.add_argument("--n-embd", type=int, default=64, help="the GPT's width")
+    parser.add_argument("--slow-device", default=None, metavar="STAGE:FACTOR,...", help="stages that compute slower")
+    add_log_level_flag(parser)
+    args = parser.parse_args(argv)
+    try:
+        run = RunConfig(
+            pipeline={"stages": args.stages, "microbatches": args.microbatches, "measure_every": args.measure_every},
+            model={"n_layer": args.n_layer, "n_embd": args.n_embd},
+            variability={"scenario": "none", "slow_devices": args.slow_device},
+            train={"iterations": args.iterations},
+        )
+    except ValidationError as error:
+        config_error(parser, error, flags=FLAGS)
+    if args.iterations < WARMUP + args.measure_every + 1:
+        parser.error(f"--iterations must be at least {WARMUP + args.measure_every + 1} to measure after the warm-up")
+    return args, run
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, run = parse(argv)
+    configure_logging(args)
+    from rrfp_ray.recipes.gpt_workload import gpt_trainer
+
+    trainer = gpt_trainer(run)
+    steps: dict[bool, list[float]] = {True: [], False: []}
+    last = None
+    try:
+        for _ in range(args.iterations):
+            began = time.perf_counter()
+            report = trainer.step()
+            seconds = time.perf_counter() - began
+            measured = bool(report.stages[0].layer_costs)
+            if report.iteration >= WARMUP:
+                steps[measured].append(seconds * 1e3)
+            last = report if measured else last
+    finally:
+        trainer.close()
+    plain, measuring = statistics.median(steps[False]), statistics.median(steps[True])
+    cost = measuring - plain
+    share = cost / (args.measure_every * plain)
+    print(f"step: {plain:.1f} ms unmeasured, {measuring:.1f} ms measured ({len(steps[True])} of them)")
+    print(f"measuring costs {cost:.1f} ms: {100 * share:.2f}% of training time every {args.measure_every} iterations")
+    for stage in last.stages:
+        layers = ", ".join(f"{c.layer}: F {c.forward_ms:.2f} B {c.backward_ms:.2f}" for c in stage.layer_costs)
+        print(f"stage {stage.stage}: probe {stage.probe_ms:.2f} ms; layers (ms) {layers}")
+    return {"unmeasured_ms": plain, "measured_ms": measuring, "measure_ms": cost, "overhead": share}
+
+
+if __name__ == "__main__":
+    run_job(main)
