@@ -47,7 +47,8 @@ from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
-from rrfp_ray.train.resize import describe, shapes
+from rrfp_ray.train.rebalancing import Move, Rebalancing
+from rrfp_ray.train.resize import shapes
 from rrfp_ray.train.runner import LossFn, partition
 from rrfp_ray.train.ties import find_ties
 from rrfp_ray.train.workload import (
@@ -258,6 +259,8 @@ class Trainer:
         self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took (nan: the last plan ran)
         self.plan_wait_s: list[float] = []  # per planned iteration: the seconds it waited for its plan
         self.resizes: list[tuple[int, PipelineConfig]] = []  # (iteration, shape): each resize, where it resumed
+        self._device = device
+        self.rebalancing = self._rebalancing()
         if resume is not None:
             self._restore(resume)
 
@@ -294,7 +297,7 @@ class Trainer:
                 continue
             report.restart, self._restored = self._restored, 0
             if self.pipeline is not self.target:
-                report.shape = describe(self.pipeline)
+                report.shape = self._describe(self.pipeline)
             if report.skipped_step:
                 self.skipped_steps += 1
                 logger.warning(
@@ -302,6 +305,8 @@ class Trainer:
                     report.iteration, self.skipped_steps,
                 )  # fmt: skip
             self.iteration += 1
+            if self.rebalancing is not None:
+                self.rebalancing.after(report)
             if self.checkpoints is None or not self.checkpoints.every or self.iteration % self.checkpoints.every:
                 return report
             try:
@@ -310,6 +315,11 @@ class Trainer:
                 return report
             except PipelineError as error:
                 self._recover(error, failed=f"the checkpoint of iteration {self.iteration}")
+
+    @property
+    def moves(self) -> list[Move]:
+        """The rebalancer's moves so far, in order (none without `pipeline.balance.rebalance`)."""
+        return [] if self.rebalancing is None else list(self.rebalancing.moves)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The unsplit model's weights, gathered from every stage, chunk and TP shard (tied ones once):
@@ -455,14 +465,14 @@ class Trainer:
                 continue
             logger.warning(
                 "resizing: the cluster did not hold %s within %g s; going on at %s from %s",
-                describe(failed), self.pipeline.resize_after, describe(shape), _source(manifest),
+                self._describe(failed), self.pipeline.resize_after, self._describe(shape), _source(manifest),
             )  # fmt: skip
             try:
                 self._resize_to(shape, manifest=manifest)
                 return
             except PlacementError as again:
                 unplaced, failed = again, shape
-        raise PlacementError(f"resize: no shape of {describe(self.target)} could be placed; last: {unplaced}")
+        raise PlacementError(f"resize: no shape of {self._describe(self.target)} could be placed; last: {unplaced}")
 
     def _grow_back(self) -> None:
         """At a smaller shape, go back to the target from the checkpoint just committed if the cluster holds it now."""
@@ -471,7 +481,7 @@ class Trainer:
         manifest = self._latest()
         logger.warning(
             "resizing: the cluster holds %s again; leaving %s from %s",
-            describe(self.target), describe(self.pipeline), _source(manifest),
+            self._describe(self.target), self._describe(self.pipeline), _source(manifest),
         )  # fmt: skip
         try:
             self._resize_to(self.target, manifest=manifest)
@@ -489,9 +499,20 @@ class Trainer:
         self.backend.restart(pipeline=shape, workload=workload)
         self.pipeline, self.workload = shape, workload
         self._policies.clear()  # built for the shape in use
+        self.rebalancing = self._rebalancing()  # measures and moves this shape's layers afresh
         self._resume(manifest)
         self.resizes.append((self.iteration, shape))
-        logger.warning("resized to %s at iteration %d", describe(shape), self.iteration)
+        logger.warning("resized to %s at iteration %d", self._describe(shape), self.iteration)
+
+    def _rebalancing(self) -> Rebalancing | None:
+        """The rebalancer of the pipeline in use, when its config asks for one."""
+        if not self.pipeline.balance.rebalance:
+            return None
+        hint = default_hints(chunks=1)[0] if self.pipeline.policy == PLANNED else self.pipeline.policy
+        return Rebalancing(pipeline=self.pipeline, policy=self._policy(hint), device=self._device, reshape=self.reshape)
+
+    def _describe(self, pipeline: PipelineConfig) -> str:
+        return pipeline_shape(pipeline=pipeline, n_layers=self._n_layers).describe()
 
     def _resume(self, manifest: Manifest | None) -> None:
         if manifest is None:

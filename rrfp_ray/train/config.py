@@ -172,7 +172,10 @@ class BalanceConfig(BaseModel):
         0.1, gt=0, description="a stage whose work is above the mean by this fraction is a bottleneck"
     )
     rebalance_window: int = Field(
-        10, ge=1, description="iterations a bottleneck must last before a move, and a relieved stage is left alone"
+        10,
+        ge=1,
+        description="measured iterations a bottleneck must last before a move (so at least between two moves), "
+        "and iterations of gain a move must pay for",
     )
     stage_memory_mb: float | None = Field(
         None, gt=0, description="each stage's memory for the rebalancer's splits (default: the device's)"
@@ -241,6 +244,10 @@ class PipelineConfig(BaseModel):
         if self.policy == PLANNED and self.arrange.packs and self.dp != 1:
             raise ValueError(
                 f"arrange {self.arrange.value} packs the samples of one replica: it needs dp 1, got {self.dp}"
+            )
+        if self.rebalance and self.chunks > 1:
+            raise ValueError(
+                f"rebalance moves layers between stages of one chunk each: it needs chunks 1, got chunks {self.chunks}"
             )
         try:
             self._layout_policy()
