@@ -33,6 +33,7 @@ from actors.placement import check as check_placement
 from actors.teardown import await_exit
 from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
@@ -106,9 +107,19 @@ class RayBackend:
         self._call(self._driver().set_workload.remote(workload=workload))
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
-        return self._call(self._driver().run_iteration.remote(iteration=iteration, policy=policy, cap=cap, order=order))
+        return self._call(
+            self._driver().run_iteration.remote(
+                iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
+            )
+        )
 
     def evaluate(self, *, microbatches: int) -> float:
         return self._call(self._driver().evaluate.remote(microbatches=microbatches))

@@ -22,6 +22,7 @@ from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
 from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPGather
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
@@ -77,11 +78,24 @@ class PipelineDriver:
         self.group.set_workload(workload=workload)
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
-        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`."""
+        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, made of
+        the samples `packing[order[s]]` (None: the data's own microbatch)."""
         return run_iteration(
-            group=self.group, pipeline=self.pipeline, iteration=iteration, policy=policy, cap=cap, order=order
+            group=self.group,
+            pipeline=self.pipeline,
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            order=order,
+            packing=packing,
         )
 
     def take_turns(

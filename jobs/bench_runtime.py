@@ -48,6 +48,15 @@ op sleeps its device's share per layer it holds (the simulator sees the same). -
 the stages measure their layers' costs every N iterations (`StageStats.layer_costs`, docs/observe.md):
 
     python jobs/bench_runtime.py --scenario imbalance --layers 2 --split 3,2,2,1 --measure-every 2
+
+With --rebalance each policy runs on its own pipeline of --layers layers a stage, evenly split at the
+start, its iterations one after another, measured every --measure-every and moved by the rebalancer
+(docs/rebalancing.md); then on the best split for the scenario's true costs. It prints and writes per
+policy `rebalance`: the median iteration before the first move and after the last, the best split's,
+the moves and their seconds (`benchmarks.runtime_rebalance`):
+
+    python jobs/bench_runtime.py --scenario imbalance --layers 4 --rebalance --measure-every 1 \\
+        --rebalance-window 5 --iterations 30 --policies 1f1b,bfw --json rebalance.json
 """
 
 from __future__ import annotations
@@ -144,21 +153,21 @@ def main(argv: list[str] | None = None) -> dict:
     simulated = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names)
     log_level = configure_logging(args)
     print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
-    driver = PipelineDriver.remote(
-        pipeline=pipeline,
-        workload=SyntheticWorkload(
-            trace=traces[0],
-            payload_elems=args.payload_elems,
-            rank_comm=tuple(traces) if args.rank_comm else (),
-            grad_elems=int(args.grad_mb * 2**20) // 4 if pipeline.dp > 1 else 0,
-            grad_layers=args.grad_layers,
-            layers=args.layers,
-            layer_bytes=model.layer_bytes,
-            layer_split=model.split,
-        ),
+    workload = SyntheticWorkload(
+        trace=traces[0],
+        payload_elems=args.payload_elems,
+        rank_comm=tuple(traces) if args.rank_comm else (),
+        grad_elems=int(args.grad_mb * 2**20) // 4 if pipeline.dp > 1 else 0,
+        grad_layers=args.grad_layers,
+        layers=args.layers,
+        layer_bytes=model.layer_bytes,
+        layer_split=model.split,
     )
+    driver = PipelineDriver.remote(pipeline=pipeline, workload=workload)
     try:
         print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        if pipeline.balance.rebalance:
+            return rebalanced(driver=driver, pipeline=pipeline, workload=workload, names=names, args=args)
         reports = runtime.measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
         backend = ray.get(driver.link_transport.remote())
         ray.get(driver.shutdown.remote())
@@ -178,6 +187,32 @@ def main(argv: list[str] | None = None) -> dict:
         "send_ms": transport.send_ms,
         "links": backend.value,
     }
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.json}")
+    return summary
+
+
+def rebalanced(*, driver, pipeline: PipelineConfig, workload, names: list[str], args: argparse.Namespace) -> dict:
+    """--rebalance: each policy rebalanced on its own pipeline, and on the best split
+    (`benchmarks.runtime_rebalance`)."""
+    import ray
+
+    from actors.teardown import end_actors
+    from benchmarks import runtime_rebalance
+
+    results = runtime_rebalance.run(
+        driver=driver, pipeline=pipeline, workload=workload, names=names, iterations=args.iterations
+    )
+    ray.get(driver.shutdown.remote())
+    end_actors([driver], timeout_s=30.0)
+    print(
+        f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} "
+        f"{args.layers} layers a stage at the start, measured every {pipeline.balance.measure_period}, "
+        f"threshold {pipeline.balance.rebalance_threshold:g}, window {pipeline.balance.rebalance_window}"
+    )
+    print("\n".join(runtime_rebalance.table(results)))
+    summary = {"policies": results}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"wrote {args.json}")

@@ -23,6 +23,12 @@ import bench_runtime
         (["--dp", "2", "--dp-bucket-mb", "0"], "--dp-bucket-mb: Input should be greater than 0"),
         (["--dp", "2", "--grad-mb", "0"], "--grad-mb must be > 0"),
         (["--dp", "2", "--grad-layers", "0"], "--grad-layers must be >= 1"),
+        (["--rebalance"], "--rebalance starts each policy evenly split: give it --layers 2 or more"),
+        (["--rebalance", "--layers", "2", "--split", "3,2,2,1"], "and no --split"),
+        (
+            ["--rebalance", "--layers", "2", "--chunks", "2"],
+            "--rebalance moves layers between --stages of one chunk each: it needs --chunks 1",
+        ),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv: list[str], expected: str, capsys) -> None:

@@ -26,6 +26,7 @@ JOBS = {
     "bench_plan_wait": "main",
     "bench_planning": "main",
     "bench_policies": None,
+    "bench_rebalance": "main",
     "bench_runtime": "parse",
     "bench_simulator": None,
     "bench_suite": "parse",

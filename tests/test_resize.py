@@ -1,7 +1,7 @@
 """The shape a job runs at when the cluster holds fewer actors than it asked for (rrfp_ray.train.resize)."""
 
 from rrfp_ray.train.config import PipelineConfig
-from rrfp_ray.train.resize import choose, describe, shapes
+from rrfp_ray.train.resize import choose, shapes
 
 
 def _numbers(pipeline: PipelineConfig) -> tuple[int, int, int, int, int]:
@@ -50,8 +50,3 @@ def test_choose_takes_the_first_shape_that_fits_and_the_target_when_it_fits_agai
     assert _numbers(choose(target=target, placeable=fits(3))) == (1, 3, 1, 8, 1)
     assert _numbers(choose(target=target, placeable=fits(1))) == (1, 1, 1, 8, 1)
     assert choose(target=target, placeable=fits(0)) is None
-
-
-def test_describe_names_every_number():
-    shape = PipelineConfig(dp=2, stages=2, chunks=2, microbatches=3, layer_split=(1, 2, 1, 1))
-    assert describe(shape) == "D 2 x P 2 x T 1 (v 2, M 3, split 1,2,1,1)"

@@ -27,7 +27,7 @@ _MODEL = [
     "--n-embd", "16", "--n-head", "2", "--val-every", "0", "--scenario", "none", "--data", str(ROOT / "README.md"),
     "--checkpoint-every", "1", "--iterations", "100000",  # the learning rate's schedule spans the iterations
 ]  # fmt: skip
-_RESIZED = r"resized to D {dp} x P 1 x T 1 \(v 1, M {m}\) at iteration (\d+)"
+_RESIZED = r"resized to P=1 T=1 D={dp} v=1 M={m} split \S+ at iteration (\d+)"
 
 
 def _shape(dp: int) -> list[str]:
@@ -71,7 +71,7 @@ def test_a_job_shrinks_when_a_node_goes_and_grows_back_when_the_cluster_can_hold
         fake_cluster.wait_for(lambda: seen(_RESIZED.format(dp=1, m=4)), what="the shrink to D 1", timeout_s=300)
         shrunk = int(seen(_RESIZED.format(dp=1, m=4)).group(1))
         fake_cluster.wait_for(
-            lambda: seen(rf"iter +{shrunk + 1} .*at D 1 x P 1"), what="an iteration at D 1", timeout_s=120
+            lambda: seen(rf"iter +{shrunk + 1} .*at P=1 T=1 D=1"), what="an iteration at D 1", timeout_s=120
         )
         fake_cluster.set_max_workers(2)
         fake_cluster.wait_for(lambda: seen(_RESIZED.format(dp=2, m=2)), what="the growth back to D 2", timeout_s=300)
@@ -81,9 +81,9 @@ def test_a_job_shrinks_when_a_node_goes_and_grows_back_when_the_cluster_can_hold
         fake_cluster.ray("job", "stop", *address, submission, timeout=120)
         print(f"resize job ran {time.monotonic() - started:.0f} s:\n{logs()[-6000:]}")
     output = logs()
-    assert re.search(r"resizing: the cluster did not hold D 2 x P 1 x T 1 \(v 1, M 2\) within 20 s", output)
-    assert "resizing: the cluster holds D 2 x P 1 x T 1 (v 1, M 2) again" in output
-    assert not re.search(rf"iter +{grown + 1} .*at D", output)  # grown back: no shape named
+    assert re.search(r"resizing: the cluster did not hold P=1 T=1 D=2 v=1 M=2 split \S+ within 20 s", output)
+    assert re.search(r"resizing: the cluster holds P=1 T=1 D=2 v=1 M=2 split \S+ again", output)
+    assert not re.search(rf"iter +{grown + 1} .*at P=", output)  # grown back: no shape named
     last = max(int(m.group(1)) for p in checkpoints.iterdir() if (m := re.match(r"manifest-(\d+)\.json$", p.name)))
     assert shrunk < grown < last
 

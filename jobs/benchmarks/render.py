@@ -301,6 +301,7 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
 
 
 PLANNING = ROOT / "docs" / "results" / "planning.md"  # the planning benchmark's section (jobs/bench_planning.py)
+REBALANCING = ROOT / "docs" / "results" / "rebalancing.md"  # the rebalancer in the simulator (jobs/bench_rebalance.py)
 RUNTIME_COST = ROOT / "docs" / "results" / "runtime_cost.md"  # CPU per op and one message (bench_runtime --breakdown)
 
 
@@ -333,6 +334,7 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         attribution_section(suite),
         target_section(suite),
         written_section(PLANNING),
+        written_section(REBALANCING),
         setup_section(suite),
         runtime_section(suite),
         ray_attribution_section(suite),

@@ -147,6 +147,8 @@ def checked(
         layer_model(args, pipeline=pipeline).ranges(virtual_stages=pipeline.layout.virtual_stages)
     except ValueError as error:
         parser.error(f"--split: {error} (--layers {args.layers} per virtual stage)")
+    if pipeline.balance.rebalance and (args.layers < 2 or pipeline.layer_split is not None):
+        parser.error("--rebalance starts each policy evenly split: give it --layers 2 or more a stage, and no --split")
     names = [baseline, *(n for n in dict.fromkeys(names) if n != baseline)]
     return pipeline, traces, names
 

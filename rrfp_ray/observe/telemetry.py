@@ -86,6 +86,7 @@ class IterationReport:
     restart: int = 0  # k: the first iteration run after restart k restored the pipeline; 0: no restart before it
     order: list[int] | None = None  # the data microbatch each event's microbatch slot read (None: the slot's own)
     shape: str | None = None  # the shape it ran at when the job had resized (rrfp_ray.train.resize); None: its own
+    packing: list[list[int]] | None = None  # the samples each data microbatch held (None: the data's own)
 
     @classmethod
     def deferred(cls, *, events: Callable[[], list[OpEvent]], **fields: Any) -> IterationReport:
@@ -160,6 +161,7 @@ class IterationReport:
             restart=data.get("restart", 0),
             order=data.get("order"),
             shape=data.get("shape"),
+            packing=data.get("packing"),
         )
 
 

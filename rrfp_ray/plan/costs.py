@@ -1,11 +1,13 @@
 """The cost model: what each op will take, from recent telemetry and what the data shows.
 
-Per block (a virtual stage today; a layer where telemetry times layers) and op kind it keeps the
-measured durations of the last few iterations, each with its data microbatch's feature, and fits
-``duration = intercept + slope * feature`` robustly (Theil-Sen: the median of pairwise slopes), so
-a block whose cost does not follow the feature learns a slope near 0. When a new iteration's
-durations sit far from the fit (a stage slowed down or recovered), the older ones are dropped and
-the fit restarts from the new. The spread is the robust standard deviation of the log residuals.
+Per block (a virtual stage for the planner; a layer, or a device's probe, for the rebalancer) and op
+kind it keeps the measured durations of the last few iterations, each with its data microbatch's
+feature, and fits ``duration = intercept + slope * feature`` robustly (Theil-Sen: the median of
+pairwise slopes), so a block whose cost does not follow the feature learns a slope near 0. When a new
+iteration's durations sit far from the fit (a stage slowed down or recovered), the older ones are
+dropped and the fit restarts from the new, unless `restart` is off (the rebalancer's: one value per
+layer and iteration, noisy on a busy host, whose fit is the plain median of its window). The spread
+is the robust standard deviation of the log residuals.
 
 A :class:`Fit` is additive, so the costs of any grouping of blocks (a virtual stage made of
 layers, or a rebalanced one) are the sum of their fits. Before any telemetry the prior is a cost
@@ -28,6 +30,7 @@ _MAD = 1.4826  # MAD to standard deviation under a normal law
 _SHIFT_MIN = 0.1  # a log shift of the median below this (about 10%) never counts as a change
 _SHIFT_SIGMAS = 4.0  # a change: the new median off the fit by this many of its standard errors
 BYTES = "bytes"  # the pseudo-kind under which activation bytes are kept
+PROBE = "probe"  # the pseudo-kind under which a device's time for the reference computation is kept
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ def robust_fit(features: np.ndarray, values: np.ndarray) -> Fit:
     return Fit(intercept=intercept, slope=slope, sigma=sigma)
 
 
-Key = tuple[int, str]  # (block, kind): kind is an op kind's letter (F, I, W, B) or BYTES
+Key = tuple[int, str]  # (block, kind): kind is an op kind's letter (F, I, W, B), BYTES or PROBE
 
 
 @dataclass
@@ -70,6 +73,7 @@ class CostModel:
     """Recent observations per (block, kind) and their fits; the state is plain data (`to_dict`)."""
 
     window: int = 4  # iterations of telemetry kept per key
+    restart: bool = True  # a new iteration far from the fit drops the older ones (False: the window's plain fit)
     observations: dict[Key, list[tuple[int, float, float]]] = field(default_factory=dict)  # (iteration, x, y)
     _fits: dict[Key, Fit] = field(default_factory=dict, repr=False)
 
@@ -83,11 +87,17 @@ class CostModel:
             self._fits[key] = robust_fit(x, y)
         return self._fits.get(key)
 
+    def level(self, key: Key) -> float | None:
+        """The fit at feature 1: for a key observed without features, the robust median of its recent
+        values; None before any observation."""
+        fit = self.fit(key)
+        return None if fit is None else fit.predict(1.0)
+
     def add(self, *, key: Key, iteration: int, samples: Sequence[tuple[float, float]]) -> bool:
         """Record one iteration's (feature, value) samples of a key; True when they showed a change."""
         old = self.fit(key)
         changed = False
-        if old is not None and samples:
+        if self.restart and old is not None and samples:
             logs = [math.log(max(y, 1e-12) / max(old.predict(x), 1e-12)) for x, y in samples]
             shift = abs(float(np.median(logs)))
             changed = shift > max(_SHIFT_MIN, _SHIFT_SIGMAS * 1.25 * old.sigma / math.sqrt(len(samples)))
@@ -147,6 +157,7 @@ class CostModel:
     def to_dict(self) -> dict[str, Any]:
         return {
             "window": self.window,
+            "restart": self.restart,
             "observations": [[block, kind, [list(o) for o in obs]] for (block, kind), obs in self.observations.items()],
         }
 
@@ -154,6 +165,7 @@ class CostModel:
     def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
         return cls(
             window=int(data["window"]),
+            restart=bool(data.get("restart", True)),
             observations={
                 (int(block), str(kind)): [(int(k), float(x), float(y)) for k, x, y in obs]
                 for block, kind, obs in data["observations"]

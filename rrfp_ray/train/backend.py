@@ -15,6 +15,7 @@ from typing import Protocol
 from torch import Tensor
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor
@@ -37,9 +38,16 @@ class Backend(Protocol):
         ...
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
-        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`."""
+        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, data
+        microbatch j made of the samples `packing[j]` (None: the data's own microbatches)."""
         ...
 
     def evaluate(self, *, microbatches: int) -> float:
@@ -80,6 +88,7 @@ def run_iteration(
     policy: Policy,
     cap: Cap | None = None,
     order: tuple[int, ...] | None = None,
+    packing: Packing | None = None,
 ) -> IterationReport:
     """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`), measuring
     its layers' costs when `pipeline.balance` says (`measures`): either backend's."""
@@ -90,6 +99,7 @@ def run_iteration(
         buffer_limit=pipeline.buffer_limit,
         tp_protocol=pipeline.tp_protocol,
         order=order,
+        packing=packing,
         measure=measures(iteration=iteration, period=pipeline.balance.measure_period),
     )
 
@@ -130,10 +140,22 @@ class LocalBackend:
         self._running().set_workload(workload=workload)
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
         return run_iteration(
-            group=self._running(), pipeline=self._config, iteration=iteration, policy=policy, cap=cap, order=order
+            group=self._running(),
+            pipeline=self._config,
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            order=order,
+            packing=packing,
         )
 
     def evaluate(self, *, microbatches: int) -> float:

@@ -47,15 +47,6 @@ def choose(*, target: PipelineConfig, placeable: Callable[[PipelineConfig], bool
     return None
 
 
-def describe(pipeline: PipelineConfig) -> str:
-    """`D 2 x P 4 x T 1 (v 1, M 4)`, with the split when one is set."""
-    split = f", split {','.join(map(str, pipeline.layer_split))}" if pipeline.layer_split else ""
-    return (
-        f"D {pipeline.dp} x P {pipeline.stages} x T {pipeline.tp} "
-        f"(v {pipeline.chunks}, M {pipeline.microbatches}{split})"
-    )
-
-
 def _valid(target: PipelineConfig, *, stages: int, dp: int, microbatches: int) -> list[PipelineConfig]:
     """The shape with these numbers (as a list: empty when its config refuses it)."""
     chunks = target.chunks if stages > 1 else 1
