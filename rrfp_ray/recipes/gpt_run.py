@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,9 @@ class PolicyRun:
             line += f"  (first after restart {report.restart})"
         if report.skipped_step:
             line += "  step skipped (non-finite gradients)"
+        if self.trainer.moves and (move := self.trainer.moves[-1]).iteration == report.iteration:
+            line += f"  rebalanced {','.join(map(str, move.before))} -> {','.join(map(str, move.after))} "
+            line += f"({move.seconds:.2f} s)"
         return line
 
     def summary(self) -> Summary:
@@ -96,6 +100,8 @@ class PolicyRun:
             "precision": pipeline.precision.value,
             "varlen": self.run.train.varlen,
         }
+        if pipeline.balance.rebalance:
+            summary["moves"] = [asdict(move) for move in self.trainer.moves]
         if pipeline.tp > 1:
             summary["tp_coord_fraction"] = statistics.median(r.tp_fraction for r in reports)
         if pipeline.dp > 1:
