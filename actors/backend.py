@@ -28,11 +28,12 @@ from pydantic import ValidationError
 from actors.driver import PipelineDriver
 from actors.local_ray import init_ray
 from actors.names import driver_name, replacement, run_tag
-from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement, remove_orphans
+from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement, can_place, remove_orphans
 from actors.placement import check as check_placement
 from actors.teardown import await_exit
 from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
@@ -41,6 +42,7 @@ from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
 
 _EXIT_S = 30.0  # how long the driver gets to exit on its own once its stages are down
+_PROBE_S = 10.0  # how long `can_place` waits for groups the cluster could hold at once
 _SHUTDOWN_S = 90.0  # beyond the pipeline's timeout: the stages' exit, placement groups' removal, a loaded machine
 logger = logging.getLogger(__name__)
 
@@ -87,10 +89,15 @@ class RayBackend:
     def _spawn_driver(self) -> None:
         self._run = self._run or run_tag()  # one tag for the job's driver and its stages (actors.names)
         run = replacement(self._run, mark="d", count=self._drivers)  # a dead driver may not have released its name
+        placement = self.placement
+        if self._drivers and self._pipeline.resize_after is not None:  # a restart: past this the job resizes
+            placement = placement.model_copy(
+                update={"timeout_s": min(placement.timeout_s, self._pipeline.resize_after)}
+            )
         self._drivers += 1
         self._name = driver_name(run=run)
         self.driver = PipelineDriver.options(name=self._name).remote(
-            pipeline=self._pipeline, workload=self._workload, placement=self.placement, run=run
+            pipeline=self._pipeline, workload=self._workload, placement=placement, run=run
         )
         self._driver_lost = False
         self.startup_s = self._call(self.driver.startup_seconds.remote())
@@ -100,9 +107,19 @@ class RayBackend:
         self._call(self._driver().set_workload.remote(workload=workload))
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
-        return self._call(self._driver().run_iteration.remote(iteration=iteration, policy=policy, cap=cap, order=order))
+        return self._call(
+            self._driver().run_iteration.remote(
+                iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
+            )
+        )
 
     def evaluate(self, *, microbatches: int) -> float:
         return self._call(self._driver().evaluate.remote(microbatches=microbatches))
@@ -116,8 +133,17 @@ class RayBackend:
     def chunk_states(self) -> list[dict]:
         return self._call(self._driver().chunk_states.remote())
 
-    def restart(self) -> None:
-        """Fresh stage actors under the same driver; or, if the driver died, a fresh driver with fresh stages."""
+    def restart(self, *, pipeline: PipelineConfig | None = None, workload: ModelWorkload | None = None) -> None:
+        """Fresh stage actors under the same driver; or, if the driver died, a fresh driver with fresh stages;
+        with `pipeline` and its `workload`, a fresh driver at that shape once the old one has shut down.
+        With `resize_after`, placement after the first waits that long at most."""
+        if pipeline is not None:
+            if workload is None:
+                raise ValueError("restart at another pipeline shape needs that shape's workload")
+            self._stop_driver()
+            self._pipeline, self._workload = pipeline, workload
+            self._spawn_driver()
+            return
         if not self._driver_lost:
             self._call(self._driver().restart.remote())
             return
@@ -125,11 +151,32 @@ class RayBackend:
         _end(self._driver())
         self._spawn_driver()
 
+    def can_place(self, *, pipeline: PipelineConfig) -> bool:
+        """Asks for the placement groups `pipeline` needs beyond those the running stages hold (every
+        group is T bundles on one node, and T is the same at every shape a job resizes to), waiting up
+        to `_PROBE_S`: a cluster whose autoscaler is adding the nodes says no now and yes at a later ask."""
+        held = 0
+        if self.driver is not None and not self._driver_lost and pipeline.tp == self._pipeline.tp:
+            try:
+                held = self._call(self.driver.placed_groups.remote())
+            except PipelineError:
+                held = 0  # the driver died: its groups are orphans, freed by the restart
+        wanted = pipeline.dp * pipeline.stages - held
+        if wanted <= 0:
+            return True
+        return can_place(demand=self.placement.demand(dp=1, stages=wanted, tp=pipeline.tp), timeout_s=_PROBE_S)
+
     def close(self) -> None:
         """Shut the stages down and wait for that call to finish, then let the driver exit (killed
         if it does not), and end the Ray this backend started: in that order, so that no call is
         left unrecorded (actors.teardown). A driver is killed at once only when its shutdown failed
         or did not finish in time, and then with a warning that says which."""
+        self._stop_driver()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    def _stop_driver(self) -> None:
         if self.driver is not None:
             driver, self.driver = self.driver, None
             timeout_s = (self._pipeline.timeout_s if self._pipeline else 0.0) + _SHUTDOWN_S
@@ -154,9 +201,6 @@ class RayBackend:
                         ray.kill(ray.get_actor(self._name))
                     except ValueError:
                         pass  # it exited meanwhile and released its name
-        if self._owns_ray:
-            ray.shutdown()
-            self._owns_ray = False
 
     def _call(self, ref: ray.ObjectRef) -> Any:
         """ray.get; a stage's failure arrives as the driver's PipelineError, the driver's own death as one."""

@@ -22,6 +22,7 @@ from actors.stage_actor import STAGE_ENV, RayStageHandle, StageActor, rss_bytes
 from actors.teardown import end_actors
 from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPGather
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
@@ -77,11 +78,24 @@ class PipelineDriver:
         self.group.set_workload(workload=workload)
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
-        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`."""
+        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, made of
+        the samples `packing[order[s]]` (None: the data's own microbatch)."""
         return run_iteration(
-            group=self.group, pipeline=self.pipeline, iteration=iteration, policy=policy, cap=cap, order=order
+            group=self.group,
+            pipeline=self.pipeline,
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            order=order,
+            packing=packing,
         )
 
     def take_turns(
@@ -137,6 +151,10 @@ class PipelineDriver:
         """This driver actor's resident memory."""
         return rss_bytes()
 
+    def placed_groups(self) -> int:
+        """How many (replica, stage) placement groups its stages hold now (0 while they are down)."""
+        return self.group.fabric.placed_groups if self.group is not None else 0
+
     def stage_actors(self) -> list[ray.actor.ActorHandle]:
         """The stage actors' handles, in stage order (for inspection and fault-injection tests)."""
         return [handle.actor for handle in self.group.handles]
@@ -166,12 +184,19 @@ class RayFabric:
         self.pids: dict[str, int] = {}  # actor id -> process, once the stage actors are up
         self._pgs: list = []  # a placement group per (replica, stage): per TP group
 
+    @property
+    def placed_groups(self) -> int:
+        return len(self._pgs)
+
     def start(self) -> list[RayStageHandle]:
         """Placement (waiting for an autoscaler to add nodes), stage actors, their transport and links."""
         mesh = self.mesh
         demand = self.placement.demand(dp=mesh.dp, stages=mesh.stages, tp=mesh.tp)
         labels = [mesh.label(members[0]) for members in mesh.tp_groups()]
-        self._pgs = place(demand=demand, timeout_s=self.placement.timeout_s, labels=labels)  # logs its waiting and end
+        timeout_s = self.placement.timeout_s
+        if self._starts and self.pipeline.resize_after is not None:  # a restart: past this the job resizes
+            timeout_s = min(timeout_s, self.pipeline.resize_after)
+        self._pgs = place(demand=demand, timeout_s=timeout_s, labels=labels)  # logs its waiting and end
         spawn_s = max(self.timeout_s, _SPAWN_S)
         waited = time.perf_counter()
         run = replacement(self.run, mark="r", count=self._starts)  # a restart's old actors may hold their names
@@ -312,6 +337,7 @@ class RayFabric:
                 ray.kill(actor)
         for pg in self._pgs:
             remove_placement_group(pg)
+        self._pgs = []
         logger.info("%d stage actors stopped%s", len(self.actors), "" if graceful else " (after a failure)")
         self.actors = []
 

@@ -30,8 +30,8 @@ from ray._private import state  # the GCS's view of an actor: whether a group's 
 from ray.experimental import internal_kv
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
-from actors.capacity import Demand, check_capacity, stage_bundle
-from rrfp_ray.errors import RunFailed
+from actors.capacity import CapacityError, Demand, check_capacity, stage_bundle
+from rrfp_ray.errors import PlacementError
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +39,6 @@ DEFAULT_TIMEOUT_S = 600.0  # a cloud GPU node takes minutes to boot and run its 
 _PROGRESS_S = 15.0  # between progress messages
 _AUTOSCALER_STATUS_KEY = "__autoscaling_status"  # what Ray's v1 autoscaler reports each round (`ray status` reads it)
 _NAME = "rrfp-placement-"  # + "<owner actor id>: <label>"
-
-
-class PlacementError(RunFailed):
-    pass
 
 
 class StagePlacement(BaseModel):
@@ -126,6 +122,22 @@ def place(*, demand: Demand, timeout_s: float, labels: list[str]) -> list[Placem
         raise
     logger.info("placement ready in %.1f s: %s", time.monotonic() - started, demand)
     return groups
+
+
+def can_place(*, demand: Demand, timeout_s: float) -> bool:
+    """Whether the cluster holds `demand`'s groups within `timeout_s`: they are asked for (so an
+    autoscaler sees the demand and may start adding nodes for it) and removed again either way."""
+    try:
+        check(demand)
+    except CapacityError:
+        return False
+    groups = [placement_group([dict(demand.bundle)] * demand.tp, strategy="STRICT_PACK") for _ in range(demand.groups)]
+    try:
+        ready, _ = ray.wait([group.ready() for group in groups], num_returns=len(groups), timeout=timeout_s)
+        return len(ready) == len(groups)
+    finally:
+        for group in groups:
+            remove_placement_group(group)
 
 
 def remove_orphans() -> list[str]:

@@ -4,8 +4,11 @@ every --measure-every iterations (`StageStats.layer_costs`, `probe_ms`).
     python jobs/bench_measure.py --iterations 41 --measure-every 10
 
 It times each `Trainer.step` and prints the median step of the iterations that measured and of those
-that did not (the first two left out as warm-up), the measurement's own cost (their difference) and
-its share of training time at that period: difference / (period x median unmeasured step). With
+that did not (the first two left out as warm-up), and the measurement's cost two ways with its share of
+training time at that period, cost / (period x median unmeasured step): the difference of those medians
+(on a loaded machine the steps vary by more than it), and the time the stages spent in their
+executors' `measure` after the step (the slowest stage's, which the iteration waits for; the median
+over measured iterations). The stamps inside the measured microbatch's ops are not in the second. With
 --slow-device STAGE:FACTOR that stage computes FACTOR times slower, and the costs it measured show it.
 """
 
@@ -20,6 +23,8 @@ from pydantic import ValidationError
 from rrfp_ray.cli import add_log_level_flag, config_error, configure_logging
 from rrfp_ray.job import run_job
 from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.runtime.executor import Executor, ExecutorWrapper
+from rrfp_ray.runtime.measure import Costs
 
 WARMUP = 2  # iterations left out of the medians
 
@@ -36,7 +41,7 @@ FLAGS = {  # the RunConfig field each flag sets, for its errors
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=41, help="steps to time (the first two are a warm-up)")
+    parser.add_argument("--iterations", type=int, default=102, help="steps to time (the first two are a warm-up)")
     parser.add_argument("--measure-every", type=int, default=10, help="iterations between measurements")
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages (threads of this process)")
     parser.add_argument("--microbatches", type=int, default=8)
@@ -54,9 +59,23 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]
         )
     except ValidationError as error:
         config_error(parser, error, flags=FLAGS)
-    if args.iterations < WARMUP + args.measure_every + 1:
-        parser.error(f"--iterations must be at least {WARMUP + args.measure_every + 1} to measure after the warm-up")
+    if args.iterations < WARMUP + args.measure_every + 2:
+        parser.error(f"--iterations must be at least {WARMUP + args.measure_every + 2} to measure after the warm-up")
     return args, run
+
+
+class TimedMeasure(ExecutorWrapper):
+    """An executor whose every `measure` is timed (`ms`, one per measured iteration)."""
+
+    def __init__(self, inner: Executor) -> None:
+        super().__init__(inner)
+        self.ms: list[float] = []
+
+    def measure(self) -> Costs:
+        began = time.perf_counter()
+        costs = self.inner.measure()
+        self.ms.append((time.perf_counter() - began) * 1e3)
+        return costs
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -65,28 +84,31 @@ def main(argv: list[str] | None = None) -> dict:
     from rrfp_ray.recipes.gpt_workload import gpt_trainer
 
     trainer = gpt_trainer(run)
-    steps: dict[bool, list[float]] = {True: [], False: []}
-    last = None
+    timed = [TimedMeasure(executor) for executor in trainer.backend.executors]
+    trainer.backend.executors = timed
+    steps, measured, last = [], [], None
     try:
         for _ in range(args.iterations):
             began = time.perf_counter()
             report = trainer.step()
-            seconds = time.perf_counter() - began
-            measured = bool(report.stages[0].layer_costs)
-            if report.iteration >= WARMUP:
-                steps[measured].append(seconds * 1e3)
-            last = report if measured else last
+            steps.append((time.perf_counter() - began) * 1e3)
+            measured.append(bool(report.stages[0].layer_costs))
+            last = report if measured[-1] else last
     finally:
         trainer.close()
-    plain, measuring = statistics.median(steps[False]), statistics.median(steps[True])
-    cost = measuring - plain
-    share = cost / (args.measure_every * plain)
-    print(f"step: {plain:.1f} ms unmeasured, {measuring:.1f} ms measured ({len(steps[True])} of them)")
-    print(f"measuring costs {cost:.1f} ms: {100 * share:.2f}% of training time every {args.measure_every} iterations")
+    kept = range(WARMUP, len(steps))
+    plain = statistics.median(steps[k] for k in kept if not measured[k])
+    measuring = statistics.median(steps[k] for k in kept if measured[k])
+    slowest = [max(times) for times in zip(*(executor.ms for executor in timed))][1:]  # the first: iteration 0
+    costs = {"difference of medians": measuring - plain, "in measure": statistics.median(slowest)}
+    shares = {way: cost / (args.measure_every * plain) for way, cost in costs.items()}
+    print(f"step: {plain:.1f} ms unmeasured, {measuring:.1f} ms measured ({sum(measured[WARMUP:])} of them)")
+    for way, cost in costs.items():
+        print(f"measuring costs {cost:.1f} ms ({way}): {100 * shares[way]:.2f}% of training time")
     for stage in last.stages:
         layers = ", ".join(f"{c.layer}: F {c.forward_ms:.2f} B {c.backward_ms:.2f}" for c in stage.layer_costs)
         print(f"stage {stage.stage}: probe {stage.probe_ms:.2f} ms; layers (ms) {layers}")
-    return {"unmeasured_ms": plain, "measured_ms": measuring, "measure_ms": cost, "overhead": share}
+    return {"unmeasured_ms": plain, "measured_ms": measuring, "measure_ms": costs, "overhead": shares}
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ class RunFailed(RrfpError, RuntimeError):
     exit_code = ExitCode.RUN_FAILED
 
 
+class PlacementError(RunFailed):
+    """The cluster did not hold the stages within the wait: placement timed out (a job that
+    resizes takes a smaller shape on it, `rrfp_ray.train.resize`)."""
+
+
 def exit_code_of(error: BaseException | None) -> ExitCode:
     """`error`'s kind; anything not of ours (None: a stage that died or did not answer) is a failed run."""
     return error.exit_code if isinstance(error, RrfpError) else ExitCode.RUN_FAILED

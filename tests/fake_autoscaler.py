@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +31,13 @@ STANDIN_RESOURCE = "rrfp_standin"
 HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"  # the provider's fixed head id
 
 
-def standin_node_types(*, cluster_yaml: Path, max_workers: int) -> dict:
-    """cluster.yaml's worker node types as CPU-only stand-ins (at most `max_workers` nodes each)."""
+def standin_node_types(*, cluster_yaml: Path, max_workers: int, only: Collection[str] | None = None) -> dict:
+    """cluster.yaml's worker node types (those named in `only`, if given) as CPU-only stand-ins
+    (at most `max_workers` nodes each)."""
     config = yaml.safe_load(cluster_yaml.read_text())
     types = {}
     for name, node_type in config["available_node_types"].items():
-        if name == config["head_node_type"]:
+        if name == config["head_node_type"] or (only is not None and name not in only):
             continue
         gpus = int(node_type["resources"].get("GPU", 0))
         if gpus:
@@ -63,24 +65,33 @@ class FakeCluster:
     home: Path  # HOME of the head and of its jobs (a job's default --out lies under it)
 
     @classmethod
-    def start(cls, *, idle_timeout_minutes: float = 0.1, max_workers: int = 2, attempts: int = 2) -> FakeCluster:
-        """Start the head (the venv's `python` first on PATH, so jobs run the project's Python).
-        A head whose raylet does not register within Ray's fixed 30 s (a loaded machine) is ended
-        and started afresh, up to `attempts` times."""
+    def start(
+        cls,
+        *,
+        idle_timeout_minutes: float = 0.1,
+        max_workers: int = 2,
+        node_types: Collection[str] | None = None,
+        attempts: int = 2,
+    ) -> FakeCluster:
+        """Start the head (the venv's `python` first on PATH, so jobs run the project's Python), with
+        stand-ins of cluster.yaml's GPU node types (of `node_types` only, if given). A head whose raylet
+        does not register within Ray's fixed 30 s (a loaded machine) is ended and started afresh, up to
+        `attempts` times."""
+        options = {"idle_timeout_minutes": idle_timeout_minutes, "max_workers": max_workers, "only": node_types}
         for _ in range(attempts - 1):
             try:
-                return cls._start_head(idle_timeout_minutes=idle_timeout_minutes, max_workers=max_workers)
+                return cls._start_head(**options)
             except RuntimeError as error:
                 print(f"fake cluster: starting the head again after: {str(error)[-300:]}", file=sys.stderr)
-        return cls._start_head(idle_timeout_minutes=idle_timeout_minutes, max_workers=max_workers)
+        return cls._start_head(**options)
 
     @classmethod
-    def _start_head(cls, *, idle_timeout_minutes: float, max_workers: int) -> FakeCluster:
+    def _start_head(cls, *, idle_timeout_minutes: float, max_workers: int, only: Collection[str] | None) -> FakeCluster:
         temp_dir = Path(tempfile.mkdtemp(prefix="rrfp-fake-", dir="/tmp"))
         ip = "127.0.0.1"
         gcs_port, dashboard_port = free_port(), free_port()
         gcs_address = f"{ip}:{gcs_port}"
-        node_types = standin_node_types(cluster_yaml=ROOT / "cluster.yaml", max_workers=max_workers)
+        node_types = standin_node_types(cluster_yaml=ROOT / "cluster.yaml", max_workers=max_workers, only=only)
         node_types["ray.head.default"] = {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0}
         config = {
             "cluster_name": "rrfp-fake",
@@ -157,6 +168,19 @@ class FakeCluster:
             env=env | {"RAY_ADDRESS": gcs_address},
             home=home,
         )
+
+    def set_max_workers(self, max_workers: int) -> None:
+        """Cap every stand-in node type at `max_workers` nodes: the autoscaler reads its config again each
+        round, terminates the nodes over a lower cap and adds none beyond it."""
+        path = self.temp_dir / "autoscaling.yaml"
+        config = yaml.safe_load(path.read_text())
+        for name, node_type in config["available_node_types"].items():
+            if name != config["head_node_type"]:
+                node_type["max_workers"] = max_workers
+        config["max_workers"] = max_workers * len(config["available_node_types"])
+        written = path.with_name(f".{path.name}.tmp")
+        written.write_text(yaml.safe_dump(config))
+        os.replace(written, path)  # whole: the autoscaler may read it at any time
 
     def pids(self) -> list[int]:
         return _pids(temp_dir=self.temp_dir)

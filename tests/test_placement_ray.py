@@ -113,6 +113,22 @@ def test_a_pipeline_bigger_than_the_local_ray_is_refused_before_any_actor_starts
     assert backend.driver is None
 
 
+def test_can_place_counts_the_groups_the_running_stages_hold_and_gives_back_what_it_asked_for(ray_session):
+    pipeline = PipelineConfig(stages=2, microbatches=2, policy="1f1b")
+    trainer = Trainer(
+        model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=2), pipeline=pipeline,
+        backend=RayBackend(),
+    )  # fmt: skip
+    with trainer:
+        held = len(_live_groups())
+        assert trainer.backend.can_place(pipeline=pipeline)  # its own: held already
+        assert trainer.backend.can_place(pipeline=pipeline.replaced(dp=2))  # 2 groups more: free
+        started = time.monotonic()
+        assert not trainer.backend.can_place(pipeline=pipeline.replaced(dp=10))  # 18 more than the 16 CPUs: never
+        assert time.monotonic() - started < 5  # refused by the capacity check, not by waiting
+        assert len(_live_groups()) == held
+
+
 @pytest.mark.slow  # a cluster of its own: `make test-slow`
 def test_train_gpt_names_the_flags_when_no_node_can_ever_hold_a_stage(cluster, monkeypatch, tmp_path, capsys):
     import train_gpt

@@ -1,5 +1,6 @@
 """`planned` on the Ray backend: the driver plans each iteration ahead while the stage actors run the one before, and
-the GPT on variable-length text trains as it does on the local backend, in the orders the reports record."""
+the GPT on variable-length text, its samples packed and its microbatches ordered, trains as it does on the local
+backend, in the packings and orders the reports record."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ TINY = {"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddin
 def _run() -> RunConfig:
     return RunConfig(
         model=TINY,
-        pipeline={"stages": 2, "microbatches": 4, "policy": "planned", "timeout_s": 60, "backend": "tcp"},
+        pipeline={
+            "stages": 2,
+            "microbatches": 4,
+            "policy": "planned",
+            "arrange": "both",
+            "timeout_s": 60,
+            "backend": "tcp",
+        },
         train={"micro_batch_size": 2, "seq_len": 16, "iterations": 3, "varlen": True},
     )
 
@@ -31,9 +39,10 @@ def test_planned_on_ray_trains_as_on_the_local_backend(ray_session):
         local = [report.loss for report in trainer.fit(3)]
     losses = [report.loss for report in on_ray]
     assert all(math.isfinite(loss) for loss in losses)
-    assert losses == pytest.approx(local, rel=1e-4)  # any order: the same microbatches, the same steps
+    assert losses == pytest.approx(local, rel=1e-4)  # any packing and order: the same samples, the same steps
     assert losses[-1] < losses[0]
     for report in on_ray:
         assert sorted(report.order) == list(range(4))
+        assert sorted(i for group in report.packing for i in group) == list(range(8))
     assert any(report.order != list(range(4)) for report in on_ray)  # what the varlen text shows moved the orders
     assert len(waits) == 3 and all(w >= 0 for w in waits)

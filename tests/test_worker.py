@@ -248,8 +248,8 @@ class _SlowStep:
     def __init__(self, inner, *, step_s: float) -> None:
         self.inner, self.step_s = inner, step_s
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
-        self.inner.begin(iteration=iteration, order=order, measure=measure)
+    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, packing=None, measure=False) -> None:
+        self.inner.begin(iteration=iteration, order=order, packing=packing, measure=measure)
 
     def run(self, **kwargs):
         return self.inner.run(**kwargs)

@@ -2,8 +2,12 @@
 
 Per seed (model init and data), one trainer runs every policy in turn from the same initial
 weights (`Trainer.reset`), the order of the policies rotated by the seed; per policy, warm-up
-iterations and then timed ones. No delay is injected: an op takes what the model's compute takes,
-and the images per sample (heavy-tailed) make the encoder's ops vary.
+iterations and then timed ones. `planned` runs three ways: arranging the microbatches' order only,
+the packing of the samples into microbatches only, or both (`rrfp_ray.plan.planner.Arrangement`);
+each fixed schedule runs once more on its iterations' samples packed as the planner packs them
+before it has telemetry (`pack` over the samples' images), for the fair comparison. No delay is
+injected: an op takes what the model's compute takes, and the images per sample (heavy-tailed)
+make the encoder's ops vary.
 
 A policy's cell is the median over seeds of its median iteration makespan (the op schedule, the
 optimizer step left out); its ratio is, per seed, the best fixed schedule's median over its own,
@@ -20,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing, pack
+from rrfp_ray.plan.planner import Arrangement
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Kind, parse_action
 from rrfp_ray.sim.replay import replay
@@ -27,8 +33,24 @@ from rrfp_ray.train.api import Trainer
 
 FIXED = ("1f1b", "zb-h1")
 READINESS = ("bf", "bfw", "cpw")
-PLANNED = "planned"
-POLICIES = (*FIXED, *READINESS, PLANNED)
+PLANNED = {f"planned ({a.value})": a for a in Arrangement}  # a row per arrangement
+PACKED = {f"{name} packed": name for name in FIXED}  # a fixed schedule on packed microbatches
+POLICIES = (*FIXED, *READINESS, *PLANNED, *PACKED)
+
+
+def features_packing(trainer: Trainer) -> Packing:
+    """The next iteration's samples packed by their features (images) into the pipeline's D x M microbatches."""
+    costs = trainer.workload.data.sample_features(iteration=trainer.iteration)
+    return pack(costs=costs, bins=trainer.pipeline.global_microbatches)
+
+
+def step(trainer: Trainer, name: str) -> IterationReport:
+    """One iteration of the row `name`."""
+    if name in PLANNED:
+        return trainer.step(policy="planned", arrange=PLANNED[name])
+    if name in PACKED:
+        return trainer.step(policy=PACKED[name], packing=features_packing(trainer))
+    return trainer.step(policy=name)
 
 
 @dataclass
@@ -52,8 +74,8 @@ def run_seed(*, trainer: Trainer, seed: int, warmup: int, iterations: int, runs:
         trainer.reset()
         trainer.planning_s.clear()
         for _ in range(warmup):
-            trainer.step(policy=name)
-        runs[name].reports.append([trainer.step(policy=name) for _ in range(iterations)])
+            step(trainer, name)
+        runs[name].reports.append([step(trainer, name) for _ in range(iterations)])
         runs[name].planning_s += trainer.planning_s[warmup:]
 
 
@@ -114,6 +136,11 @@ def table(runs: Mapping[str, PolicyRuns], *, trainer: Trainer) -> list[str]:
 
 def best_readiness(runs: Mapping[str, PolicyRuns]) -> str:
     return max(READINESS, key=lambda name: spread(ratios(runs, name))[0])
+
+
+def best_of(runs: Mapping[str, PolicyRuns], names: Sequence[str]) -> str:
+    """The row among `names` with the highest geometric-mean ratio over the best fixed schedule."""
+    return max(names, key=lambda name: spread(ratios(runs, name))[0])
 
 
 def _quantile(values: Sequence[float], q: float) -> float:

@@ -85,6 +85,8 @@ class IterationReport:
     step_ms: float = 0.0  # what the optimizer step adds to the makespan, after the last op of any stage
     restart: int = 0  # k: the first iteration run after restart k restored the pipeline; 0: no restart before it
     order: list[int] | None = None  # the data microbatch each event's microbatch slot read (None: the slot's own)
+    shape: str | None = None  # the shape it ran at when the job had resized (rrfp_ray.train.resize); None: its own
+    packing: list[list[int]] | None = None  # the samples each data microbatch held (None: the data's own)
 
     @classmethod
     def deferred(cls, *, events: Callable[[], list[OpEvent]], **fields: Any) -> IterationReport:
@@ -158,6 +160,8 @@ class IterationReport:
             step_ms=data.get("step_ms", 0.0),
             restart=data.get("restart", 0),
             order=data.get("order"),
+            shape=data.get("shape"),
+            packing=data.get("packing"),
         )
 
 

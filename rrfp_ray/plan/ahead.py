@@ -20,6 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing, loads
 from rrfp_ray.plan.planner import Planner
 from rrfp_ray.plan.plans import Plan
 
@@ -30,21 +31,49 @@ log = logging.getLogger(__name__)
 class Seen:
     """What one iteration's data shows the planner, per data microbatch j: `planned`, the largest
     feature over the replicas' microbatch j (every replica runs the one order, so a slot's slowest
-    replica is the one to plan for); `observed`, replica 0's, whose ops the telemetry times."""
+    replica is the one to plan for); `observed`, replica 0's, whose ops the telemetry times; `samples`
+    (one replica only; None: not shown), per microbatch its samples' features, for packing."""
 
     planned: list[float]
     observed: list[float]
+    samples: list[list[float]] | None = None
+
+    def under(self, packing: Packing | None) -> Seen:
+        """What the data shows once packed by `packing` (None: as it is): each microbatch its samples' sum."""
+        if packing is None:
+            return self
+        if self.samples is None:
+            raise ValueError("a packed plan needs the samples of the iteration it runs")
+        flat = [x for row in self.samples for x in row]
+        packed = loads(costs=flat, packing=packing)
+        return Seen(planned=packed, observed=packed, samples=[[flat[i] for i in group] for group in packing])
 
 
-def seen(features: Sequence[float], *, replicas: int, microbatches: int) -> Seen:
-    """`features` of D x M microbatches (replica r reads r * M + j) as the planner sees them."""
+def seen(
+    features: Sequence[float],
+    *,
+    replicas: int,
+    microbatches: int,
+    samples: Sequence[float] | None = None,
+) -> Seen:
+    """`features` of D x M microbatches (replica r reads r * M + j) as the planner sees them, with `samples`
+    (one replica: its samples' features, microbatch by microbatch, as many to each)."""
     if len(features) != replicas * microbatches:
         raise ValueError(
             f"the data source's features(iteration=...) gave {len(features)} values, expected one per microbatch "
             f"of every replica: dp x microbatches = {replicas} x {microbatches}"
         )
     rows = [[float(x) for x in features[r * microbatches : (r + 1) * microbatches]] for r in range(replicas)]
-    return Seen(planned=[max(column) for column in zip(*rows)], observed=rows[0])
+    grouped = None
+    if samples is not None:
+        if replicas != 1 or len(samples) % microbatches:
+            raise ValueError(
+                f"samples: {len(samples)} sample features cannot be grouped into one replica's {microbatches} "
+                f"microbatches (dp = {replicas})"
+            )
+        width = len(samples) // microbatches
+        grouped = [[float(x) for x in samples[j * width : (j + 1) * width]] for j in range(microbatches)]
+    return Seen(planned=[max(column) for column in zip(*rows)], observed=rows[0], samples=grouped)
 
 
 @dataclass(frozen=True)
@@ -80,7 +109,9 @@ class Lookahead:
         ahead, self._ahead = self._ahead, None
         restored, self._restored = self._restored, None
         if restored == iteration:
-            taken = Taken(plan=self.planner.last, iteration=iteration, seen=self._shows(iteration))
+            taken = Taken(
+                plan=self.planner.last, iteration=iteration, seen=_under(self._shows(iteration), self.planner.last)
+            )
         elif ahead is not None and ahead[0] == iteration:
             taken = self._result(ahead[1], iteration=iteration, limit_s=self.planner.config.wait_s, started=started)
         else:  # none asked for ahead (the first plan, or another iteration was asked for): plan it now
@@ -114,11 +145,17 @@ class Lookahead:
     def _plan(self, iteration: int) -> Taken:
         started = time.perf_counter()
         shown = self._shows(iteration)
-        plan = self.planner.plan(iteration=iteration, features=None if shown is None else shown.planned)
-        return Taken(plan=plan, iteration=iteration, seen=shown, planning_s=time.perf_counter() - started)
+        plan = self.planner.plan(
+            iteration=iteration,
+            features=None if shown is None else shown.planned,
+            samples=None if shown is None else shown.samples,
+        )
+        return Taken(plan=plan, iteration=iteration, seen=_under(shown, plan), planning_s=time.perf_counter() - started)
 
     def _observe(self, report: IterationReport, taken: Taken) -> None:
-        shown = taken.seen if taken.iteration == report.iteration else self._shows(report.iteration)
+        shown = taken.seen
+        if taken.iteration != report.iteration:  # the last plan ran again, on this iteration's data
+            shown = _under(self._shows(report.iteration), taken.plan)
         self.planner.observe(report=report, plan=taken.plan, features=None if shown is None else shown.observed)
 
     def _result(
@@ -153,3 +190,8 @@ class Lookahead:
         error = None if future.cancelled() else future.exception()
         if error is not None:
             self._once("observe", "the planner could not learn from an iteration (%s: %s)", type(error).__name__, error)
+
+
+def _under(shown: Seen | None, plan: Plan) -> Seen | None:
+    """What `shown` data shows as `plan` packs it."""
+    return None if shown is None else shown.under(plan.packing)

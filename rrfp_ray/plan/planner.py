@@ -10,6 +10,7 @@ stopped.
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -41,13 +42,31 @@ def default_hints(*, chunks: int, fixed_only: bool = False) -> tuple[str, ...]:
     return HINTS if chunks == 1 else HINTS_INTERLEAVED
 
 
+class Arrangement(enum.Enum):
+    """What a plan arranges besides its hint and cap: the order of the data microbatches, the packing of the
+    samples into microbatches (where the data shows its samples), or both."""
+
+    ORDER = "order"
+    PACKING = "packing"
+    BOTH = "both"
+
+    @property
+    def orders(self) -> bool:
+        return self is not Arrangement.PACKING
+
+    @property
+    def packs(self) -> bool:
+        return self is not Arrangement.ORDER
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     """`simulations`: the search budget in simulated iterations (`python jobs/bench_simulator.py`
     prints what a P=8, M=32 iteration costs); `samples`: noise samples per candidate;
     `time_limit_s`: a wall-clock limit that only stops a search early (None: none); `wait_s`: the
     longest an iteration waits for the plan made for it while the iteration before ran
-    (`rrfp_ray.plan.ahead`) before it runs the last plan instead."""
+    (`rrfp_ray.plan.ahead`) before it runs the last plan instead; `arrange`: what a plan arranges (packing only
+    where the iteration's samples are shown; without ordering, each plan runs the microbatches in their order)."""
 
     hints: tuple[str, ...]
     cap: Cap
@@ -57,6 +76,7 @@ class PlannerConfig:
     window: int = 4
     time_limit_s: float | None = None
     wait_s: float = 1.0
+    arrange: Arrangement = Arrangement.BOTH
 
     def __post_init__(self) -> None:
         if not self.hints:
@@ -80,11 +100,13 @@ class PlannerConfig:
             "window": self.window,
             "time_limit_s": self.time_limit_s,
             "wait_s": self.wait_s,
+            "arrange": self.arrange.value,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlannerConfig:
-        return cls(**{**data, "hints": tuple(data["hints"]), "cap": Cap.parse(data["cap"])})
+        arrange = Arrangement(data.get("arrange", Arrangement.BOTH.value))
+        return cls(**{**data, "hints": tuple(data["hints"]), "cap": Cap.parse(data["cap"]), "arrange": arrange})
 
 
 class Planner:
@@ -159,9 +181,13 @@ class Planner:
         self, *, iteration: int, features: Sequence[float] | None, samples: Sequence[Sequence[float]] | None = None
     ) -> Plan:
         """The plan for `iteration` from its features and the telemetry observed so far; with `samples`
-        (per microbatch, its samples' cost features) the plan packs them first and orders the packed ones."""
+        (per microbatch, its samples' cost features) and an arrangement that packs, the plan packs them first
+        by their predicted costs (`sample_costs`) and orders the packed ones."""
         config = self.config
-        packing, features = packed(samples=samples, features=features, microbatches=self.shape["microbatches"])
+        packing = None
+        if samples is not None and config.arrange.packs:
+            costs = self.sample_costs(samples=samples, features=features)
+            packing, features = packed(samples=samples, costs=costs, microbatches=self.shape["microbatches"])
         deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
         found = search(
             samples=self.predicted(iteration=iteration, features=features),
@@ -170,6 +196,7 @@ class Planner:
             simulations=config.simulations,
             seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
             deadline=deadline,
+            reorder=config.arrange.orders,
         )
         if found is not None:
             self.last = replace(found.plan, packing=packing)
@@ -179,6 +206,19 @@ class Planner:
             log.warning("iteration %d: no plan within %.3f s; running the last plan", iteration, config.time_limit_s)
         self.planned = iteration
         return self.last
+
+    def sample_costs(self, *, samples: Sequence[Sequence[float]], features: Sequence[float] | None) -> list[float]:
+        """Per sample (flat, microbatch by microbatch), its predicted ms summed over every block and op kind: the
+        fits' slope times its feature. A fit's intercept is a microbatch's own, the same in every microbatch however
+        packed, so it moves no balance; where no cost follows the feature (slope 0), every sample costs 1."""
+        blocks = self.shape["stages"] * self.shape["chunks"]
+        slope = sum(
+            self.model.kind_fit(block=vs, kind=k, features=features).slope
+            for vs in range(blocks)
+            for k in (Kind.F, Kind.I, Kind.W)
+        )
+        flat = [float(x) for row in samples for x in row]
+        return [slope * x for x in flat] if slope > 0 else [1.0] * len(flat)
 
     def observe(
         self,
@@ -216,22 +256,28 @@ class Planner:
 
 
 def packed(
-    *, samples: Sequence[Sequence[float]] | None, features: Sequence[float] | None, microbatches: int
-) -> tuple[Packing | None, Sequence[float] | None]:
-    """The packing of `samples` into `microbatches` (None without samples) and the packed features."""
-    if samples is None:
-        return None, features
-    costs = [x for row in samples for x in row]
+    *, samples: Sequence[Sequence[float]], costs: Sequence[float], microbatches: int
+) -> tuple[Packing, list[float]]:
+    """The packing of `samples` (per microbatch, its samples' features) into `microbatches` by their `costs`
+    (one per sample, flat), and the features of the packed microbatches."""
     packing = pack(costs=costs, bins=microbatches)
-    before, after = [sum(row) for row in samples], loads(costs=costs, packing=packing)
-    log.debug("packing: microbatch cost spread (max/min) %.3f -> %.3f", spread(before), spread(after))
-    return packing, after
+    width = [len(row) for row in samples]
+    before = [sum(costs[sum(width[:m]) : sum(width[: m + 1])]) for m in range(len(samples))]
+    log.debug(
+        "packing: microbatch cost spread (max/min) %.3f -> %.3f",
+        spread(before),
+        spread(loads(costs=costs, packing=packing)),
+    )
+    return packing, loads(costs=[x for row in samples for x in row], packing=packing)
 
 
 def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
-    """The best plan the same search finds with the iteration's true durations (the ceiling), after the
-    same packing as `Planner.plan`."""
-    packing, _ = packed(samples=trace.samples, features=trace.features, microbatches=trace.microbatches)
+    """The best plan the same search finds with the iteration's true durations (the ceiling), after packing
+    the samples by their features where `config.arrange` packs."""
+    packing = None
+    if trace.samples is not None and config.arrange.packs:
+        costs = [x for row in trace.samples for x in row]
+        packing, _ = packed(samples=trace.samples, costs=costs, microbatches=trace.microbatches)
     data = trace if packing is None else trace.repacked(packing)
     found = search(
         samples=[data],
@@ -239,6 +285,7 @@ def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
         cap=config.cap,
         simulations=config.simulations,
         seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
+        reorder=config.arrange.orders,
     )
     if found is None:
         raise RuntimeError("a search without a deadline always finds a plan")

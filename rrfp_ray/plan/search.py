@@ -75,9 +75,11 @@ def search(
     simulations: int,
     seed: int,
     deadline: float | None = None,
+    reorder: bool = True,
 ) -> Found | None:
     """The best plan found within `simulations` simulated iterations; None when `deadline`
-    (a `time.monotonic()` instant) passed first."""
+    (a `time.monotonic()` instant) passed first. `reorder` False: the hints and the cap only, the data
+    microbatches in their order."""
     if not hints:
         raise ValueError("the search needs at least one hint")
     cost = len(samples)
@@ -100,12 +102,13 @@ def search(
         return len(new) <= room
 
     try:
-        if tried([Plan(order=order, hint=hints[0], cap=cap) for order in heuristic_orders(samples)]):
+        orders = heuristic_orders(samples) if reorder else [tuple(range(samples[0].microbatches))]
+        if tried([Plan(order=order, hint=hints[0], cap=cap) for order in orders]):
             order = best[0].order
             if tried([Plan(order=order, hint=hint, cap=cap) for hint in hints[1:]]):
                 rng = np.random.default_rng(seed)
                 M, misses = len(order), 0
-                while M > 1 and misses < 4 * M * M:
+                while reorder and M > 1 and misses < 4 * M * M:
                     i, j = (int(x) for x in rng.choice(M, size=2, replace=False))
                     swapped = list(best[0].order)
                     swapped[i], swapped[j] = swapped[j], swapped[i]

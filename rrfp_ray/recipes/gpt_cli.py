@@ -30,8 +30,8 @@ from rrfp_ray.recipes.gpt_workload import corpus_source
 from rrfp_ray.schedule.validate import read_hint
 from rrfp_ray.train.api import check_global_batch, model_parameters
 from rrfp_ray.train.checkpoint import CheckpointError, parameters_fingerprint, resume_point
-from rrfp_ray.train.config import PipelineConfig
-from rrfp_ray.train.workload import ModelWorkload
+from rrfp_ray.train.config import PLANNED, PipelineConfig
+from rrfp_ray.train.workload import ModelWorkload, packing_refusal
 
 PIPELINE = model_flags(
     PipelineConfig, prefix="pipeline.", without=("buffer_limit", "link_timeout_s"), flags=PIPELINE_FLAGS
@@ -86,6 +86,10 @@ def run_config(
         corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
         if args.trace:
             _read_trace(parser, run)
+        if run.pipeline.policy == PLANNED and run.pipeline.arrange.packs:
+            refusal = packing_refusal(workload_for(run))
+            if refusal is not None:
+                parser.error(f"--arrange {run.pipeline.arrange.value}: {refusal}; --varlen gives the GPT one")
         if run.train.resume:
             run = _resume(run, workload=workload_for(run))
     except CheckpointError as error:

@@ -76,6 +76,8 @@ class PolicyRun:
             line += f"  plan wait {self.trainer.plan_wait_s[-1] * 1e3:.2f} ms"
         if report.restart:
             line += f"  (first after restart {report.restart})"
+        if report.shape is not None:
+            line += f"  at {report.shape}"
         if report.skipped_step:
             line += "  step skipped (non-finite gradients)"
         if self.trainer.moves and (move := self.trainer.moves[-1]).iteration == report.iteration:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
@@ -115,6 +116,7 @@ class StageGroup:
         tp_protocol: TPProtocol,
         order: tuple[int, ...] | None = None,
         measure: bool = False,
+        packing: Packing | None = None,
     ) -> IterationReport:
         """One iteration; with `measure`, each stage measures its layers' costs after it (`StageStats.layer_costs`)."""
         args = IterationArgs(
@@ -126,6 +128,7 @@ class StageGroup:
             tp_protocol=tp_protocol,
             order=order,
             measure=measure,
+            packing=packing,
         )
         try:
             results = self._all(lambda _, h: h.run_iteration(args=args), what=f"iteration {iteration}")
@@ -139,6 +142,7 @@ class StageGroup:
         ]
         report = merge_stage_reports(iteration=iteration, policy=policy.name, results=shown[:: self.mesh.tp])
         report.order = None if order is None else list(order)
+        report.packing = None if packing is None else [list(group) for group in packing]
         return report
 
     def take_turns(

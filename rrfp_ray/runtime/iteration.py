@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
@@ -21,6 +22,8 @@ class IterationArgs:
     tp_protocol: TPProtocol = TPProtocol.FIRST  # how TP ranks agree (unused without TP)
     # the data microbatch each microbatch slot trains on (`order[slot]`); None: slot m trains on microbatch m
     order: tuple[int, ...] | None = None
+    # per data microbatch of every replica (D x M), the samples of the global batch it holds; None: the data's own
+    packing: Packing | None = None
     measure: bool = False  # each stage measures its layers' costs after this iteration (`StageStats.layer_costs`)
 
 

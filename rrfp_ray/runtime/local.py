@@ -19,6 +19,7 @@ from typing import Any
 from torch import Tensor
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
@@ -283,14 +284,22 @@ class LocalPipeline:
         latency: Callable[[Message], float] | None = None,
         protocol: TPProtocol = TPProtocol.FIRST,
         order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
         """With `executors` given directly (and `latency` injected per message); `protocol`: how TP
-        ranks agree (`rrfp_ray.policy.agreement`), unused without TP; `order`: the data microbatch of each slot."""
+        ranks agree (`rrfp_ray.policy.agreement`), unused without TP; `order`: the data microbatch of each slot;
+        `packing`: the samples of each data microbatch."""
         self.executors = executors
         for handle in self.fabric.handles:
             handle.host.latency = latency
         return self.group.run_iteration(
-            iteration=iteration, policy=policy, cap=cap, buffer_limit=buffer_limit, tp_protocol=protocol, order=order
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            buffer_limit=buffer_limit,
+            tp_protocol=protocol,
+            order=order,
+            packing=packing,
         )
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rrfp_ray.observe.telemetry import LayerCost
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import TieSpec
 from rrfp_ray.runtime.measure import Costs
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
@@ -186,7 +187,14 @@ class SleepExecutor:
         self._run_trace = model.as_run(trace)
         self._watched: dict[int, list] | None = None  # measuring: chunk -> [microbatch, its F ms, its backward ms]
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
+    def begin(
+        self,
+        *,
+        iteration: int,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
+        measure: bool = False,
+    ) -> None:
         self._watched = {} if measure else None
 
     def measure(self) -> Costs:

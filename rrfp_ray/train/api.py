@@ -23,10 +23,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rrfp_ray.errors import ExitCode
+from rrfp_ray.errors import ExitCode, PlacementError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Lookahead, Seen, seen
-from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
+from rrfp_ray.plan.packing import Packing
+from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.actions import Placement
@@ -47,9 +48,19 @@ from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.export import unsplit_state_dict
 from rrfp_ray.train.layers import ModelSource, model_layers
 from rrfp_ray.train.rebalancing import Move, Rebalancing
+from rrfp_ray.train.resize import shapes
 from rrfp_ray.train.runner import LossFn, partition
 from rrfp_ray.train.ties import find_ties
-from rrfp_ray.train.workload import DataSource, FactoryOptim, FeatureSource, ModelWorkload, Optim, OptimSpec
+from rrfp_ray.train.workload import (
+    DataSource,
+    FactoryOptim,
+    FeatureSource,
+    ModelWorkload,
+    Optim,
+    OptimSpec,
+    check_packing,
+    packing_refusal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +193,11 @@ class Trainer:
     `backend`: `LocalBackend()` (the default: threads of this process) or
     `actors.backend.RayBackend()` (one Ray actor per stage). `slow_devices`: stage -> factor, that
     stage's device emulated as computing factor times slower (`rrfp_ray.runtime.measure.Throttle`).
+
+    With `pipeline.resize_after`, a restart whose stages the cluster does not hold within that
+    many seconds runs on at a smaller shape (`rrfp_ray.train.resize`) from the last checkpoint,
+    and at each later checkpoint goes back to `pipeline` once the cluster holds it again;
+    `self.pipeline` is the shape in use, `self.target` the one asked for.
     """
 
     def __init__(
@@ -202,6 +218,7 @@ class Trainer:
         slow_devices: dict[int, float] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.target = pipeline
         self.checkpoints = checkpoints
         self.workload = make_workload(
             model=model,
@@ -217,6 +234,9 @@ class Trainer:
             slow_devices=slow_devices,
         )
         self.workload = checked(self.workload, pipeline=pipeline)
+        self._target_workload = self.workload
+        if pipeline.policy == PLANNED:
+            self._check_arrange(pipeline.arrange)
         built = self.workload.layers()
         self.parameters = model_parameters(built)
         self.fingerprint = parameters_fingerprint(self.parameters)
@@ -238,18 +258,20 @@ class Trainer:
         self._lookahead: Lookahead | None = None  # plans the next planned iteration while one runs
         self.planning_s: list[float] = []  # per planned iteration: the seconds its plan took (nan: the last plan ran)
         self.plan_wait_s: list[float] = []  # per planned iteration: the seconds it waited for its plan
-        self.rebalancing: Rebalancing | None = None
-        if pipeline.balance.rebalance:
-            hint = default_hints(chunks=1)[0] if pipeline.policy == PLANNED else pipeline.policy
-            self.rebalancing = Rebalancing(
-                pipeline=pipeline, policy=self._policy(hint), device=device, reshape=self.reshape
-            )
+        self.resizes: list[tuple[int, PipelineConfig]] = []  # (iteration, shape): each resize, where it resumed
+        self._device = device
+        self.rebalancing = self._rebalancing()
         if resume is not None:
             self._restore(resume)
 
-    def step(self, *, policy: str | None = None) -> IterationReport:
+    def step(
+        self, *, policy: str | None = None, arrange: Arrangement | None = None, packing: Packing | None = None
+    ) -> IterationReport:
         """One iteration (all microbatches, then the optimizer step) under `policy` (default: the config's),
-        then the checkpoint, if one is due.
+        then the checkpoint, if one is due. `arrange`: what a `planned` iteration's plan arranges (default: the
+        config's). `packing`: a fixed policy's iteration trains on these microbatches (per data microbatch of
+        every replica, D x M, the indexes of the global batch's samples it holds; `SampleSource`), not the
+        data's own; a `planned` iteration packs by its plan.
 
         A lost stage, in the iteration or in its checkpoint, rebuilds the pipeline from the last
         checkpoint and goes on, up to `checkpoints.max_restarts` times; the iterations since that
@@ -259,13 +281,23 @@ class Trainer:
             try:
                 name = self.pipeline.policy if policy is None else policy
                 if name == PLANNED:
-                    report = self._planned_iteration()
+                    if packing is not None:
+                        raise ValueError(
+                            "packing is for a fixed policy: a planned iteration packs by its plan (arrange)"
+                        )
+                    report = self._planned_iteration(arrange)
                 else:
-                    report = self.backend.run_iteration(iteration=self.iteration, policy=self._policy(name))
+                    if packing is not None:
+                        check_packing(packing=packing, workload=self.workload, iteration=self.iteration)
+                    report = self.backend.run_iteration(
+                        iteration=self.iteration, policy=self._policy(name), packing=packing
+                    )
             except PipelineError as error:
                 self._recover(error, failed=f"iteration {self.iteration}")
                 continue
             report.restart, self._restored = self._restored, 0
+            if self.pipeline is not self.target:
+                report.shape = self._describe(self.pipeline)
             if report.skipped_step:
                 self.skipped_steps += 1
                 logger.warning(
@@ -279,6 +311,7 @@ class Trainer:
                 return report
             try:
                 self.save()
+                self._grow_back()
                 return report
             except PipelineError as error:
                 self._recover(error, failed=f"the checkpoint of iteration {self.iteration}")
@@ -372,6 +405,8 @@ class Trainer:
                 parameters=self.parameters,
             )  # fmt: skip
             self.backend.set_workload(workload=workload)
+            if self.pipeline is self.target:  # the asked-for shape takes the new split too
+                self.target, self._target_workload = pipeline, workload
             self.pipeline, self.workload = pipeline, workload  # what the stages now run, whether the load works or not
             self.backend.load(directory=directory, manifest=manifest)
         seconds = time.perf_counter() - started
@@ -407,17 +442,83 @@ class Trainer:
             try:
                 self._stop_planning()  # the checkpoint's planner, if any, plans again
                 self.planner = None
-                self.backend.restart()
-                self._restored = self.restarts
-                if manifest is None:
-                    self.iteration = 0  # the restarted stages hold the initial weights
+                try:
+                    self.backend.restart()
+                except PlacementError as unplaced:
+                    if self.pipeline.resize_after is None:
+                        raise
+                    self._shrink(manifest=manifest, unplaced=unplaced, failed=self.pipeline)  # restores the manifest
                 else:
-                    self._restore(manifest)
+                    self._resume(manifest)
+                self._restored = self.restarts
                 return
             except PipelineError as again:
                 if again.exit_code is ExitCode.BAD_INPUT:
                     raise  # a checkpoint the stages refuse: no restart can load it
                 error, failed = again, f"restart {self.restarts}"
+
+    def _shrink(self, *, manifest: Manifest | None, unplaced: PlacementError, failed: PipelineConfig) -> None:
+        """Bring the stages up from `manifest` at the first shape the cluster holds now (`resize.shapes`,
+        each tried once but `failed`, whose placement did not finish); a PlacementError when none is placed."""
+        for shape in shapes(target=self.target):
+            if shape == failed or not self.backend.can_place(pipeline=shape):
+                continue
+            logger.warning(
+                "resizing: the cluster did not hold %s within %g s; going on at %s from %s",
+                self._describe(failed), self.pipeline.resize_after, self._describe(shape), _source(manifest),
+            )  # fmt: skip
+            try:
+                self._resize_to(shape, manifest=manifest)
+                return
+            except PlacementError as again:
+                unplaced, failed = again, shape
+        raise PlacementError(f"resize: no shape of {self._describe(self.target)} could be placed; last: {unplaced}")
+
+    def _grow_back(self) -> None:
+        """At a smaller shape, go back to the target from the checkpoint just committed if the cluster holds it now."""
+        if self.pipeline is self.target or not self.backend.can_place(pipeline=self.target):
+            return
+        manifest = self._latest()
+        logger.warning(
+            "resizing: the cluster holds %s again; leaving %s from %s",
+            self._describe(self.target), self._describe(self.pipeline), _source(manifest),
+        )  # fmt: skip
+        try:
+            self._resize_to(self.target, manifest=manifest)
+        except PlacementError as unplaced:  # its nodes went again before the stages were placed
+            self._shrink(manifest=manifest, unplaced=unplaced, failed=self.target)
+
+    def _resize_to(self, shape: PipelineConfig, *, manifest: Manifest | None) -> None:
+        """Fresh stages at `shape`, resumed from `manifest` (None: the initial weights, iteration 0)."""
+        workload = self._target_workload
+        if shape is not self.target:
+            changed = {"microbatches": shape.microbatches, "dp": shape.dp, "layer_split": shape.layer_split}
+            workload = checked(replace(workload, **changed), pipeline=shape)
+        self._stop_planning()
+        self.planner = None  # a planner plans one shape: the checkpoint's, if of this shape, or a fresh one
+        self.backend.restart(pipeline=shape, workload=workload)
+        self.pipeline, self.workload = shape, workload
+        self._policies.clear()  # built for the shape in use
+        self.rebalancing = self._rebalancing()  # measures and moves this shape's layers afresh
+        self._resume(manifest)
+        self.resizes.append((self.iteration, shape))
+        logger.warning("resized to %s at iteration %d", self._describe(shape), self.iteration)
+
+    def _rebalancing(self) -> Rebalancing | None:
+        """The rebalancer of the pipeline in use, when its config asks for one."""
+        if not self.pipeline.balance.rebalance:
+            return None
+        hint = default_hints(chunks=1)[0] if self.pipeline.policy == PLANNED else self.pipeline.policy
+        return Rebalancing(pipeline=self.pipeline, policy=self._policy(hint), device=self._device, reshape=self.reshape)
+
+    def _describe(self, pipeline: PipelineConfig) -> str:
+        return pipeline_shape(pipeline=pipeline, n_layers=self._n_layers).describe()
+
+    def _resume(self, manifest: Manifest | None) -> None:
+        if manifest is None:
+            self.iteration = 0  # the fresh stages hold the initial weights
+        else:
+            self._restore(manifest)
 
     def _restore(self, manifest: Manifest) -> None:
         shape = self.shape
@@ -431,7 +532,9 @@ class Trainer:
         self.planner = None
         planned = {"stages": shape.stages, "chunks": shape.chunks, "microbatches": shape.microbatches}
         if manifest.planner is not None and manifest.planner["shape"] == planned:  # else it plans afresh
-            self.planner = Planner.from_dict(manifest.planner)
+            restored = Planner.from_dict(manifest.planner)
+            if restored.config.arrange is self.pipeline.arrange:  # else it plans afresh, arranging as asked
+                self.planner = restored
         logger.info("resumed from the checkpoint of iteration %d in %s", manifest.iteration, self.checkpoints.directory)
 
     def fit(self, iterations: int, *, policy: str | None = None) -> list[IterationReport]:
@@ -468,18 +571,23 @@ class Trainer:
             return None
         return None if self.planner is None else self.planner.to_dict()
 
-    def _planned_iteration(self) -> IterationReport:
+    def _planned_iteration(self, arrange: Arrangement | None) -> IterationReport:
         """Run the plan made for this iteration while the one before ran (`rrfp_ray.plan.ahead`: from this
         iteration's features and the telemetry of iterations up to the one before that), ask for the next
-        iteration's, then feed this one's report back."""
+        iteration's, then feed this one's report back. A new planner arranges as `arrange` says (None: the
+        pipeline's arrange); the planner arranges as it was made unless `arrange` asks otherwise, then anew."""
         shape = {
             "stages": self.pipeline.stages,
             "chunks": self.pipeline.chunks,
             "microbatches": self.pipeline.microbatches,
         }
-        if self.planner is None or self.planner.shape != shape:
+        changed = arrange is not None and self.planner is not None and self.planner.config.arrange is not arrange
+        if self.planner is None or self.planner.shape != shape or changed:
+            arrange = self.pipeline.arrange if arrange is None else arrange
+            self._check_arrange(arrange)
             self._stop_planning()
-            config = PlannerConfig(hints=default_hints(chunks=self.pipeline.chunks), cap=self.pipeline.cap)
+            hints = default_hints(chunks=self.pipeline.chunks)
+            config = PlannerConfig(hints=hints, cap=self.pipeline.cap, arrange=arrange)
             self.planner = Planner(config=config, **shape)
         if self._lookahead is None:
             self._lookahead = Lookahead(planner=self.planner, shows=self._seen, timeout_s=self.pipeline.timeout_s)
@@ -488,8 +596,10 @@ class Trainer:
         self.plan_wait_s.append(taken.wait_s)
         policy = taken.plan.validate(**shape)
         self._lookahead.ask(iteration=self.iteration + 1)
-        order = taken.plan.order
-        report = self.backend.run_iteration(iteration=self.iteration, policy=policy, cap=taken.plan.cap, order=order)
+        order, packing = taken.plan.order, taken.plan.packing
+        report = self.backend.run_iteration(
+            iteration=self.iteration, policy=policy, cap=taken.plan.cap, order=order, packing=packing
+        )
         self._lookahead.observe(report=report, taken=taken)
         logger.debug(
             "iteration %d: plan %s %s waited for %.2f ms (iteration %.1f ms)",
@@ -502,9 +612,32 @@ class Trainer:
         data = self.workload.data
         if not isinstance(data, FeatureSource):
             return None
+        arrange = None if self.planner is None else self.planner.config.arrange
+        packs = arrange is not None and arrange.packs and self._refusal(arrange) is None
         return seen(
-            data.features(iteration=iteration), replicas=self.pipeline.dp, microbatches=self.pipeline.microbatches
+            data.features(iteration=iteration),
+            replicas=self.pipeline.dp,
+            microbatches=self.pipeline.microbatches,
+            samples=data.sample_features(iteration=iteration) if packs else None,
         )
+
+    def _check_arrange(self, arrange: Arrangement) -> None:
+        """ValueError naming what a planner that packs needs and this run has not got."""
+        refusal = self._refusal(arrange)
+        if refusal is not None:
+            raise ValueError(refusal)
+
+    def _refusal(self, arrange: Arrangement) -> str | None:
+        """Why plans arranged so cannot pack this run's samples (None: they can, or they do not pack)."""
+        if not arrange.packs:
+            return None
+        refusal = packing_refusal(self.workload)
+        if refusal is None and not isinstance(self.workload.data, FeatureSource):
+            refusal = f"planning needs features(iteration=) of the data source; {type(self.workload.data).__name__}"
+            refusal += " has not got them"
+        if refusal is None and self.pipeline.dp != 1:
+            refusal = f"a plan packs the samples of one replica: it needs dp 1, got dp {self.pipeline.dp}"
+        return None if refusal is None else f"arrange {arrange.value}: {refusal}"
 
     def _stop_planning(self) -> None:
         """Drop the plans in flight (after a restart, a new shape or on close)."""
@@ -516,6 +649,10 @@ class Trainer:
         if name not in self._policies:
             self._policies[name] = self.pipeline.resolved_policy(name)
         return self._policies[name]
+
+
+def _source(manifest: Manifest | None) -> str:
+    return "the initial weights" if manifest is None else f"the checkpoint of iteration {manifest.iteration}"
 
 
 def _moves(*, before: Shape, after: Shape) -> str:

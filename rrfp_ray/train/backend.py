@@ -15,6 +15,7 @@ from typing import Protocol
 from torch import Tensor
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor
@@ -37,9 +38,16 @@ class Backend(Protocol):
         ...
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
-        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`."""
+        """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, data
+        microbatch j made of the samples `packing[j]` (None: the data's own microbatches)."""
         ...
 
     def evaluate(self, *, microbatches: int) -> float:
@@ -58,8 +66,15 @@ class Backend(Protocol):
         """Every stage's (TP shard's, in `Mesh` index order) chunk weights, on the CPU."""
         ...
 
-    def restart(self) -> None:
-        """Tear the stages down (whatever state they are in) and bring fresh ones up with the workload."""
+    def restart(self, *, pipeline: PipelineConfig | None = None, workload: ModelWorkload | None = None) -> None:
+        """Tear the stages down (whatever state they are in) and bring fresh ones up with the workload;
+        with `pipeline` and its `workload`, at that shape (`rrfp_ray.train.resize`). A cluster that does
+        not hold them in time is a `rrfp_ray.errors.PlacementError`."""
+        ...
+
+    def can_place(self, *, pipeline: PipelineConfig) -> bool:
+        """Whether the cluster holds `pipeline`'s stages now, counting what the running stages hold as
+        free (they would make room for it)."""
         ...
 
     def close(self) -> None: ...
@@ -73,6 +88,7 @@ def run_iteration(
     policy: Policy,
     cap: Cap | None = None,
     order: tuple[int, ...] | None = None,
+    packing: Packing | None = None,
 ) -> IterationReport:
     """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`), measuring
     its layers' costs when `pipeline.balance` says (`measures`): either backend's."""
@@ -83,6 +99,7 @@ def run_iteration(
         buffer_limit=pipeline.buffer_limit,
         tp_protocol=pipeline.tp_protocol,
         order=order,
+        packing=packing,
         measure=measures(iteration=iteration, period=pipeline.balance.measure_period),
     )
 
@@ -123,10 +140,22 @@ class LocalBackend:
         self._running().set_workload(workload=workload)
 
     def run_iteration(
-        self, *, iteration: int, policy: Policy, cap: Cap | None = None, order: tuple[int, ...] | None = None
+        self,
+        *,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
     ) -> IterationReport:
         return run_iteration(
-            group=self._running(), pipeline=self._config, iteration=iteration, policy=policy, cap=cap, order=order
+            group=self._running(),
+            pipeline=self._config,
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            order=order,
+            packing=packing,
         )
 
     def evaluate(self, *, microbatches: int) -> float:
@@ -141,8 +170,17 @@ class LocalBackend:
     def chunk_states(self) -> list[dict[int, dict[str, Tensor]]]:
         return self._running().chunk_states()
 
-    def restart(self) -> None:
-        self._running().restart()
+    def restart(self, *, pipeline: PipelineConfig | None = None, workload: ModelWorkload | None = None) -> None:
+        if pipeline is None:
+            self._running().restart()
+            return
+        if workload is None:
+            raise ValueError("restart at another pipeline shape needs that shape's workload")
+        self.close()
+        self.start(pipeline=pipeline, workload=workload)
+
+    def can_place(self, *, pipeline: PipelineConfig) -> bool:
+        return True  # threads of this process: any shape
 
     def close(self) -> None:
         if self._local is not None:

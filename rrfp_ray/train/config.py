@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rrfp_ray.plan.planner import default_hints
+from rrfp_ray.plan.planner import Arrangement, default_hints
 from rrfp_ray.policy.agreement import TPGather, TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy, describe_policies, make_policy
@@ -73,6 +73,14 @@ class ScheduleConfig(BaseModel):
     cap: Cap = Field(
         Cap(multiple=2.0),
         description="in-flight microbatches per stage: '1x'/'2x' of the hint's own peak, a count, or 'inf'",
+    )
+    arrange: Arrangement = Field(
+        Arrangement.ORDER,
+        description=(
+            f"{PLANNED}: what each plan arranges: order (the microbatches' order), packing (the samples packed into "
+            "microbatches of balanced cost; needs a data source that shows its samples and a (sum, count) loss, "
+            "dp 1) or both"
+        ),
     )
     hint: dict[int, list[str]] | None = Field(
         None,
@@ -233,6 +241,10 @@ class PipelineConfig(BaseModel):
             )
         if self.stages == 1 and self.chunks > 1:
             raise ValueError("chunks > 1 needs stages >= 2 (a stage cannot send to itself)")
+        if self.policy == PLANNED and self.arrange.packs and self.dp != 1:
+            raise ValueError(
+                f"arrange {self.arrange.value} packs the samples of one replica: it needs dp 1, got {self.dp}"
+            )
         if self.rebalance and self.chunks > 1:
             raise ValueError(
                 f"rebalance moves layers between stages of one chunk each: it needs chunks 1, got chunks {self.chunks}"

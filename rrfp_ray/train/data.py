@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -70,10 +71,14 @@ class Corpus:
         picked = self.varlen_spans(
             split=split, iteration=iteration, index=index, micro_batch_size=micro_batch_size, seed=seed
         )
-        rows = [self.data[start : min(end, start + seq_len + 1)].long() for start, end in picked.tolist()]
+        return self.padded(spans=picked.tolist(), seq_len=seq_len)
+
+    def padded(self, *, spans: Sequence[Sequence[int]], seq_len: int) -> tuple[Tensor, Tensor]:
+        """The documents [start, end) of `spans`, each capped at `seq_len` + 1 bytes, right-padded to the longest."""
+        rows = [self.data[start : min(end, start + seq_len + 1)].long() for start, end in spans]
         width = max(len(row) for row in rows) - 1
-        x = torch.full((micro_batch_size, width), PAD, dtype=torch.long)
-        y = torch.full((micro_batch_size, width), IGNORE, dtype=torch.long)
+        x = torch.full((len(rows), width), PAD, dtype=torch.long)
+        y = torch.full((len(rows), width), IGNORE, dtype=torch.long)
         for i, row in enumerate(rows):
             x[i, : len(row) - 1], y[i, : len(row) - 1] = row[:-1], row[1:]
         return x, y
@@ -179,15 +184,41 @@ class CorpusSource:
 
     def features(self, *, iteration: int) -> list[float]:
         """What each microbatch of `iteration` shows before it runs: its real target tokens (no batch is made)."""
+        per = self.sample_features(iteration=iteration)
+        B = self.micro_batch_size
+        return [float(sum(per[m * B : (m + 1) * B])) for m in range(self.microbatches)]
+
+    def sample_features(self, *, iteration: int) -> list[float]:
+        """Per sample (a window, or a document under varlen) of `iteration`, microbatch by microbatch: its real
+        target tokens."""
         if not self.varlen:
-            return [float(self.micro_batch_size * self.seq_len)] * self.microbatches
-        spans = [
-            self.corpus.varlen_spans(
-                split=self.split, iteration=iteration, index=m, micro_batch_size=self.micro_batch_size, seed=self.seed
-            )
+            return [float(self.seq_len)] * (self.microbatches * self.micro_batch_size)
+        return [
+            float(min(end - start, self.seq_len + 1) - 1)
             for m in range(self.microbatches)
+            for start, end in self._spans(iteration=iteration, index=m).tolist()
         ]
-        return [float(((s[:, 1] - s[:, 0]).clamp(max=self.seq_len + 1) - 1).sum()) for s in spans]
+
+    def samples(self, *, iteration: int, indexes: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """One microbatch of the samples `indexes` of `iteration` (sample i: row i mod B of microbatch i // B):
+        windows, or documents padded to the longest of them."""
+        B = self.micro_batch_size
+        if not indexes or not all(0 <= i < self.microbatches * B for i in indexes):
+            raise ValueError(
+                f"indexes must be a non-empty list of samples in [0, {self.microbatches * B}), got {list(indexes)}"
+            )
+        if self.varlen:
+            spans = {m: self._spans(iteration=iteration, index=m).tolist() for m in sorted({i // B for i in indexes})}
+            return self.corpus.padded(spans=[spans[i // B][i % B] for i in indexes], seq_len=self.seq_len)
+        batches = {m: self.microbatch(iteration=iteration, index=m) for m in sorted({i // B for i in indexes})}
+        x = torch.stack([batches[i // B][0][i % B] for i in indexes])
+        y = torch.stack([batches[i // B][1][i % B] for i in indexes])
+        return x, y
+
+    def _spans(self, *, iteration: int, index: int) -> Tensor:
+        return self.corpus.varlen_spans(
+            split=self.split, iteration=iteration, index=index, micro_batch_size=self.micro_batch_size, seed=self.seed
+        )
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "corpus"}  # each process reads its own copy

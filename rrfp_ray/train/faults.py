@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import Executor, ExecutorWrapper, TieSpec, Workload
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import GradSink
@@ -155,9 +156,16 @@ class FaultyExecutor(ExecutorWrapper):
         self.shard = shard
         self._index = 0
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
+    def begin(
+        self,
+        *,
+        iteration: int,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
+        measure: bool = False,
+    ) -> None:
         self._index = 0
-        self.inner.begin(iteration=iteration, order=order, measure=measure)
+        self.inner.begin(iteration=iteration, order=order, packing=packing, measure=measure)
 
     def run(
         self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None

@@ -13,6 +13,7 @@ come from a generator of their own, so `features` reports them without making an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -57,6 +58,10 @@ class ImageCaptions:
         """What each microbatch of `iteration` shows before it runs: its images (no tensor is made)."""
         return [float(self.counts(iteration=iteration, index=m).sum()) for m in range(self.microbatches)]
 
+    def sample_features(self, *, iteration: int) -> list[float]:
+        """Per sample of `iteration`, microbatch by microbatch: its images."""
+        return [float(n) for m in range(self.microbatches) for n in self.counts(iteration=iteration, index=m).tolist()]
+
     def tokens(self, *, iteration: int) -> int:
         """Real (not padding) target tokens in `iteration`'s microbatches: a class per image and EOS."""
         return sum(
@@ -76,16 +81,37 @@ class ImageCaptions:
 
     def microbatch(self, *, iteration: int, index: int) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
         """((images (N, C, S, S), counts (B,), text (B, T)), targets (B, T)); T is 1 + the most images of a sample."""
+        return self._batch(self._drawn(iteration=iteration, index=index))
+
+    def samples(self, *, iteration: int, indexes: Sequence[int]) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+        """One microbatch of the samples `indexes` of `iteration` (sample i: sample i mod B of microbatch i // B),
+        as `microbatch` makes one: the captions padded to the most images of those samples."""
+        B = self.micro_batch_size
+        if not indexes or not all(0 <= i < self.microbatches * B for i in indexes):
+            raise ValueError(
+                f"indexes must be a non-empty list of samples in [0, {self.microbatches * B}), got {list(indexes)}"
+            )
+        drawn = {m: self._drawn(iteration=iteration, index=m) for m in sorted({i // B for i in indexes})}
+        return self._batch([drawn[i // B][i % B] for i in indexes])
+
+    def _drawn(self, *, iteration: int, index: int) -> list[tuple[Tensor, Tensor]]:
+        """Each sample of microbatch `index` of `iteration`: (its images' kinds, its images)."""
         m = self.model
         counts = self.counts(iteration=iteration, index=index)
         generator = torch.Generator().manual_seed(stream_seed(self.seed, self.split, iteration, index, "images"))
         kinds = torch.randint(0, m.classes, (int(counts.sum()),), generator=generator)
         noise = torch.randn(len(kinds), m.channels, m.image_size, m.image_size, generator=generator)
         images = self.prototypes[kinds] + NOISE * noise
+        sizes = counts.tolist()
+        return list(zip(torch.split(kinds, sizes), torch.split(images, sizes)))
+
+    def _batch(self, samples: Sequence[tuple[Tensor, Tensor]]) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+        m = self.model
+        counts = torch.tensor([len(kinds) for kinds, _ in samples], dtype=torch.long)
         length = int(counts.max()) + 1
-        text = torch.full((self.micro_batch_size, length), m.pad, dtype=torch.long)
-        targets = torch.full((self.micro_batch_size, length), IGNORE, dtype=torch.long)
-        for row, own in enumerate(torch.split(kinds, counts.tolist())):
+        text = torch.full((len(samples), length), m.pad, dtype=torch.long)
+        targets = torch.full((len(samples), length), IGNORE, dtype=torch.long)
+        for row, (own, _) in enumerate(samples):
             caption = torch.cat([torch.tensor([m.bos]), own, torch.tensor([m.eos])])
             text[row, : len(own) + 1], targets[row, : len(own) + 1] = caption[:-1], caption[1:]
-        return (images, counts, text), targets
+        return (torch.cat([images for _, images in samples]), counts, text), targets

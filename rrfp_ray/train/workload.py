@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from rrfp_ray.models.tp import TPLayers
+from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import StepResult
 from rrfp_ray.runtime.measure import Clock, Costs, LayerWatch, Throttle, stamp
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
@@ -59,6 +60,54 @@ class FeatureSource(Protocol):
     def features(self, *, iteration: int) -> list[float]:
         """Per microbatch of `iteration`, a cost feature (real tokens, images), without building a batch."""
         ...
+
+
+@runtime_checkable
+class SampleSource(Protocol):
+    """A data source that shows and serves the samples of an iteration's global batch, so an iteration can
+    train on microbatches packed anew (`rrfp_ray.plan.packing`). The samples are numbered microbatch by
+    microbatch: the data's own microbatch m holds samples m x B .. (m + 1) x B - 1 (B samples each)."""
+
+    def sample_features(self, *, iteration: int) -> list[float]:
+        """Per sample of `iteration`'s global batch, a cost feature (their sums per microbatch are `features`)."""
+        ...
+
+    def samples(self, *, iteration: int, indexes: Sequence[int]) -> tuple[Any, Tensor]:
+        """(inputs, targets) of one microbatch made of the samples `indexes` of `iteration`, padded as the
+        source pads its own microbatches; the same in every process."""
+        ...
+
+
+def packing_refusal(workload: ModelWorkload) -> str | None:
+    """Why `workload` cannot train on packed microbatches (None: it can)."""
+    if not workload.counted_loss:
+        return (
+            "packing regroups samples between microbatches, which changes a per-microbatch mean loss: it needs "
+            "a loss_fn that returns (sum, count), as lm_loss_sum and caption_loss do (a token-weighted loss)"
+        )
+    if not isinstance(workload.data, SampleSource):
+        return (
+            f"packing needs a data source with sample_features(iteration=) and samples(iteration=, indexes=) "
+            f"(SampleSource); {type(workload.data).__name__} has not got them"
+        )
+    return None
+
+
+def check_packing(*, packing: Packing, workload: ModelWorkload, iteration: int) -> None:
+    """ValueError unless `workload` can train `iteration` on `packing`: D x M non-empty microbatches placing every
+    sample of the global batch once, from a `SampleSource`, under a (sum, count) loss."""
+    refusal = packing_refusal(workload)
+    if refusal is not None:
+        raise ValueError(refusal)
+    data = workload.data
+    groups = workload.microbatches * workload.dp
+    count = len(data.sample_features(iteration=iteration))
+    placed = sorted(i for group in packing for i in group)
+    if len(packing) != groups or not all(packing) or placed != list(range(count)):
+        raise ValueError(
+            f"packing must place each of the {count} samples of iteration {iteration} once in "
+            f"dp x microbatches = {groups} non-empty microbatches"
+        )
 
 
 _GATHER_BUCKET_BYTES = 25 * 2**20  # ZeRO-1: bytes per all-gather of the stepped parameters
@@ -239,6 +288,7 @@ class ModelExecutor:
         self.runner = runner
         self._layout = layout
         self._order: tuple[int, ...] | None = None  # begin sets it: the data microbatch of each slot
+        self._packing: Packing | None = None  # begin sets it: the samples of each data microbatch (None: the data's)
         self._workload = workload
         # a parameter two chunks of this stage share is final once both are: it goes with the one reduced last
         reduced_with = {id(p): c for c in reduce_order(chunks=layout.chunks) for p in runner.chunk_parameters(c)}
@@ -254,8 +304,16 @@ class ModelExecutor:
             {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
         )
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, measure: bool = False) -> None:
+    def begin(
+        self,
+        *,
+        iteration: int,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
+        measure: bool = False,
+    ) -> None:
         self._order = order
+        self._packing = packing
         self._watches = {} if measure else None
         self.runner.reset_iteration()
         if self._workload.device.startswith("cuda"):
@@ -278,9 +336,12 @@ class ModelExecutor:
             if vs == 0 or vs == self._layout.virtual_stages - 1:
                 data_m = m if self._order is None else self._order[m]
                 index = self._workload.dp_rank * self._workload.microbatches + data_m
-                x, y = _to(
-                    self._workload.data.microbatch(iteration=iteration, index=index), device=self._workload.device
-                )
+                data = self._workload.data
+                if self._packing is None:
+                    batch = data.microbatch(iteration=iteration, index=index)
+                else:
+                    batch = data.samples(iteration=iteration, indexes=self._packing[index])
+                x, y = _to(batch, device=self._workload.device)
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
             watch = self._watch(chunk=c, microbatch=m, first=True)
