@@ -8,7 +8,9 @@ iteration and rebalanced from what it measured:
   the last move (at least 10); `balanced`: the same iterations, each on the best contiguous split for
   its true device speeds (what a rebalancer that knew them would run);
 - `moves`, their estimated seconds, and for the first move its predicted iteration before and after
-  against the medians achieved before and after it.
+  against the medians achieved before and after it;
+- `decide ms`: the wall time the rebalancer took per measured iteration, median and most (the only
+  column that depends on the machine).
 
 Scenarios (`rrfp_ray/sim/variability.py`), each with independent per-op lognormal noise (sigma 0.1):
 `imbalance` (the last stage's device 1.5x slow), `persistent` (one device 2x slow, moving to another
@@ -18,6 +20,7 @@ after `span` iterations), `none` (noise only: the rebalancer must not move).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +92,8 @@ def cell(
         "achieved": [[m.achieved_before_ms, m.achieved_after_ms] for m in done.moves],
         "first_predicted_gain": None if first is None else first.decision.before_ms / first.decision.after_ms,
         "first_achieved_gain": None if first is None else first.achieved_before_ms / first.achieved_after_ms,
+        "decide_ms_median": statistics.median(done.decide_ms),
+        "decide_ms_max": max(done.decide_ms),
     }
 
 
@@ -107,6 +112,7 @@ def table(rows: Mapping[tuple[str, int, str], Mapping[str, Any]]) -> list[str]:
         "move s (est.)",
         "1st move: predicted gain",
         "achieved gain",
+        "decide ms (median / most)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (label, stages, policy), r in rows.items():
@@ -114,7 +120,8 @@ def table(rows: Mapping[tuple[str, int, str], Mapping[str, Any]]) -> list[str]:
         lines.append(
             f"| {label} | {stages} | {policy} | {r['before_ms']:.0f} | {r['after_ms']:.0f} | {r['balanced_ms']:.0f} | "
             f"{r['after_ms'] / r['balanced_ms']:.3f} | {r['before_ms'] / r['after_ms']:.3f}x | {r['moves']} | "
-            f"{r['move_s']:.1f} | {_x(predicted)} | {_x(achieved)} |"
+            f"{r['move_s']:.1f} | {_x(predicted)} | {_x(achieved)} | "
+            f"{r['decide_ms_median']:.2f} / {r['decide_ms_max']:.1f} |"
         )
     return lines
 

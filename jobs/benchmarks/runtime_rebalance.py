@@ -6,7 +6,8 @@ rebalancing (`rrfp_ray.train.rebalancing`) at the group level: a move gives ever
 the new split. Then the same pipeline runs on the best contiguous split for the scenario's true costs
 (the trace's device speeds, its layers all alike). Per policy:
 
-- `before_ms`: the median iteration before the first move (all of them without one);
+- `before_ms`: the median iteration before the first move (all of them without one), the first
+  iteration left out as a warm-up;
 - `after_ms`: the median over the iterations after the last move, at least `AFTER` of them (the run goes
   on until it has them); `before_ms` without a move;
 - `balanced_ms`: the median over `AFTER` iterations on the best split;
@@ -74,7 +75,7 @@ def run(
             k += 1
         moves = rebalancing.moves
         first = moves[0].iteration + 1 if moves else len(makespans)
-        before = statistics.median(makespans[:first])
+        before = statistics.median(makespans[1:first] or makespans[:1])  # the first: a warm-up
         after = statistics.median(makespans[moves[-1].iteration + 1 :]) if moves else before
         reshape(layer_split=best)
         balanced = [

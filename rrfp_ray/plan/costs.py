@@ -95,9 +95,9 @@ class CostModel:
 
     def add(self, *, key: Key, iteration: int, samples: Sequence[tuple[float, float]]) -> bool:
         """Record one iteration's (feature, value) samples of a key; True when they showed a change."""
-        old = self.fit(key)
+        old = self.fit(key) if self.restart else None
         changed = False
-        if self.restart and old is not None and samples:
+        if old is not None and samples:
             logs = [math.log(max(y, 1e-12) / max(old.predict(x), 1e-12)) for x, y in samples]
             shift = abs(float(np.median(logs)))
             changed = shift > max(_SHIFT_MIN, _SHIFT_SIGMAS * 1.25 * old.sigma / math.sqrt(len(samples)))

@@ -17,9 +17,10 @@ measured iterations. A layer's predicted cost on stage s is its intrinsic cost x
   next `window` iterations beats the cost of moving (the last move's measured seconds; before the first,
   an estimate from the parameter state to move) and shortens the predicted iteration by more than half
   the threshold (less is the measurements' noise, not worth chasing);
-- **hysteresis**: a move restarts every stage's count, so no move follows within `window` measured
-  iterations of the last: a stage just relieved is not moved back within the window, and a bottleneck
-  the best split cannot remove (layers come whole) is kept, not chased.
+- **hysteresis**: a bottleneck once judged (moved or not) restarts every stage's count, so no move
+  follows within `window` measured iterations of the last: a stage just relieved is not moved back
+  within the window, and a bottleneck the best split cannot remove (layers come whole) is judged again
+  only once a window, not chased.
 
 Plain data in and out: the caller runs the move (`Trainer.reshape`) and reports its seconds
 (`Rebalancer.applied`).
@@ -152,25 +153,24 @@ def best_split(
     if not 1 <= P <= L:
         raise ValueError(f"cannot split {L} layers over {P} stages")
     cost = np.concatenate([[0.0], np.cumsum(costs)])
-    needs = None if need is None else [np.concatenate([[0.0], np.cumsum(row)]) for row in need]
     ends = offsets(current)[1:]
+    summed = cost[None, :] - cost[:, None]  # [a, b]: the cost of layers a..b-1 (rows a, columns b)
+    ordered = np.triu(np.ones((L + 1, L + 1), dtype=bool), k=1)  # a < b: at least one layer
+    need_of = None if need is None else [np.concatenate([[0.0], np.cumsum(row)]) for row in need]
 
-    def segments(s: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Stage s ending at layer b: the starts a that leave each earlier stage a layer, and the
-        work of layers a..b-1 on it (inf where they do not fit)."""
-        starts = np.arange(s, b)
-        work = speeds[s] * (cost[b] - cost[starts])
-        if needs is None:
-            return starts, work
-        return starts, np.where(needs[s][b] - needs[s][starts] <= memory * (1 + _TIE), work, np.inf)
+    def work(s: int) -> np.ndarray:
+        """[a, b]: the work of layers a..b-1 on stage s (inf where they are none or do not fit)."""
+        fits = ordered
+        if need_of is not None:
+            fits = fits & (need_of[s][None, :] - need_of[s][:, None] <= memory * (1 + _TIE))
+        return np.where(fits, speeds[s] * summed, np.inf)
 
-    # pass 1: the least bottleneck of stages 0..s-1 over layers 0..b-1
+    works = [work(s) for s in range(P)]
+    # pass 1: the least bottleneck of stages 0..s-1 over layers 0..b-1 (inf: unreachable)
     worst = np.full((P + 1, L + 1), np.inf)
     worst[0, 0] = 0.0
     for s in range(P):
-        for b in range(s + 1, L - (P - s - 1) + 1):
-            starts, work = segments(s, b)
-            worst[s + 1, b] = np.min(np.maximum(worst[s, starts], work))
+        worst[s + 1] = np.maximum(worst[s][:, None], works[s]).min(axis=0)
     bound = worst[P, L]
     if not math.isfinite(bound):
         return None
@@ -179,14 +179,11 @@ def best_split(
     moved = np.full((P + 1, L + 1), np.inf)
     moved[0, 0] = 0.0
     start_of = np.zeros((P + 1, L + 1), dtype=int)
+    columns = np.arange(L + 1)
     for s in range(P):
-        for b in range(s + 1, L - (P - s - 1) + 1):
-            starts, work = segments(s, b)
-            total = np.where(work <= limit, moved[s, starts], np.inf)
-            pick = int(np.argmin(total))
-            if math.isfinite(total[pick]):
-                moved[s + 1, b] = total[pick] + abs(b - ends[s])
-                start_of[s + 1, b] = starts[pick]
+        total = np.where(works[s] <= limit, moved[s][:, None], np.inf)
+        start_of[s + 1] = np.argmin(total, axis=0)
+        moved[s + 1] = total[start_of[s + 1], columns] + np.abs(columns - ends[s])
     split, b = [], L
     for s in range(P, 0, -1):
         a = int(start_of[s, b])
@@ -333,6 +330,7 @@ class Rebalancer:
                 reason=f"no persistent bottleneck (stage {slow} above the mean by "
                 f"{self.settings.threshold:.0%} for {self.streak[slow]} of {window} measured iterations)",
             )
+        streak, self.streak = self.streak[slow], [0] * self.stages  # judged now: again after another window
         layers, speeds = self.layers(), self.speeds()
         inflight = in_flight(policy=self.policy, cap=self.cap, microbatches=self.microbatches)
         need = [
@@ -374,7 +372,7 @@ class Rebalancer:
             iteration=iteration,
             current=self.split,
             split=split,
-            reason=f"stage {slow} is {ratio:.0%} above the mean for {self.streak[slow]} measured iterations; "
+            reason=f"stage {slow} is {ratio:.0%} above the mean for {streak} measured iterations; "
             f"{before:.1f} -> {after:.1f} ms predicted, {gain_s:.2f} s over {window} iterations "
             f"against {move_s:.2f} s to move",
             **predicted,

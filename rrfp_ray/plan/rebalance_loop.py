@@ -13,6 +13,7 @@ takes effect from the next iteration and costs what the rebalancer estimated fro
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,12 +50,14 @@ class Moved:
 
 @dataclass(frozen=True)
 class Rebalanced:
-    """A run: per iteration the makespan on the split it ran, and on the best split for its true costs."""
+    """A run: per iteration the makespan on the split it ran, and on the best split for its true costs;
+    per measured iteration the wall ms the rebalancer took to decide (this machine's)."""
 
     makespans: tuple[float, ...]
     balanced: tuple[float, ...]
     splits: tuple[tuple[int, ...], ...]
     moves: tuple[Moved, ...]
+    decide_ms: tuple[float, ...]
 
     @property
     def before_ms(self) -> float:
@@ -143,7 +146,7 @@ def run(
     policy, cap = rebalancer.policy, rebalancer.cap
     rng = np.random.default_rng(seed)
     even = rebalancer.split
-    makespans, balanced, splits, decisions = [], [], [], []
+    makespans, balanced, splits, decisions, decide_ms = [], [], [], [], []
     for k, (trace, speed) in enumerate(zip(traces, speeds)):
         split = rebalancer.split
         splits.append(split)
@@ -157,7 +160,9 @@ def run(
         if k % measure_every:
             continue
         stats = measured_stats(trace=trace, speeds=speed, split=split, pipeline=pipeline, rng=rng)
+        started = time.perf_counter()
         decision = rebalancer.observe(iteration=k, stages=stats)
+        decide_ms.append((time.perf_counter() - started) * 1e3)
         if decision is not None and decision.moves:
             rebalancer.applied(split=decision.split, seconds=decision.move_s)
             decisions.append(decision)
@@ -173,4 +178,10 @@ def run(
                 achieved_after_ms=statistics.median(makespans[k + 1 : end]) if end > k + 1 else float("nan"),
             )
         )
-    return Rebalanced(makespans=tuple(makespans), balanced=tuple(balanced), splits=tuple(splits), moves=tuple(moves))
+    return Rebalanced(
+        makespans=tuple(makespans),
+        balanced=tuple(balanced),
+        splits=tuple(splits),
+        moves=tuple(moves),
+        decide_ms=tuple(decide_ms),
+    )

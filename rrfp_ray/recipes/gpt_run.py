@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,9 @@ class PolicyRun:
             line += f"  at {report.shape}"
         if report.skipped_step:
             line += "  step skipped (non-finite gradients)"
+        if self.trainer.moves and (move := self.trainer.moves[-1]).iteration == report.iteration:
+            line += f"  rebalanced {','.join(map(str, move.before))} -> {','.join(map(str, move.after))} "
+            line += f"({move.seconds:.2f} s)"
         return line
 
     def summary(self) -> Summary:
@@ -98,6 +102,8 @@ class PolicyRun:
             "precision": pipeline.precision.value,
             "varlen": self.run.train.varlen,
         }
+        if pipeline.balance.rebalance:
+            summary["moves"] = [asdict(move) for move in self.trainer.moves]
         if pipeline.tp > 1:
             summary["tp_coord_fraction"] = statistics.median(r.tp_fraction for r in reports)
         if pipeline.dp > 1:
