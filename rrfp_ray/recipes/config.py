@@ -73,6 +73,11 @@ class RunConfig(BaseModel):
             if 4 * self.model.n_embd % self.pipeline.tp:
                 raise ValueError(f"pipeline.tp {self.pipeline.tp} does not divide the MLP width 4 x model.n_embd")
         self.variability.check_slow_devices(stages=self.pipeline.stages)
+        if self.pipeline.resize_after is not None and self.train.max_restarts < 1:
+            raise ValueError(
+                f"pipeline.resize_after {self.pipeline.resize_after:g} resizes when a lost stage's restart cannot be "
+                "placed: it needs train.max_restarts >= 1 (and train.checkpoint_dir to resume from)"
+            )
         if self.train.seq_len > self.model.block_size:
             raise ValueError(f"train.seq_len {self.train.seq_len} is over model.block_size {self.model.block_size}")
         return self
