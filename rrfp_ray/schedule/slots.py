@@ -106,12 +106,12 @@ class Slots:
     @functools.cached_property
     def op_stage(self) -> list[int]:
         """Per op, its stage."""
-        return [op // self.per_stage for op in range(self.ops)]
+        return [stage for stage in range(self.layout.stages) for _ in range(self.per_stage)]
 
     @functools.cached_property
     def op_slot(self) -> list[int]:
         """Per op, its slot on its stage."""
-        return [op % self.per_stage for op in range(self.ops)]
+        return list(range(self.per_stage)) * self.layout.stages
 
     @functools.cached_property
     def texts(self) -> list[str]:
