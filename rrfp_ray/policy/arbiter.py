@@ -228,7 +228,8 @@ class Arbiter:
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
         arrived[slot] = True
         buffered = self.buffered = self.buffered + 1
-        self.peak_buffered = max(self.peak_buffered, buffered)
+        if buffered > self.peak_buffered:
+            self.peak_buffered = buffered
         if slot < self._block or self._done[slot - self._block]:  # a forward, or a backward whose F is done
             self._add(slot)
 
@@ -239,8 +240,10 @@ class Arbiter:
 
     def next_slot(self) -> int:
         """Choose and start the next action; returns its slot, or -1 if none is eligible."""
-        admit = self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
-        slot = self._pick(admit=self._fits() if self._gate_bytes else admit)
+        if self._gate_bytes:
+            slot = self._pick(self._fits())
+        else:
+            slot = self._pick(self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
         if slot >= 0:
             self._commit(slot)
         return slot
@@ -283,7 +286,8 @@ class Arbiter:
         if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
             self.inflight_fb += 1
             inflight = self.inflight_fw = self.inflight_fw + 1
-            self.peak_inflight = max(self.peak_inflight, inflight)
+            if inflight > self.peak_inflight:
+                self.peak_inflight = inflight
             if self.memory is not None:
                 self.bytes_fb += self.memory.held[slot]
                 self.bytes_fw += self.memory.held[slot]

@@ -118,7 +118,7 @@ class FixedPicker:
     def add(self, slot: int) -> None:
         self._ready[slot] = True
 
-    def pick(self, *, admit: bool) -> int:
+    def pick(self, admit: bool) -> int:
         at = self._next
         if at < len(self._order) and self._ready[slot := self._order[at]]:
             self._ready[slot] = False
@@ -153,7 +153,7 @@ class ListPicker:
     def add(self, slot: int) -> None:
         heappush(self._admit if slot < self._admissions else self._other, self._position[slot])
 
-    def pick(self, *, admit: bool) -> int:
+    def pick(self, admit: bool) -> int:
         other, admissions = self._other, self._admit
         if admit and admissions and not (other and other[0] < admissions[0]):
             return self._order[heappop(admissions)]
@@ -221,7 +221,7 @@ class BFPicker:
     def add(self, slot: int) -> None:
         heappush(self._heaps[self._heap[slot]], self._key[slot])
 
-    def pick(self, *, admit: bool) -> int:
+    def pick(self, admit: bool) -> int:
         if self._backward_turn and self._b:
             self._backward_turn = False
             return self._backward_slot[heappop(self._b)]
@@ -273,14 +273,14 @@ class CPWPicker(BFPicker):
         self._held = 0  # microbatches past their chunk-0 F and not their chunk-0 B
         self._admitted_at = -1  # the largest such count at which an admission was allowed
 
-    def pick(self, *, admit: bool) -> int:
+    def pick(self, admit: bool) -> int:
         if admit:
             self._admitted_at = max(self._admitted_at, self._held)
         elif self._f_admit and not self._f_later and self._held <= self._admitted_at:
             freeing = self._chunk0_w()
             if freeing >= 0:
                 return freeing
-        slot = super().pick(admit=admit)
+        slot = super().pick(admit)
         if 0 <= slot < self._admissions:
             self._held += 1
         elif 0 <= slot - self._block < self._admissions:

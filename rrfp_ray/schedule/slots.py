@@ -104,6 +104,16 @@ class Slots:
         )
 
     @functools.cached_property
+    def op_stage(self) -> list[int]:
+        """Per op, its stage."""
+        return [stage for stage in range(self.layout.stages) for _ in range(self.per_stage)]
+
+    @functools.cached_property
+    def op_slot(self) -> list[int]:
+        """Per op, its slot on its stage."""
+        return list(range(self.per_stage)) * self.layout.stages
+
+    @functools.cached_property
     def texts(self) -> list[str]:
         """Per op, ``str`` of its action (for reports; "" for each stage's `outside` slot)."""
         texts = []

@@ -154,6 +154,7 @@ class _Run:
         log, arbiters, transport = self.log, self.arbiters, self.case.transport
         S, ops = slots.per_stage, slots.ops
         sends, link_of, follower = slots.sends, slots.link, slots.follower
+        stage_of, slot_of = slots.op_stage, slots.op_slot
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
         on_arrival = [a.on_arrival_slot for a in arbiters]
@@ -233,10 +234,10 @@ class _Run:
             current = due[now]
             for item in current:
                 if item < ops:  # an op is done
-                    stage = item // S
+                    stage = stage_of[item]
                     busy[stage] = False
                     touched.append(stage)
-                    on_done[stage](item - stage * S)
+                    on_done[stage](slot_of[item])
                     if record:
                         after = follower[item]
                         if after >= 0 and ready_at[after] < now:
@@ -251,8 +252,8 @@ class _Run:
                         elif bounded:
                             current.append(ops + consumer)
                         else:  # unbounded, the arrivals of one instant commute with all else in it: take it now
-                            receiver = consumer // S
-                            on_arrival[receiver](consumer - receiver * S)
+                            receiver = stage_of[consumer]
+                            on_arrival[receiver](slot_of[consumer])
                             ready_at[consumer] = now
                             if not busy[receiver]:
                                 touched.append(receiver)
@@ -263,12 +264,12 @@ class _Run:
                             carry(link, now)
                 elif item < 2 * ops:  # a delivery
                     consumer = item - ops
-                    stage = consumer // S
+                    stage = stage_of[consumer]
                     link = link_of[consumer]
                     # A stage with room has nothing waiting: every pick drains its links right away.
                     # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
                     if not bounded or link < 0 or arbiters[stage].has_room():
-                        on_arrival[stage](consumer - stage * S)
+                        on_arrival[stage](slot_of[consumer])
                         ready_at[consumer] = now
                         if frees_on_take and link >= 0:
                             free(link, now)
