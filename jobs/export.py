@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", required=True, help="where the state dict goes (torch.save)")
     args = parser.parse_args(argv)
     from rrfp_ray.recipes.gpt_workload import MODEL_FILE, SavedModel
-    from rrfp_ray.train.api import model_parameters
+    from rrfp_ray.train.build import model_parameters
     from rrfp_ray.train.checkpoint import latest, parameters_fingerprint
     from rrfp_ray.train.export import checkpoint_state_dict
 

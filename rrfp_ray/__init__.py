@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "Trainer": "rrfp_ray.train.api",
-    "InMemoryData": "rrfp_ray.train.api",
-    "make_workload": "rrfp_ray.train.api",
+    "InMemoryData": "rrfp_ray.train.build",
+    "make_workload": "rrfp_ray.train.build",
     "Backend": "rrfp_ray.train.backend",
     "Checkpointing": "rrfp_ray.train.checkpoint",
     "LocalBackend": "rrfp_ray.train.backend",
@@ -42,8 +42,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from rrfp_ray.observe.telemetry import IterationReport
-    from rrfp_ray.train.api import InMemoryData, Trainer, make_workload
+    from rrfp_ray.train.api import Trainer
     from rrfp_ray.train.backend import Backend, LocalBackend
+    from rrfp_ray.train.build import InMemoryData, make_workload
     from rrfp_ray.train.checkpoint import Checkpointing
     from rrfp_ray.train.config import PipelineConfig
     from rrfp_ray.train.workload import DataSource, FactoryOptim, Optim

@@ -10,7 +10,8 @@ from torch import nn
 
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_trainer
-from rrfp_ray.train.api import InMemoryData, Trainer
+from rrfp_ray.train.api import Trainer
+from rrfp_ray.train.build import InMemoryData
 from rrfp_ray.train.config import PipelineConfig
 
 

@@ -149,7 +149,7 @@ def test_resume_from_a_bad_checkpoint_is_a_clean_error_naming_the_file(setup, ex
 def test_resume_with_a_stage_file_missing_names_it(tmp_path, capsys):
     run = train_gpt.parse(["--checkpoint-dir", str(tmp_path)])[1]
     from rrfp_ray.recipes.gpt_workload import gpt_workload
-    from rrfp_ray.train.api import model_parameters, pipeline_shape
+    from rrfp_ray.train.build import model_parameters, pipeline_shape
     from rrfp_ray.train.checkpoint import Manifest, StageFile, commit, parameters_fingerprint
 
     layers = gpt_workload(run).layers()

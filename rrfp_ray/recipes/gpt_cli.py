@@ -28,7 +28,7 @@ from rrfp_ray.models.gpt import GPTConfig
 from rrfp_ray.recipes.config import RunConfig, TrainConfig
 from rrfp_ray.recipes.gpt_workload import corpus_source
 from rrfp_ray.schedule.validate import read_hint
-from rrfp_ray.train.api import check_global_batch, model_parameters
+from rrfp_ray.train.build import check_global_batch, model_parameters
 from rrfp_ray.train.checkpoint import CheckpointError, parameters_fingerprint, resume_point
 from rrfp_ray.train.config import PLANNED, PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload, packing_refusal

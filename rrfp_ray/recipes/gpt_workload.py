@@ -12,8 +12,9 @@ from torch import nn
 
 from rrfp_ray.models.gpt import GPT, GPTConfig, build_layers, lm_loss, lm_loss_sum
 from rrfp_ray.recipes.config import RunConfig
-from rrfp_ray.train.api import Trainer, checked, make_workload
+from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.backend import Backend
+from rrfp_ray.train.build import checked, make_workload
 from rrfp_ray.train.checkpoint import Checkpointing
 from rrfp_ray.train.data import CorpusSource
 from rrfp_ray.train.layers import ModelLayers, model_layers

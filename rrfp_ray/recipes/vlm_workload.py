@@ -11,8 +11,9 @@ from torch import nn
 from rrfp_ray.models.vlm import VLM, VLMConfig, caption_loss
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import checkpointing, training_arguments
-from rrfp_ray.train.api import Trainer, checked, make_workload
+from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.backend import Backend
+from rrfp_ray.train.build import checked, make_workload
 from rrfp_ray.train.vlm_data import ImageCaptions
 from rrfp_ray.train.workload import ModelWorkload
 
