@@ -20,9 +20,9 @@ _EXPORTS = {
     "Checkpointing": "rrfp_ray.train.checkpoint",
     "LocalBackend": "rrfp_ray.train.backend",
     "PipelineConfig": "rrfp_ray.train.config",
-    "DataSource": "rrfp_ray.train.workload",
-    "Optim": "rrfp_ray.train.workload",
-    "FactoryOptim": "rrfp_ray.train.workload",
+    "DataSource": "rrfp_ray.train.sources",
+    "Optim": "rrfp_ray.train.optim",
+    "FactoryOptim": "rrfp_ray.train.optim",
     "IterationReport": "rrfp_ray.observe.telemetry",
 }
 
@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from rrfp_ray.train.build import InMemoryData, make_workload
     from rrfp_ray.train.checkpoint import Checkpointing
     from rrfp_ray.train.config import PipelineConfig
-    from rrfp_ray.train.workload import DataSource, FactoryOptim, Optim
+    from rrfp_ray.train.optim import FactoryOptim, Optim
+    from rrfp_ray.train.sources import DataSource
 
 
 def __getattr__(name: str) -> object:

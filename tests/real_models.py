@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rrfp_ray.train.layers import to_layers
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 VOCAB, WIDTH, PAD = 13, 16, 0
 

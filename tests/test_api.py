@@ -22,7 +22,7 @@ from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.train.layers import to_layers
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 ROOT = Path(__file__).resolve().parent.parent
 

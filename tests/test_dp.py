@@ -14,7 +14,7 @@ from examples.mlp import Regression, mlp
 from rrfp_ray import Optim, PipelineConfig, Trainer
 from rrfp_ray.runtime.reduce import ChunkGradients, GradReducer, buckets
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 M = 2  # microbatches per replica
 

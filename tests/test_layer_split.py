@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_trainer
 from rrfp_ray.train.config import PipelineConfig
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 
 def test_sizes_give_contiguous_ranges_in_forward_order() -> None:

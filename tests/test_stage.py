@@ -10,7 +10,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from rrfp_ray.models.gpt import GPT, GPTConfig, lm_loss
 from rrfp_ray.train.data import Corpus
-from rrfp_ray.train.runner import StageRunner, build_stage, clip_coef, lr_at, partition, stage_chunks
+from rrfp_ray.train.optim import clip_coef, lr_at
+from rrfp_ray.train.partition import partition, stage_chunks
+from rrfp_ray.train.runner import StageRunner, build_stage
 
 CONFIG = GPTConfig(
     block_size=16, n_layer=4, n_head=4, n_embd=32, tie_embeddings=False

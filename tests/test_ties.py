@@ -12,7 +12,8 @@ from real_models import PaddedTokens, tied_model, token_loss
 from torch import nn
 
 from rrfp_ray import Optim, PipelineConfig, Trainer
-from rrfp_ray.train.runner import clip_coef, partition
+from rrfp_ray.train.optim import clip_coef
+from rrfp_ray.train.partition import partition
 
 OPTIM = Optim(lr=3e-2, warmup=2, total=6, max_grad_norm=0.5)
 

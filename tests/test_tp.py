@@ -22,7 +22,8 @@ from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.schedule.actions import Action, Kind, Placement
 from rrfp_ray.schedule.layout import Layout
-from rrfp_ray.train.runner import StageRunner, partition
+from rrfp_ray.train.partition import partition
+from rrfp_ray.train.runner import StageRunner
 
 TINY = {
     "n_layer": 4,

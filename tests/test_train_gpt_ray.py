@@ -14,7 +14,7 @@ from gradients import gpt_reference
 import train_gpt
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 from rrfp_ray.train.workload import ModelExecutor, ModelWorkload
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.runtime.local import LocalPipeline
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 TINY = {
     "n_layer": 4,

@@ -11,7 +11,7 @@ from rrfp_ray.models.gpt import GPT, lm_loss_sum
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_trainer
 from rrfp_ray.train.data import IGNORE
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 RUN = RunConfig(
     model={"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 64},

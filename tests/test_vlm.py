@@ -21,7 +21,7 @@ from rrfp_ray.recipes.gpt_workload import corpus_source
 from rrfp_ray.recipes.vlm_workload import caption_source, vlm_trainer
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.train.data import IGNORE
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 MODEL = VLMConfig(classes=4, encoder_layers=2, n_layer=2, encoder_embd=32, n_embd=32, max_images=4, image_size=8)
 TAIL = 0.5

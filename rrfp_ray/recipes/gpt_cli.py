@@ -31,7 +31,8 @@ from rrfp_ray.schedule.validate import read_hint
 from rrfp_ray.train.build import check_global_batch, model_parameters
 from rrfp_ray.train.checkpoint import CheckpointError, parameters_fingerprint, resume_point
 from rrfp_ray.train.config import PLANNED, PipelineConfig
-from rrfp_ray.train.workload import ModelWorkload, packing_refusal
+from rrfp_ray.train.sources import packing_refusal
+from rrfp_ray.train.workload import ModelWorkload
 
 PIPELINE = model_flags(
     PipelineConfig, prefix="pipeline.", without=("buffer_limit", "link_timeout_s"), flags=PIPELINE_FLAGS

@@ -18,7 +18,8 @@ from rrfp_ray.train.build import checked, make_workload
 from rrfp_ray.train.checkpoint import Checkpointing
 from rrfp_ray.train.data import CorpusSource
 from rrfp_ray.train.layers import ModelLayers, model_layers
-from rrfp_ray.train.workload import ModelWorkload, Optim
+from rrfp_ray.train.optim import Optim
+from rrfp_ray.train.workload import ModelWorkload
 
 
 @dataclass(frozen=True)

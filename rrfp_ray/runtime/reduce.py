@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from rrfp_ray.runtime.streams import Fence, Handoff
-from rrfp_ray.schedule.grad_ready import Bucketer
+from rrfp_ray.schedule.actions import Action
+from rrfp_ray.schedule.grad_ready import Bucketer, completes_weights
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +249,15 @@ class DPContext:
     reducer: GradReducer
     overlap: bool = True  # False: reduce everything once every stage of every replica has run its last op
     zero_sum: AllReduce | None = None  # ZeRO-1: the group's sum, for the parameters each replica stepped
+
+    def release(self, *, action: Action, weight_ops_left: dict[int, int]) -> GradSink | None:
+        """Where `action` hands its chunk's gradients as they become final: the reduction, when it
+        is the chunk's last weight-gradient op (counted down in `weight_ops_left`) and the
+        reduction overlaps the other ops; else None."""
+        if not self.overlap or not completes_weights(action):
+            return None
+        weight_ops_left[action.chunk] -= 1
+        return None if weight_ops_left[action.chunk] else self.reducer.sink(key=action.chunk)
 
 
 def owners(sizes: Sequence[int], *, replicas: int) -> list[int]:

@@ -27,11 +27,11 @@ from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.links import LinkSender, wait_idle
-from rrfp_ray.runtime.reduce import DPContext, GradSink, ReduceStats
+from rrfp_ray.runtime.reduce import DPContext, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
 from rrfp_ray.schedule.actions import Action
-from rrfp_ray.schedule.grad_ready import completes_weights, reduce_order
+from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.schedule.layout import Layout, Link, Message
 
 
@@ -132,7 +132,7 @@ class StageWorker:
                     tp_ms += coordinating
                 with self._cond:
                     payload = self._take_input(layout, action)
-                release = self._release(dp=dp, action=action, weight_ops_left=weight_ops_left)
+                release = None if dp is None else dp.release(action=action, weight_ops_left=weight_ops_left)
                 start, op_cpu = self._now(), time.thread_time()
                 output = executor.run(action=action, iteration=iteration, payload=payload, release=release)
                 end = self._now()
@@ -196,16 +196,6 @@ class StageWorker:
             costs = executor.measure()
             stats.layer_costs, stats.probe_ms = costs.layers, costs.probe_ms
         return events, stats
-
-    @staticmethod
-    def _release(*, dp: DPContext | None, action: Action, weight_ops_left: dict[int, int]) -> GradSink | None:
-        """Where `action` hands its chunk's gradients as they become final: the DP reduction, when
-        it is the chunk's last weight-gradient op (counted down in `weight_ops_left`) and the
-        reduction overlaps the other ops; else None."""
-        if dp is None or not dp.overlap or not completes_weights(action):
-            return None
-        weight_ops_left[action.chunk] -= 1
-        return None if weight_ops_left[action.chunk] else dp.reducer.sink(key=action.chunk)
 
     def _reduce(
         self, *, dp: DPContext, executor: Executor, all_reduce: Callable[[float], float], chunks: int

@@ -52,7 +52,7 @@ from rrfp_ray.train.rebalancing import Move, Rebalancing
 from rrfp_ray.train.reshaping import moved, resplit
 from rrfp_ray.train.resizing import Resizing
 from rrfp_ray.train.runner import LossFn
-from rrfp_ray.train.workload import DataSource, check_packing
+from rrfp_ray.train.sources import DataSource, check_packing
 
 logger = logging.getLogger(__name__)
 

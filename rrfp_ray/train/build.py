@@ -18,8 +18,11 @@ from rrfp_ray.train.checkpoint import CheckpointError, Shape
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.dryrun import dry_run
 from rrfp_ray.train.layers import ModelSource, model_layers
-from rrfp_ray.train.runner import LossFn, partition
-from rrfp_ray.train.workload import DataSource, FactoryOptim, ModelWorkload, Optim, OptimSpec
+from rrfp_ray.train.optim import FactoryOptim, Optim, OptimSpec
+from rrfp_ray.train.partition import partition
+from rrfp_ray.train.runner import LossFn
+from rrfp_ray.train.sources import DataSource
+from rrfp_ray.train.workload import ModelWorkload
 
 OptimizerArg = Optim | FactoryOptim | Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 

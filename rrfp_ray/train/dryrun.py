@@ -20,10 +20,12 @@ from torch import Tensor, nn
 from rrfp_ray.runtime.tree import describe, flatten, is_tree
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.layers import ModelLayers, to_layers
+from rrfp_ray.train.optim import OptimSpec
+from rrfp_ray.train.partition import partition
 from rrfp_ray.train.recompute import check_blocks
-from rrfp_ray.train.runner import LossFn, partition
+from rrfp_ray.train.runner import LossFn
+from rrfp_ray.train.sources import DataSource
 from rrfp_ray.train.ties import Tie, check_copies_agree, find_ties
-from rrfp_ray.train.workload import DataSource, OptimSpec
 
 DRY_RUN_SEED = 0  # dropout draws the same masks in the split and the whole forward
 

@@ -20,7 +20,7 @@ from rrfp_ray.models.tp import unshard_block_tensors
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.train.checkpoint import Manifest
 from rrfp_ray.train.layers import ModelLayers, to_layers
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 from rrfp_ray.train.state import whole_weights
 
 ChunkStates = dict[int, dict[str, Tensor]]  # one stage (TP shard)'s chunks: chunk -> its state dict

@@ -22,7 +22,7 @@ from torch import nn
 
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.train.meta_init import build_partial
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 Model = nn.Module | Sequence[nn.Module]
 ModelSource = Model | Callable[[], Model]

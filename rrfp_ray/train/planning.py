@@ -11,7 +11,8 @@ from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.train.backend import Backend
 from rrfp_ray.train.config import PipelineConfig
-from rrfp_ray.train.workload import FeatureSource, ModelWorkload, packing_refusal
+from rrfp_ray.train.sources import FeatureSource, packing_refusal
+from rrfp_ray.train.workload import ModelWorkload
 
 logger = logging.getLogger(__name__)
 

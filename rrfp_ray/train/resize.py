@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 
 from rrfp_ray.train.config import PipelineConfig
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 logger = logging.getLogger(__name__)
 

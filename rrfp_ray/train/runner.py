@@ -8,7 +8,6 @@ The split itself is `rrfp_ray.train.split_backward`.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,49 +20,13 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 from rrfp_ray.runtime.measure import LayerWatch, stamp
 from rrfp_ray.runtime.tree import Tree, flatten, tree_map
 from rrfp_ray.schedule.actions import Placement
+from rrfp_ray.train.boundary import as_input, differentiable, grad_message, to_send
+from rrfp_ray.train.partition import stage_chunks
 from rrfp_ray.train.precision import Precision, autocast, for_the_wire
-from rrfp_ray.train.split_backward import WeightPass, note_storages, split_backward, unchanged
+from rrfp_ray.train.split_backward import WeightPass, note_storages, noting, split_backward, unchanged
 
 LossFn = Callable[[Any, Any], Tensor | tuple[Tensor, Tensor]]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-
-
-def partition(*, n_layers: int, parts: int, sizes: Sequence[int] | None = None) -> list[range]:
-    """Contiguous ranges covering ``range(n_layers)``: ``sizes`` layers each where given (a split
-    a user set or the rebalancer chose), else sizes differing by at most one, the larger parts
-    first (the last part also computes the loss)."""
-    if sizes is not None:
-        sizes = tuple(sizes)
-        if len(sizes) != parts or min(sizes, default=0) < 1 or sum(sizes) != n_layers:
-            raise ValueError(
-                f"split {','.join(map(str, sizes))} must give each of the {parts} parts (stages x chunks) at least "
-                f"one layer and {n_layers} layers in all"
-            )
-        starts = [sum(sizes[:i]) for i in range(parts + 1)]
-        return [range(start, end) for start, end in itertools.pairwise(starts)]
-    if parts < 1 or parts > n_layers:
-        raise ValueError(f"cannot split {n_layers} layers into {parts} parts (stages x chunks)")
-    size, extra = divmod(n_layers, parts)
-    starts = [i * size + min(i, extra) for i in range(parts + 1)]
-    return [range(start, end) for start, end in zip(starts, starts[1:])]
-
-
-def stage_chunks(
-    *,
-    layers: Sequence[nn.Module],
-    stages: int,
-    chunks: int,
-    stage: int,
-    placement: Placement = Placement.LOOPED,
-    sizes: Sequence[int] | None = None,
-) -> dict[int, nn.Sequential]:
-    """The modules ``stage`` holds: its chunk c runs the virtual stage the placement gives it
-    (looped: ``c * stages + stage``)."""
-    if not 0 <= stage < stages:
-        raise ValueError(f"stage {stage} is not in [0, {stages})")
-    parts = partition(n_layers=len(layers), parts=stages * chunks, sizes=sizes)
-    held = {c: placement.virtual_stage(stage=stage, chunk=c, stages=stages) for c in range(chunks)}
-    return {c: nn.Sequential(*(layers[i] for i in parts[vs])) for c, vs in held.items()}
 
 
 def build_stage(
@@ -179,7 +142,7 @@ class StageRunner:
             raise ValueError(f"targets are required on the last virtual stage (chunk {chunk})")
         if not last and targets is not None:
             raise ValueError(f"targets only apply to the last virtual stage, not chunk {chunk}")
-        x = inputs if chunk == self._first else tree_map(_as_input, inputs)
+        x = inputs if chunk == self._first else tree_map(as_input, inputs)
         saved: dict[int, int] = {}
         with torch.enable_grad(), saved_tensors_hooks(note_storages(saved), unchanged):
             with autocast(self.precision, device=self._device):
@@ -190,12 +153,12 @@ class StageRunner:
                     roots = [self._scaled_loss(out=out, targets=targets, microbatch=microbatch)]
             if targets is None:
                 out = tree_map(lambda t: for_the_wire(self.precision, t), out)
-                roots = _differentiable(out)
+                roots = differentiable(out)
         received = [] if chunk == self._first else [t for t in flatten(x)[0] if t.requires_grad]
         nbytes = self._activation_bytes(saved | _storages(roots))
         self._saved[key] = _Saved(inputs=received, roots=roots, nbytes=nbytes, watch=watch)
         self._peak = max(self._peak, self.held_bytes())
-        return None if last else tree_map(_to_send, out)
+        return None if last else tree_map(to_send, out)
 
     def backward(self, *, chunk: int, microbatch: int, grad: Tree | None) -> Tree | None:
         """Input and weight gradients at once; return the input gradients (None on virtual stage 0)."""
@@ -209,7 +172,7 @@ class StageRunner:
             saved.watch.end_pass()
         if chunk == self._first:
             return None
-        return _grad_message([x.grad if x.grad is not None else torch.zeros_like(x) for x in saved.inputs])
+        return grad_message([x.grad if x.grad is not None else torch.zeros_like(x) for x in saved.inputs])
 
     def backward_input(self, *, chunk: int, microbatch: int, grad: Tree | None) -> Tree | None:
         """Input gradients only; the weight gradients wait for ``backward_weight``.
@@ -221,7 +184,7 @@ class StageRunner:
         if saved.watch is not None:
             saved.watch.begin_pass()
         if not saved.inputs or not saved.roots:
-            dx = None if chunk == self._first else _grad_message([torch.zeros_like(x) for x in saved.inputs])
+            dx = None if chunk == self._first else grad_message([torch.zeros_like(x) for x in saved.inputs])
             edges = [get_gradient_edge(root) for root in saved.roots]
             params = self._chunk_params[chunk]
             passes = [WeightPass(roots=edges, grads=grads, params=params, pinned={})] if edges else []
@@ -229,7 +192,7 @@ class StageRunner:
             dx, passes = split_backward(
                 roots=saved.roots, grads=grads, leaves=saved.inputs, params=self._chunk_params[chunk]
             )
-            dx = _grad_message(dx)
+            dx = grad_message(dx)
         if saved.watch is not None:
             saved.watch.end_pass()
         held = saved.nbytes + self._activation_bytes(_storages(g for work in passes for g in work.grads))
@@ -259,7 +222,7 @@ class StageRunner:
         layers = list(module)
         for j, layer in enumerate(layers):
             own: dict[int, int] = {}
-            both = _noting(note_storages(saved), note_storages(own))
+            both = noting(note_storages(saved), note_storages(own))
             with saved_tensors_hooks(both, unchanged):
                 start = stamp(self._device)
                 x = layer(x)
@@ -267,7 +230,7 @@ class StageRunner:
             watch.activation_bytes.append(self._activation_bytes(own))
             watch.param_bytes.append(sum(p.numel() * p.element_size() for p in layer.parameters()))
             if j < len(layers) - 1:
-                for t in _differentiable(x):
+                for t in differentiable(x):
                     t.register_hook(watch.boundary_hook(j))
         return x
 
@@ -424,61 +387,5 @@ class StageRunner:
         return sum(size for ptr, size in storages.items() if ptr not in params)
 
 
-def _noting(*notes: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    """A pack hook that notes each saved storage with every one of `notes` (each one keeps it detached)."""
-
-    def pack(tensor: Tensor) -> Tensor:
-        for note in notes:
-            tensor = note(tensor)
-        return tensor
-
-    return pack
-
-
 def _storages(tensors: Iterable[Tensor]) -> dict[int, int]:
     return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-
-
-def _as_input(tensor: Tensor) -> Tensor:
-    """A received leaf: differentiable (a fresh autograd leaf) when its sender said so."""
-    return tensor.detach().requires_grad_(True) if tensor.requires_grad else tensor
-
-
-def _grad_message(grads: list[Tensor]) -> Tree:
-    """The gradients of a chunk's differentiable inputs, in order: a lone tensor when there is one."""
-    return grads[0] if len(grads) == 1 else tuple(grads)
-
-
-def _differentiable(tree: Tree) -> list[Tensor]:
-    return [t for t in flatten(tree)[0] if t.requires_grad]
-
-
-def _to_send(tensor: Tensor) -> Tensor:
-    """Detached; still marked requires_grad when a gradient must come back for it."""
-    sent = tensor.detach()
-    return sent.requires_grad_(True) if tensor.requires_grad else sent
-
-
-def lr_at(*, step: int, warmup: int, total: int, lr: float, min_lr: float) -> float:
-    """Linear warmup to ``lr`` over ``warmup`` steps, cosine decay to ``min_lr`` at ``total``."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    if not 0 <= warmup <= total:
-        raise ValueError(f"warmup must be in [0, total={total}], got {warmup}")
-    if not 0 <= min_lr <= lr:
-        raise ValueError(f"min_lr must be in [0, lr={lr}], got {min_lr}")
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    if step >= total:
-        return min_lr
-    progress = (step - warmup) / (total - warmup)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
-
-
-def clip_coef(*, total_sq_norm: float, max_norm: float) -> float:
-    """The factor that brings the global gradient norm down to ``max_norm`` (1 when already below)."""
-    if not max_norm > 0:
-        raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    if not (math.isfinite(total_sq_norm) and total_sq_norm >= 0):
-        raise ValueError(f"total_sq_norm must be finite and >= 0, got {total_sq_norm}")
-    return min(1.0, max_norm / (math.sqrt(total_sq_norm) + 1e-6))

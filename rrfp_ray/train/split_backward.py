@@ -159,5 +159,16 @@ def note_storages(store: dict[int, int]) -> Callable[[Tensor], Tensor]:
     return pack
 
 
+def noting(*notes: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A pack hook that notes each saved storage with every one of `notes` (each one keeps it detached)."""
+
+    def pack(tensor: Tensor) -> Tensor:
+        for note in notes:
+            tensor = note(tensor)
+        return tensor
+
+    return pack
+
+
 def unchanged(tensor: Tensor) -> Tensor:
     return tensor

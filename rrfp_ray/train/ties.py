@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from rrfp_ray.schedule.actions import Placement
-from rrfp_ray.train.runner import partition
+from rrfp_ray.train.partition import partition
 
 TieReduce = Callable[[tuple[int, ...], Tensor], Tensor]  # (owning stages, tensor) -> its sum over them
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -28,144 +27,27 @@ from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import StepResult
 from rrfp_ray.runtime.measure import Clock, Costs, LayerWatch, Throttle, stamp
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
-from rrfp_ray.runtime.tree import tree_map
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.schedule.layout import Layout, Message
 from rrfp_ray.sim.trace import Trace
+from rrfp_ray.train.boundary import on_device
 from rrfp_ray.train.checkpoint import Manifest, StageFile, save_stage
 from rrfp_ray.train.layers import ModelLayers
+from rrfp_ray.train.optim import Optim, OptimSpec, clip_coef
+from rrfp_ray.train.partition import partition
 from rrfp_ray.train.precision import Precision, autocast
 from rrfp_ray.train.recompute import checkpoint_blocks
 from rrfp_ray.train.release import GradRelease
-from rrfp_ray.train.runner import LossFn, StageRunner, build_stage, clip_coef, lr_at, partition
+from rrfp_ray.train.runner import LossFn, StageRunner, build_stage
+from rrfp_ray.train.sources import DataSource
 from rrfp_ray.train.state import Layers, held_names, load_state, stage_state
 from rrfp_ray.train.ties import Tie, TiedGradients, TieReduce
 
 logger = logging.getLogger(__name__)
 
 
-class DataSource(Protocol):
-    microbatches: int  # how many microbatches an iteration has (validation: how many `evaluate` runs)
-
-    def microbatch(self, *, iteration: int, index: int) -> tuple[Tensor, Tensor]:
-        """(inputs, targets) of microbatch `index` of `iteration`; the same in every process."""
-        ...
-
-
-@runtime_checkable
-class FeatureSource(Protocol):
-    """A data source that also says what each microbatch shows before it runs, for planning (`planned`)."""
-
-    def features(self, *, iteration: int) -> list[float]:
-        """Per microbatch of `iteration`, a cost feature (real tokens, images), without building a batch."""
-        ...
-
-
-@runtime_checkable
-class SampleSource(Protocol):
-    """A data source that shows and serves the samples of an iteration's global batch, so an iteration can
-    train on microbatches packed anew (`rrfp_ray.plan.packing`). The samples are numbered microbatch by
-    microbatch: the data's own microbatch m holds samples m x B .. (m + 1) x B - 1 (B samples each)."""
-
-    def sample_features(self, *, iteration: int) -> list[float]:
-        """Per sample of `iteration`'s global batch, a cost feature (their sums per microbatch are `features`)."""
-        ...
-
-    def samples(self, *, iteration: int, indexes: Sequence[int]) -> tuple[Any, Tensor]:
-        """(inputs, targets) of one microbatch made of the samples `indexes` of `iteration`, padded as the
-        source pads its own microbatches; the same in every process."""
-        ...
-
-
-def packing_refusal(workload: ModelWorkload) -> str | None:
-    """Why `workload` cannot train on packed microbatches (None: it can)."""
-    if not workload.counted_loss:
-        return (
-            "packing regroups samples between microbatches, which changes a per-microbatch mean loss: it needs "
-            "a loss_fn that returns (sum, count), as lm_loss_sum and caption_loss do (a token-weighted loss)"
-        )
-    if not isinstance(workload.data, SampleSource):
-        return (
-            f"packing needs a data source with sample_features(iteration=) and samples(iteration=, indexes=) "
-            f"(SampleSource); {type(workload.data).__name__} has not got them"
-        )
-    return None
-
-
-def check_packing(*, packing: Packing, workload: ModelWorkload, iteration: int) -> None:
-    """ValueError unless `workload` can train `iteration` on `packing`: D x M non-empty microbatches placing every
-    sample of the global batch once, from a `SampleSource`, under a (sum, count) loss."""
-    refusal = packing_refusal(workload)
-    if refusal is not None:
-        raise ValueError(refusal)
-    data = workload.data
-    groups = workload.microbatches * workload.dp
-    count = len(data.sample_features(iteration=iteration))
-    placed = sorted(i for group in packing for i in group)
-    if len(packing) != groups or not all(packing) or placed != list(range(count)):
-        raise ValueError(
-            f"packing must place each of the {count} samples of iteration {iteration} once in "
-            f"dp x microbatches = {groups} non-empty microbatches"
-        )
-
-
 _GATHER_BUCKET_BYTES = 25 * 2**20  # ZeRO-1: bytes per all-gather of the stepped parameters
-
-
-@dataclass(frozen=True)
-class Optim:
-    """AdamW with linear warmup, cosine decay and global gradient-norm clipping."""
-
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup: int = 5
-    total: int = 100
-    weight_decay: float = 0.1
-    max_grad_norm: float = 1.0
-
-    def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr, betas=(0.9, 0.95))
-
-    def lr_at(self, step: int) -> float:
-        return lr_at(step=step, warmup=self.warmup, total=self.total, lr=self.lr, min_lr=self.min_lr)
-
-
-@dataclass(frozen=True)
-class FactoryOptim:
-    """A user's optimizer factory; each param group keeps the learning rate the factory gave it.
-
-    Gradients are clipped by the global norm (over all stages) only when `max_grad_norm` is finite.
-    """
-
-    factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-    max_grad_norm: float = math.inf
-
-    def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        optimizer = self.factory(params)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(
-                f"optimizer factory {self.factory!r} returned {type(optimizer).__name__}, not an Optimizer"
-            )
-        return optimizer
-
-    def lr_at(self, step: int) -> None:
-        return None
-
-
-class OptimSpec(Protocol):
-    """How every stage builds and drives its optimizer (`Optim`, or `FactoryOptim` over a user's factory)."""
-
-    max_grad_norm: float
-
-    def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer: ...
-
-    def lr_at(self, step: int) -> float | None:
-        """The learning rate of every group at `step`; None: the optimizer keeps its own rates."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -330,7 +212,7 @@ class ModelExecutor:
     def _run(self, *, action: Action, iteration: int, payload: Tensor | None) -> Tensor | None:
         vs = self._layout.vs(action)
         m, c = action.microbatch, action.chunk
-        payload = _to(payload, device=self._workload.device)
+        payload = on_device(payload, device=self._workload.device)
         if action.kind is Kind.F:
             inputs, targets = payload, None
             if vs == 0 or vs == self._layout.virtual_stages - 1:
@@ -341,7 +223,7 @@ class ModelExecutor:
                     batch = data.microbatch(iteration=iteration, index=index)
                 else:
                     batch = data.samples(iteration=iteration, indexes=self._packing[index])
-                x, y = _to(batch, device=self._workload.device)
+                x, y = on_device(batch, device=self._workload.device)
                 inputs = x if vs == 0 else inputs
                 targets = y if vs == self._layout.virtual_stages - 1 else None
             watch = self._watch(chunk=c, microbatch=m, first=True)
@@ -498,22 +380,10 @@ class ModelExecutor:
         if self._workload.val_data is None:
             raise ValueError("this workload has no validation data (val_data)")
         vs = self._layout.virtual_stage(stage=self.stage, chunk=chunk)
-        x, y = _to(self._workload.val_data.microbatch(iteration=0, index=index), device=self._workload.device)
+        x, y = on_device(self._workload.val_data.microbatch(iteration=0, index=index), device=self._workload.device)
         with autocast(self._workload.precision, device=self._workload.device):
-            out = self.runner.module(chunk)(x if vs == 0 else _to(inputs, device=self._workload.device))
+            out = self.runner.module(chunk)(x if vs == 0 else on_device(inputs, device=self._workload.device))
             loss = self._workload.loss_fn(out, y) if vs == self._layout.virtual_stages - 1 else None
         if loss is not None:
             return (loss[0] / loss[1] if isinstance(loss, tuple) else loss).cpu()
-        return _to(out, device="cpu")
-
-
-def _to(value: Any, *, device: str) -> Any:
-    """A tree of tensors (or None) on `device`; a received leaf keeps its requires-grad mark."""
-    if value is None:
-        return None
-    return tree_map(
-        lambda t: (
-            t if t.device.type == torch.device(device).type else t.detach().to(device).requires_grad_(t.requires_grad)
-        ),
-        value,
-    )
+        return on_device(out, device="cpu")
