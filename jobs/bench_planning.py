@@ -16,17 +16,8 @@ import time
 from pathlib import Path
 
 from benchmarks.planning import SCENARIOS, cell, table
+from rrfp_ray.cli import counts
 from rrfp_ray.job import run_job
-
-
-def counts(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"must be integers >= 1, got {text!r}")
-    return values
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -271,6 +271,17 @@ def write_pictures(*, out: Path, runs: dict[str, list]) -> bool:
     return True
 
 
+def counts(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1, e.g. --stages 8,16,32."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be integers >= 1, got {text!r}")
+    return values
+
+
 def writable_dir(parser: argparse.ArgumentParser, *, flag: str, path: str) -> None:
     """Create output directory `path` now, or fail naming `flag`: not after the run."""
     try:
