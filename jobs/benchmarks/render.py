@@ -303,6 +303,7 @@ def plot_links(plots: dict[str, Path], *, out: Path) -> list[str]:
 PLANNING = ROOT / "docs" / "results" / "planning.md"  # the planning benchmark's section (jobs/bench_planning.py)
 REBALANCING = ROOT / "docs" / "results" / "rebalancing.md"  # the rebalancer in the simulator (jobs/bench_rebalance.py)
 RUNTIME_COST = ROOT / "docs" / "results" / "runtime_cost.md"  # CPU per op and one message (bench_runtime --breakdown)
+MULTIMODAL = ROOT / "docs" / "results" / "multimodal.md"  # the VLM on real compute (jobs/bench_vlm.py)
 
 
 def written_section(path: Path) -> list[str]:
@@ -335,6 +336,7 @@ def render(suite: Suite, *, source: Path, out: Path, plots: dict[str, Path]) -> 
         target_section(suite),
         written_section(PLANNING),
         written_section(REBALANCING),
+        written_section(MULTIMODAL),
         setup_section(suite),
         runtime_section(suite),
         ray_attribution_section(suite),
