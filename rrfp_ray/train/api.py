@@ -272,7 +272,7 @@ class Trainer(Resizing):
             self.backend.load(directory=directory, manifest=manifest)
         seconds = time.perf_counter() - started
         logger.info(
-            "reshape at iteration %d: split %s -> %s; %s (%.2f s)",
+            "reshape at iteration %d: split %s -> %s; %s (every stage saved by name and reloaded: %.2f s)",
             self.iteration, ",".join(map(str, before.layer_split)), ",".join(map(str, self.shape.layer_split)),
             moved(before=before, after=self.shape), seconds,
         )  # fmt: skip
