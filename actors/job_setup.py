@@ -29,11 +29,13 @@ def checked_run(
     *,
     args: argparse.Namespace,
     workload_for: Callable[[RunConfig], ModelWorkload] = gpt_workload,
+    layers: int | None = None,
 ) -> RunConfig:
     """The run the flags ask for, every check passed (--resume: a checkpoint of `workload_for(run)`);
-    sets `args.out` (default: `default_out`) and `args.placement`."""
+    `layers`: the model's layer count where it is not the GPT; sets `args.out` (default: `default_out`)
+    and `args.placement`."""
     args.out = str(default_out()) if args.out is None else args.out
-    run = run_config(parser, args, workload_for=workload_for)
+    run = run_config(parser, args, workload_for=workload_for, layers=layers)
     args.placement = stage_placement(parser, args=args)
     check_local_devices(parser, args=args, run=run)
     writable_dir(parser, flag="--out", path=args.out)

@@ -69,7 +69,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig,
     from rrfp_ray.recipes.vlm_workload import vlm_workload
 
     workload_for = functools.partial(vlm_workload, model=model, tail=args.image_tail)
-    run = checked_run(parser, args=args, workload_for=workload_for)
+    run = checked_run(parser, args=args, workload_for=workload_for, layers=model.layer_count)
     try:
         workload_for(run)  # the dry run, before any actor starts
     except ValueError as error:

@@ -25,7 +25,11 @@ JOB = Path(__file__).resolve().parent.parent / "jobs" / "train_vlm.py"
         ),
         (["--tp", "2"], "the VLM has no tensor-parallel layers: tp must be 1"),
         (["--varlen"], "--varlen: the VLM trains on captioned images, not text"),
-        (["--stages", "8", "--encoder-layers", "1"], "--stages x --chunks = 8 is more than the model's 6 layers"),
+        (
+            ["--stages", "10", "--microbatches", "16", "--encoder-layers", "1"],
+            "--stages x --chunks = 10 is more than the model's 9 layers",
+        ),
+        (["--stages", "2", "--split", "2,2"], "--split 2,2 holds 4 layers; the model has 12"),
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(argv, expected, capsys):
@@ -72,3 +76,12 @@ def test_train_vlm_job_trains(ray_session, tmp_path, monkeypatch, job_logging):
     assert summary["iterations"] == 8 and summary["injected_ms_mean"] == 0.0
     assert summary["loss_last"] < summary["loss_first"]
     assert summary["val_loss_last"] is not None
+
+
+def test_the_job_counts_the_vlms_own_layers():
+    from rrfp_ray.models.vlm import VLM, VLMConfig
+
+    for config in (VLMConfig(), VLMConfig(encoder_layers=1, n_layer=4)):
+        assert config.layer_count == len(VLM(config, seed=0).layers())
+    _, run, model = train_vlm.parse(["--stages", "7", "--n-layer", "4"])  # the GPT's count would be 6
+    assert run.layers == model.layer_count == 12 and run.pipeline.stages == 7

@@ -64,6 +64,12 @@ class VLMConfig(BaseModel):
         return self
 
     @property
+    def layer_count(self) -> int:
+        """Modules in `VLM.layers`: the patch embedding, the encoder blocks, the projection, the join, the
+        decoder blocks and the head."""
+        return self.encoder_layers + self.n_layer + 4
+
+    @property
     def grid(self) -> int:
         return self.image_size // self.patch_size
 

@@ -51,21 +51,24 @@ class RunConfig(BaseModel):
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     variability: VariabilityConfig = Field(default_factory=VariabilityConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    layers: int | None = Field(
+        None, ge=1, description="the model's layer count where the model is not the GPT (n_layer + 2)"
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> RunConfig:
-        layers = self.model.n_layer + 2  # embedding, blocks, head
+        layers = self.model.n_layer + 2 if self.layers is None else self.layers
+        counted = f" (n_layer={self.model.n_layer} blocks + embedding + head)" if self.layers is None else ""
         parts = self.pipeline.stages * self.pipeline.chunks
         if parts > layers:
             raise ValueError(
-                f"pipeline.stages x pipeline.chunks = {parts} is more than the model's {layers} layers "
-                f"(n_layer={self.model.n_layer} blocks + embedding + head)"
+                f"pipeline.stages x pipeline.chunks = {parts} is more than the model's {layers} layers{counted}"
             )
         split = self.pipeline.layer_split
         if split is not None and sum(split) != layers:
             raise ValueError(
-                f"pipeline.layer_split {','.join(map(str, split))} holds {sum(split)} layers; the model has {layers} "
-                f"(n_layer={self.model.n_layer} blocks + embedding + head)"
+                f"pipeline.layer_split {','.join(map(str, split))} holds {sum(split)} layers; the model has "
+                f"{layers}{counted}"
             )
         if self.pipeline.tp > 1:
             if self.model.n_head % self.pipeline.tp:

@@ -65,9 +65,10 @@ def run_config(
     args: argparse.Namespace,
     *,
     workload_for: Callable[[RunConfig], ModelWorkload],
+    layers: int | None = None,
 ) -> RunConfig:
     """The run `args` describe, its --data, --hint, --trace and --resume (a checkpoint of `workload_for(run)`)
-    read now; bad input exits via `parser`."""
+    read now; `layers`: the model's layer count where it is not the GPT; bad input exits via `parser`."""
     if args.gpus_per_stage < 0:
         parser.error(f"--gpus-per-stage must be >= 0, got {args.gpus_per_stage:g}")
     if args.gpu and args.gpus_per_stage not in (0, 1):
@@ -83,7 +84,7 @@ def run_config(
         values = flag_values(args, flags=(*PIPELINE, *MODEL, *TRAIN))
         values["pipeline"]["hint"] = _hint(parser, args.hint) if args.hint else None
         values["train"] |= {"checkpoint_dir": checkpoint_dir(args), "device": "cuda" if gpus_per_stage(args) else "cpu"}
-        run = RunConfig(**values, variability=variability(args, flags=VARIABILITY))
+        run = RunConfig(**values, variability=variability(args, flags=VARIABILITY), layers=layers)
         corpus_source(run).microbatch(iteration=0, index=0)  # reads --data now: a bad path fails before any actor
         if args.trace:
             _read_trace(parser, run)
