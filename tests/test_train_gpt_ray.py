@@ -53,8 +53,8 @@ class _CapturingExecutor:
     def __init__(self, *, inner: ModelExecutor, sink) -> None:
         self.inner, self.sink = inner, sink
 
-    def begin(self, *, iteration, order=None, packing=None, measure=False):
-        self.inner.begin(iteration=iteration, order=order, packing=packing, measure=measure)
+    def begin(self, *, args):
+        self.inner.begin(args=args)
 
     def run(self, **kwargs):
         return self.inner.run(**kwargs)

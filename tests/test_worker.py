@@ -11,6 +11,7 @@ import torch
 
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
@@ -248,8 +249,8 @@ class _SlowStep:
     def __init__(self, inner, *, step_s: float) -> None:
         self.inner, self.step_s = inner, step_s
 
-    def begin(self, *, iteration: int, order: tuple[int, ...] | None = None, packing=None, measure=False) -> None:
-        self.inner.begin(iteration=iteration, order=order, packing=packing, measure=measure)
+    def begin(self, *, args: IterationArgs) -> None:
+        self.inner.begin(args=args)
 
     def run(self, **kwargs):
         return self.inner.run(**kwargs)

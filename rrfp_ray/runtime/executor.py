@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rrfp_ray.plan.packing import Packing
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.measure import Costs
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action
@@ -31,17 +31,10 @@ class StepResult:
 
 
 class Executor(Protocol):
-    def begin(
-        self,
-        *,
-        iteration: int,
-        order: tuple[int, ...] | None = None,
-        packing: Packing | None = None,
-        measure: bool = False,
-    ) -> None:
-        """Before the iteration's first action; `order[slot]` is the data microbatch slot `slot` reads,
-        `packing[j]` (None: the data's own) the samples data microbatch j holds;
-        `measure`: `measure` follows the iteration's `finish` (the executor keeps what it replays)."""
+    def begin(self, *, args: IterationArgs) -> None:
+        """Before the iteration's first action: `args.order[slot]` is the data microbatch slot `slot` reads,
+        `args.packing[j]` (None: the data's own) the samples data microbatch j holds; with `args.measure`,
+        `measure` follows the iteration's `finish` (the executor keeps what it replays)."""
         ...
 
     def measure(self) -> Costs:
@@ -120,15 +113,8 @@ class ExecutorWrapper:
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
 
-    def begin(
-        self,
-        *,
-        iteration: int,
-        order: tuple[int, ...] | None = None,
-        packing: Packing | None = None,
-        measure: bool = False,
-    ) -> None:
-        self.inner.begin(iteration=iteration, order=order, packing=packing, measure=measure)
+    def begin(self, *, args: IterationArgs) -> None:
+        self.inner.begin(args=args)
 
     def measure(self) -> Costs:
         return self.inner.measure()

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from rrfp_ray.observe.telemetry import LayerCost
-from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import TieSpec
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.measure import Costs
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action, Kind
@@ -187,15 +187,8 @@ class SleepExecutor:
         self._run_trace = model.as_run(trace)
         self._watched: dict[int, list] | None = None  # measuring: chunk -> [microbatch, its F ms, its backward ms]
 
-    def begin(
-        self,
-        *,
-        iteration: int,
-        order: tuple[int, ...] | None = None,
-        packing: Packing | None = None,
-        measure: bool = False,
-    ) -> None:
-        self._watched = {} if measure else None
+    def begin(self, *, args: IterationArgs) -> None:
+        self._watched = {} if args.measure else None
 
     def measure(self) -> Costs:
         """Each layer's forward and backward as this iteration's own ops measured them, slept on this

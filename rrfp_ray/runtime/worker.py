@@ -117,7 +117,7 @@ class StageWorker:
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
         tp_ms = 0.0
         weight_ops_left = dict.fromkeys(range(layout.chunks), layout.microbatches)
-        executor.begin(iteration=iteration, order=args.order, packing=args.packing, measure=args.measure)
+        executor.begin(args=args)
         if dp is not None:
             dp.reducer.begin()
         try:

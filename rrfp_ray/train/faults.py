@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import Executor, ExecutorWrapper, TieSpec, Workload
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import GradSink
 from rrfp_ray.schedule.actions import Action
@@ -156,16 +156,9 @@ class FaultyExecutor(ExecutorWrapper):
         self.shard = shard
         self._index = 0
 
-    def begin(
-        self,
-        *,
-        iteration: int,
-        order: tuple[int, ...] | None = None,
-        packing: Packing | None = None,
-        measure: bool = False,
-    ) -> None:
+    def begin(self, *, args: IterationArgs) -> None:
         self._index = 0
-        self.inner.begin(iteration=iteration, order=order, packing=packing, measure=measure)
+        self.inner.begin(args=args)
 
     def run(
         self, *, action: Action, iteration: int, payload: torch.Tensor | None, release: GradSink | None = None

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from rrfp_ray.models.tp import TPLayers
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.runtime.executor import StepResult
+from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.measure import Clock, Costs, LayerWatch, Throttle, stamp
 from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owners
 from rrfp_ray.schedule.actions import Action, Kind
@@ -186,17 +187,10 @@ class ModelExecutor:
             {} if workload.zero_sum is None else dict(zip(map(id, params), owners(sizes, replicas=workload.dp)))
         )
 
-    def begin(
-        self,
-        *,
-        iteration: int,
-        order: tuple[int, ...] | None = None,
-        packing: Packing | None = None,
-        measure: bool = False,
-    ) -> None:
-        self._order = order
-        self._packing = packing
-        self._watches = {} if measure else None
+    def begin(self, *, args: IterationArgs) -> None:
+        self._order = args.order
+        self._packing = args.packing
+        self._watches = {} if args.measure else None
         self.runner.reset_iteration()
         if self._workload.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
