@@ -91,7 +91,8 @@ class Backend(Protocol):
 @dataclass(frozen=True)
 class IterationSettings:
     """What every iteration of a running pipeline shares: its cap (None: each call gives one), receive-buffer
-    limit, TP protocol and how often its stages measure their layers' costs (0: never)."""
+    limit, TP protocol and how often its stages measure their layers' costs (0: never; `measures`). Either
+    backend runs its iterations through it, from its `PipelineConfig` (`of`)."""
 
     cap: Cap | None = None
     buffer_limit: int | None = None
@@ -131,23 +132,6 @@ class IterationSettings:
             packing=packing,
             measure=measures(iteration=iteration, period=self.measure_period),
         )
-
-
-def run_iteration(
-    *,
-    group: StageGroup,
-    pipeline: PipelineConfig,
-    iteration: int,
-    policy: Policy,
-    cap: Cap | None = None,
-    order: tuple[int, ...] | None = None,
-    packing: Packing | None = None,
-) -> IterationReport:
-    """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`), measuring
-    its layers' costs when `pipeline.balance` says (`measures`): either backend's."""
-    return IterationSettings.of(pipeline).run(
-        group=group, iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
-    )
 
 
 class LocalBackend:
