@@ -121,6 +121,7 @@ def sim_rows(cells: dict[str, tuple[float, float, list[float]]], *, scenario: st
                 "lb_ratio": 1.0,
                 "blocked_fraction": 0.1,
                 "peak_inflight": 4,
+                "bubble": 0.1,
             }
         )
     return rows

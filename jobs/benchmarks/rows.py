@@ -58,7 +58,9 @@ class SimRow(Cell):
     speedup_vs_1f1b: float
     lb_ratio: float
     blocked_fraction: float
+    bubble: float
     peak_inflight: int
+    seeds: int = 1
 
     @property
     def ready(self) -> bool:
@@ -72,6 +74,8 @@ class BufferRow(_Row):
 
     scenario: str
     stages: int
+    microbatches: int
+    policy: str
     cap: str
     buffer_limit: int | None  # None: unbounded
     makespan_rel: float | None  # mean over the unbounded run's; None: it deadlocked
@@ -180,7 +184,10 @@ class FidelityRow(_Row):
     """The fidelity part: one policy of the GPT run at one P, measured and replayed in the simulator."""
 
     stages: int
+    microbatches: int
     policy: str
+    cap: str
+    runs_ms: tuple[float, ...]  # each timed iteration's
     measured_ms: float
     schedule_ms: float
     simulated_ms: float
