@@ -33,7 +33,7 @@ from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.runtime.waits import Outcome, wait_named
 from rrfp_ray.schedule.layout import Link
-from rrfp_ray.train.backend import run_iteration
+from rrfp_ray.train.backend import IterationSettings
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
 
@@ -88,14 +88,8 @@ class PipelineDriver:
     ) -> IterationReport:
         """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, made of
         the samples `packing[order[s]]` (None: the data's own microbatch)."""
-        return run_iteration(
-            group=self.group,
-            pipeline=self.pipeline,
-            iteration=iteration,
-            policy=policy,
-            cap=cap,
-            order=order,
-            packing=packing,
+        return IterationSettings.of(self.pipeline).run(
+            group=self.group, iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
         )
 
     def take_turns(

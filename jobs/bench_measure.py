@@ -17,48 +17,66 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 from pydantic import ValidationError
 
-from rrfp_ray.cli import add_log_level_flag, config_error, configure_logging
+from rrfp_ray.cli import (
+    VARIABILITY_FLAGS,
+    Flag,
+    add_flags,
+    add_log_level_flag,
+    config_error,
+    configure_logging,
+    flag_names,
+    flag_values,
+    model_flags,
+)
 from rrfp_ray.job import run_job
-from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.models.gpt import GPTConfig
+from rrfp_ray.recipes.config import RunConfig, TrainConfig
 from rrfp_ray.runtime.executor import Executor, ExecutorWrapper
 from rrfp_ray.runtime.measure import Costs
+from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
 
 WARMUP = 2  # iterations left out of the medians
 
 
-FLAGS = {  # the RunConfig field each flag sets, for its errors
-    "pipeline.shape.stages": "--stages",
-    "pipeline.shape.microbatches": "--microbatches",
-    "pipeline.balance.measure_every": "--measure-every",
-    "model.n_layer": "--n-layer",
-    "model.n_embd": "--n-embd",
-    "variability.slow_devices": "--slow-device",
-}
+FLAGS = (  # each sets a RunConfig field; the defaults and help are this job's where its meaning is
+    *model_flags(
+        TrainConfig,
+        prefix="train.",
+        only=("iterations",),
+        flags=(Flag("iterations", default=102, help="steps to time (the first two are a warm-up)"),),
+    ),
+    *model_flags(
+        PipelineConfig,
+        prefix="pipeline.",
+        only=("measure_every", "stages", "microbatches"),
+        flags=(
+            Flag("measure_every", default=10, help="iterations between measurements"),
+            Flag("stages", help="pipeline stages (threads of this process)"),
+        ),
+    ),
+    *model_flags(GPTConfig, prefix="model.", only=("n_layer", "n_embd")),
+    *model_flags(
+        VariabilityConfig,
+        prefix="variability.",
+        only=("slow_devices",),
+        flags=(replace(VARIABILITY_FLAGS["slow_devices"], help="stages that compute slower"),),
+    ),
+)
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=102, help="steps to time (the first two are a warm-up)")
-    parser.add_argument("--measure-every", type=int, default=10, help="iterations between measurements")
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages (threads of this process)")
-    parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--n-layer", type=int, default=4, help="the GPT's transformer blocks")
-    parser.add_argument("--n-embd", type=int, default=64, help="the GPT's width")
-    parser.add_argument("--slow-device", default=None, metavar="STAGE:FACTOR,...", help="stages that compute slower")
+    add_flags(parser, model=RunConfig, flags=FLAGS)
     add_log_level_flag(parser)
     args = parser.parse_args(argv)
     try:
-        run = RunConfig(
-            pipeline={"stages": args.stages, "microbatches": args.microbatches, "measure_every": args.measure_every},
-            model={"n_layer": args.n_layer, "n_embd": args.n_embd},
-            variability={"scenario": "none", "slow_devices": args.slow_device},
-            train={"iterations": args.iterations},
-        )
+        run = RunConfig(**flag_values(args, flags=FLAGS))
     except ValidationError as error:
-        config_error(parser, error, flags=FLAGS)
+        config_error(parser, error, flags=flag_names(FLAGS))
     if args.iterations < WARMUP + args.measure_every + 2:
         parser.error(f"--iterations must be at least {WARMUP + args.measure_every + 2} to measure after the warm-up")
     return args, run

@@ -3,7 +3,7 @@
     python jobs/bench_tp.py
 
 For each protocol (`first`, `common`) and jitter model, runs --iterations iterations of
-LocalPipeline(tp=--tp) over SleepExecutor (t_f = --t-f ms, lognormal --sigma) and prints the
+LocalBackend.over(tp=--tp) over SleepExecutor (t_f = --t-f ms, lognormal --sigma) and prints the
 TP-coordination time (agreement rounds and the waits after a failed round, not the waits
 of a rank with nothing eligible) as a fraction of the ranks' wall time, the disagreement rate (rounds
 that decided nothing although some rank offered an op, per round and per op run), conflicts
@@ -25,10 +25,10 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
-from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
+from rrfp_ray.train.backend import IterationSettings, LocalBackend
 
 
 def _runs(
@@ -37,7 +37,8 @@ def _runs(
     policy = make_policy(name=args.policy, stages=args.stages, chunks=1, microbatches=args.microbatches)
     layout = Layout(stages=args.stages, chunks=1, microbatches=args.microbatches, split=policy.split)
     reports = []
-    with LocalPipeline(layout=layout, timeout_s=60, tp=tp, k=args.k) as pipeline:
+    settings = IterationSettings(tp_protocol=protocol)
+    with LocalBackend.over(layout=layout, timeout_s=60, tp=tp, k=args.k, settings=settings) as pipeline:
         for i in range(args.iterations):
             executors = []
             for s in range(args.stages):
@@ -62,7 +63,6 @@ def _runs(
                     policy=policy,
                     cap=cap,
                     executors=executors,
-                    protocol=protocol,
                 )
             )
     return reports

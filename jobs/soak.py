@@ -11,37 +11,53 @@ from __future__ import annotations
 import argparse
 import time
 
+from pydantic import ValidationError
+
 from actors.local_ray import start_ray
-from rrfp_ray.cli import add_log_level_flag, configure_logging
+from rrfp_ray.cli import (
+    Flag,
+    add_flags,
+    add_log_level_flag,
+    config_error,
+    configure_logging,
+    flag_names,
+    flag_values,
+    model_flags,
+)
 from rrfp_ray.job import run_job
+from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
 
 WORKLOADS = ("synthetic", "gpt")
+PIPELINE = model_flags(PipelineConfig, only=("stages", "microbatches"))
+# the synthetic workload's trace: lognormal jitter around --t-f
+VARIABILITY = model_flags(VariabilityConfig, only=("t_f",), flags=(Flag("t_f", default=2.0),))
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=WORKLOADS, default="synthetic")
     parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--stages", type=int, default=4)
-    parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--t-f", type=float, default=2.0, help="ms per forward (synthetic)")
+    add_flags(parser, model=PipelineConfig, flags=PIPELINE)
+    add_flags(parser, model=VariabilityConfig, flags=VARIABILITY)
     parser.add_argument("--policies", default="1f1b,bf,bfw", help="cycled through, one per iteration")
     add_log_level_flag(parser)
     args = parser.parse_args(argv)
-    for flag in ("iterations", "stages", "microbatches"):
-        if getattr(args, flag) < (2 if flag == "iterations" else 1):
-            parser.error(f"--{flag} must be >= {2 if flag == 'iterations' else 1}, got {getattr(args, flag)}")
+    if args.iterations < 2:
+        parser.error(f"--iterations must be >= 2, got {args.iterations}")
+    try:
+        pipeline = PipelineConfig(**flag_values(args, flags=PIPELINE), timeout_s=60)
+        variability = VariabilityConfig(scenario="lognormal", **flag_values(args, flags=VARIABILITY))
+    except ValidationError as error:
+        config_error(parser, error, flags=flag_names([*PIPELINE, *VARIABILITY]))
 
     import ray
 
     from actors.driver import PipelineDriver
     from actors.teardown import end_actors
-    from rrfp_ray.train.config import PipelineConfig
 
-    pipeline = PipelineConfig(stages=args.stages, microbatches=args.microbatches, timeout_s=60)
     policies = [pipeline.resolved_policy(name) for name in args.policies.split(",")]
-    print(start_ray(num_cpus=max(2, args.stages), log_level=configure_logging(args)))
-    driver = PipelineDriver.remote(pipeline=pipeline, workload=_workload(args, pipeline))
+    print(start_ray(num_cpus=max(2, pipeline.stages), log_level=configure_logging(args)))
+    driver = PipelineDriver.remote(pipeline=pipeline, workload=_workload(args, pipeline, variability))
     actors = {"driver": driver} | {f"stage {s}": a for s, a in enumerate(ray.get(driver.stage_actors.remote()))}
 
     def rss() -> list[int]:
@@ -67,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     return {"actors": list(actors), "first": first, "last": last}
 
 
-def _workload(args: argparse.Namespace, pipeline):
+def _workload(args: argparse.Namespace, pipeline: PipelineConfig, variability: VariabilityConfig):
     if args.workload == "gpt":
         from rrfp_ray.recipes.config import RunConfig
         from rrfp_ray.recipes.gpt_workload import gpt_workload
@@ -79,12 +95,8 @@ def _workload(args: argparse.Namespace, pipeline):
         )
         return gpt_workload(run)
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
-    from rrfp_ray.sim.variability import generate
 
-    trace = generate(
-        scenario="lognormal", stages=args.stages, microbatches=args.microbatches, chunks=1, seed=0, t_f=args.t_f
-    )
-    return SyntheticWorkload(trace=trace, payload_elems=65536)
+    return SyntheticWorkload(trace=variability.trace(pipeline=pipeline), payload_elems=65536)
 
 
 if __name__ == "__main__":

@@ -28,36 +28,30 @@ require_core(program="train_vlm.py")  # before the first import of torch or ray
 
 from actors.job_setup import checked_run
 from actors.train_gpt import build_parser, train_on_ray
+from rrfp_ray.cli import Flag, add_flags, config_error, flag_names, flag_values, model_flags
 from rrfp_ray.job import run_job
 
 if TYPE_CHECKING:
     from rrfp_ray.models.vlm import VLMConfig
     from rrfp_ray.recipes.config import RunConfig
 
-IMAGE_FLAGS = {
-    "max_images": "--max-images",
-    "classes": "--classes",
-    "image_size": "--image-size",
-    "patch_size": "--patch-size",
-    "pool": "--pool",
-    "encoder_layers": "--encoder-layers",
-    "encoder_heads": "--encoder-heads",
-    "encoder_embd": "--encoder-embd",
-}
+DECODER = {"n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd"}  # train_gpt's model flags
+
+
+def image_flags() -> tuple[Flag, ...]:
+    """A flag for each `VLMConfig` field of the images and the encoder."""
+    from rrfp_ray.models.vlm import VLMConfig
+
+    return model_flags(VLMConfig, without=("channels", *DECODER, "bias", "tie_embeddings"))
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunConfig, VLMConfig]:
     parser = build_parser(description=__doc__)
+    from rrfp_ray.models.vlm import VLMConfig
+
     images = parser.add_argument_group("images")
-    images.add_argument("--max-images", type=int, default=8, help="most images a sample holds")
+    add_flags(images, model=VLMConfig, flags=image_flags())
     images.add_argument("--image-tail", type=float, default=1.0, help="P(n images) ~ (n + 1) ** -tail; 0: uniform")
-    images.add_argument("--classes", type=int, default=8, help="kinds of image a caption names")
-    images.add_argument("--image-size", type=int, default=16, help="pixels a side")
-    images.add_argument("--patch-size", type=int, default=4, help="pixels a side of a patch")
-    images.add_argument("--pool", type=int, default=2, help="the patch grid pooled by this factor into image tokens")
-    images.add_argument("--encoder-layers", type=int, default=4)
-    images.add_argument("--encoder-heads", type=int, default=2)
-    images.add_argument("--encoder-embd", type=int, default=64)
     parser.set_defaults(scenario="none")
     args = parser.parse_args(argv)
     if args.out is None and not os.environ.get("RAY_ADDRESS"):
@@ -81,19 +75,19 @@ def vlm_config(parser: argparse.ArgumentParser, *, args: argparse.Namespace) -> 
     """The image flags and the decoder's (--n-layer, --n-head, --n-embd, --untie-embeddings) as a `VLMConfig`."""
     from pydantic import ValidationError
 
-    from rrfp_ray.cli import config_error
     from rrfp_ray.models.vlm import VLMConfig
 
     if args.image_tail < 0:
         parser.error(f"--image-tail must be >= 0, got {args.image_tail:g}")
-    decoder = {"n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd"}
+    images = image_flags()
     try:
         return VLMConfig(
-            **{field: getattr(args, field) for field in IMAGE_FLAGS | decoder},
+            **flag_values(args, flags=images),
+            **{field: getattr(args, field) for field in DECODER},
             tie_embeddings=not args.untie_embeddings,
         )
     except ValidationError as error:
-        config_error(parser, error, flags=IMAGE_FLAGS | decoder)
+        config_error(parser, error, flags=flag_names(images) | DECODER)
 
 
 def main(argv: list[str] | None = None) -> dict:

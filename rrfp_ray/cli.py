@@ -8,7 +8,7 @@ import enum
 import logging
 import os
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
@@ -36,6 +36,10 @@ class Flag:
     choices: tuple[Any, ...] | None = None
     metavar: str | None = None
     help: str = ""  # default: the field's description
+    # a None default's meaning in the help, e.g. "4P" for "(default 4P)"
+    default_note: str = ""
+    # the job's own parse of the text, where it refuses more at once than the field's type (e.g. counts >= 1)
+    parse: Callable[[str], Any] | None = None
     alias: str = ""  # the flat path a sectioned model also takes, e.g. "pipeline.stages" for "pipeline.shape.stages"
 
     @property
@@ -85,9 +89,11 @@ def add_flags(group: argparse._ActionsContainer, *, model: type[BaseModel], flag
         default = info.get_default(call_default_factory=True) if flag.default is _MODEL_DEFAULT else flag.default
         if default is not None:
             help = help.replace("%", "%%") + " (default %(default)s)"
+        elif flag.default_note:
+            help = f"{help} (default {flag.default_note})".replace("%", "%%")
         group.add_argument(
             flag.name,
-            type=kind if kind in (int, float) else None,
+            type=flag.parse or (kind if kind in (int, float) else None),
             default=_as_text(default),
             choices=flag.choices,
             metavar=flag.metavar,
@@ -114,21 +120,27 @@ def flag_names(flags: Sequence[Flag]) -> dict[str, str]:
 
 
 def model_flags(
-    model: type[BaseModel], *, prefix: str = "", without: Iterable[str] = (), flags: Sequence[Flag] = ()
+    model: type[BaseModel],
+    *,
+    prefix: str = "",
+    without: Iterable[str] = (),
+    only: Iterable[str] | None = None,
+    flags: Sequence[Flag] = (),
 ) -> tuple[Flag, ...]:
     """A flag for every field of `model` (through its sections: fields that are models) but those
-    `without`, in the model's order, at `prefix` (e.g. "pipeline."); `flags` declare the fields
-    whose flag is not the field's own name, default or help (by field name, sections left out)."""
+    `without` (or for those `only`), in the model's order, at `prefix` (e.g. "pipeline."); `flags`
+    declare the fields whose flag is not the field's own name, default or help (by field name,
+    sections left out)."""
     paths = _field_paths(model, prefix=prefix)
-    without = set(without)
-    own = {flag.field: flag for flag in flags if flag.field not in without}
-    unknown = (set(own) | without) - set(paths)
+    dropped = set(without) if only is None else set(paths) - set(only)
+    own = {flag.field: flag for flag in flags if flag.field not in dropped}
+    unknown = (set(without) | set(only or ()) | set(own)) - set(paths)
     if unknown:
         raise ValueError(f"{model.__name__} has no fields {sorted(unknown)}")
     return tuple(
         replace(own.get(name, Flag(name)), field=path, alias=alias)
         for name, (path, alias) in paths.items()
-        if name not in without
+        if name not in dropped
     )
 
 
@@ -154,19 +166,22 @@ PIPELINE_FLAGS = (
 )
 
 
+# How the jobs spell the `VariabilityConfig` fields whose flag is not the field's name.
+VARIABILITY_FLAGS = {
+    "seed": Flag("seed", "--variability-seed"),
+    "trace_file": Flag("trace_file", "--trace", metavar="FILE"),
+    "slow_devices": Flag("slow_devices", "--slow-device", default=None, metavar="STAGE:FACTOR,..."),
+}
+
+
 def scenario_flags(*, slow_devices: bool = False, **defaults: Any) -> tuple[Flag, ...]:
     """The `VariabilityConfig` flags, --slow-device among them for a job whose stages compute for real
     (`slow_devices`); `defaults` (field -> value) are a job's own, e.g. scenario="multimodal"."""
     from rrfp_ray.train.config import VariabilityConfig
 
-    spelled = {
-        "seed": Flag("seed", "--variability-seed"),
-        "trace_file": Flag("trace_file", "--trace", metavar="FILE"),
-        "slow_devices": Flag("slow_devices", "--slow-device", default=None, metavar="STAGE:FACTOR,..."),
-    }
-    own = [replace(spelled.get(name, Flag(name)), default=value) for name, value in defaults.items()]
+    own = [replace(VARIABILITY_FLAGS.get(name, Flag(name)), default=value) for name, value in defaults.items()]
     without = ("params",) if slow_devices else ("params", "slow_devices")
-    return model_flags(VariabilityConfig, without=without, flags=[*spelled.values(), *own])
+    return model_flags(VariabilityConfig, without=without, flags=[*VARIABILITY_FLAGS.values(), *own])
 
 
 def add_scenario_flags(parser: argparse.ArgumentParser, *, flags: Sequence[Flag] | None = None) -> None:

@@ -12,12 +12,12 @@ from torch import nn
 
 from rrfp_ray import InMemoryData, PipelineConfig, Trainer
 from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
+from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing, latest, load_stage
 from rrfp_ray.train.faults import Crash, Fault, FaultPlan, FaultyExecutor, FaultyWorkload, Moment
 
@@ -118,7 +118,7 @@ def test_a_stalled_tp_rank_of_a_dp_replica_is_named_with_the_links_and_ops_its_n
         stall_s=7.0,  # past the fabric's wait (its timeout + 5 s, 1 s once a neighbour failed)
     )
     pipeline = PipelineConfig(stages=2, microbatches=2, tp=2, dp=2, policy="bf", timeout_s=1.0)
-    with LocalPipeline(layout=layout, timeout_s=1.0, tp=2, dp=DPSpec(size=2)) as local:
+    with LocalBackend.over(layout=layout, timeout_s=1.0, tp=2, dp=DPSpec(size=2)) as local:
         executors = [
             FaultyExecutor(
                 inner=workload.with_tp(rank=i % 2, size=2, all_reduce=torch.clone)

@@ -16,11 +16,11 @@ import bench_measure
 import bench_runtime
 import train_gpt
 from rrfp_ray.runtime.iteration import measures
-from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.measure import Clock, Throttle
 from rrfp_ray.runtime.synthetic import LayerModel, SyntheticWorkload, device_speed
 from rrfp_ray.sim.variability import generate
 from rrfp_ray.train.api import Trainer
+from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.config import PipelineConfig, VariabilityConfig
 
 WIDTH = 16
@@ -136,7 +136,7 @@ def _synthetic(split: tuple[int, ...] | None) -> dict:
     pipeline = PipelineConfig(stages=2, microbatches=4, policy="1f1b", timeout_s=60)
     trace = generate(scenario="imbalance", stages=2, microbatches=4, chunks=1, seed=0, t_f=40.0)
     workload = SyntheticWorkload(trace=trace, layers=2, layer_bytes=1000, layer_split=split)
-    with LocalPipeline(layout=pipeline.layout) as local:
+    with LocalBackend.over(layout=pipeline.layout) as local:
         local.group.set_workload(workload=workload)
         report = local.group.run_iteration(
             iteration=0,
@@ -209,7 +209,7 @@ def test_turns_measure_every_period_over_their_common_iteration_count() -> None:
     pipeline = PipelineConfig(stages=2, microbatches=2, policy="1f1b", timeout_s=60)
     trace = generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0)
     runs = {name: (pipeline.resolved_policy(name), pipeline.cap) for name in ("1f1b", "bf")}
-    with LocalPipeline(layout=pipeline.layout) as local:
+    with LocalBackend.over(layout=pipeline.layout) as local:
         local.group.set_workload(workload=SyntheticWorkload(trace=trace))
         reports = local.group.take_turns(
             runs=runs,

@@ -18,7 +18,7 @@ from rrfp_ray.plan.planner import default_hints
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
-from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing
 
 TINY = {"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}
@@ -51,7 +51,7 @@ def _train(order: tuple[int, ...] | None):
     source = RecordingSource(workload.data)
     workload = replace(workload, data=source)
     executors = [GradCapture(workload.executor(stage=s, layout=layout)) for s in range(layout.stages)]
-    with LocalPipeline(layout=layout, timeout_s=30) as pipeline:
+    with LocalBackend.over(layout=layout, timeout_s=30) as pipeline:
         report = pipeline.run_iteration(
             iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, order=order
         )

@@ -15,7 +15,6 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import BFPicker, CPWPicker, hint_indexes, picker_for
 from rrfp_ray.policy.policy import Policy, Rule, make_policy
-from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
 from rrfp_ray.schedule.layout import Layout
@@ -23,6 +22,7 @@ from rrfp_ray.schedule.slots import slots_of
 from rrfp_ray.sim.simulator import layout_for, simulate
 from rrfp_ray.sim.trace import Trace
 from rrfp_ray.sim.variability import generate
+from rrfp_ray.train.backend import LocalBackend
 
 
 def acts(text: str) -> list[Action]:
@@ -240,7 +240,7 @@ def test_the_runtime_runs_cpw() -> None:
     workload = SyntheticWorkload(
         trace=generate(scenario="multimodal", stages=P, microbatches=M, chunks=1, seed=1, t_f=1.0), payload_elems=16
     )
-    pipeline = LocalPipeline(layout=layout, timeout_s=20)
+    pipeline = LocalBackend.over(layout=layout, timeout_s=20)
     try:
         report = pipeline.run_iteration(
             iteration=0,

@@ -7,7 +7,6 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
-from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Kind, Placement, parse_action
 from rrfp_ray.schedule.generators import build
@@ -16,6 +15,7 @@ from rrfp_ray.schedule.torch_import import imported
 from rrfp_ray.schedule.validate import parse_order, read_hint
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate
+from rrfp_ray.train.backend import LocalBackend
 
 CLASSES = {
     "looped-bfs": torch_schedules.ScheduleLoopedBFS,
@@ -116,7 +116,7 @@ def test_v_policies_complete_in_the_simulator_and_in_process(name: str) -> None:
             ran = [e.action for e in sorted(report.events, key=lambda e: e.start_ms) if e.stage == s]
             assert ran == [str(a) for a in policy.order[s]]
     layout = Layout(stages=P, chunks=2, microbatches=M, placement=Placement.V)
-    pipeline = LocalPipeline(layout=layout, timeout_s=20.0)
+    pipeline = LocalBackend.over(layout=layout, timeout_s=20.0)
     try:
         workload = SyntheticWorkload(trace=trace)
         executors = [workload.executor(stage=s, layout=policy.layout_over(layout)) for s in range(P)]

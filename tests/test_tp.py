@@ -18,10 +18,10 @@ from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
-from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.schedule.actions import Action, Kind, Placement
 from rrfp_ray.schedule.layout import Layout
+from rrfp_ray.train.backend import IterationSettings, LocalBackend
 from rrfp_ray.train.partition import partition
 from rrfp_ray.train.runner import StageRunner
 
@@ -220,7 +220,8 @@ def _tp_pipeline(*, policy_name: str, protocol: str, slow_rank: int | None, tp: 
     def wrap(rank, channel):
         return _Slow(channel, 0.01) if rank == slow_rank else channel
 
-    with LocalPipeline(layout=layout, timeout_s=30, tp=tp, wrap=wrap) as pipeline:
+    settings = IterationSettings(tp_protocol=TPProtocol(protocol))
+    with LocalBackend.over(layout=layout, timeout_s=30, tp=tp, wrap=wrap, settings=settings) as pipeline:
         executors = [
             _Traced(
                 replace(
@@ -233,9 +234,7 @@ def _tp_pipeline(*, policy_name: str, protocol: str, slow_rank: int | None, tp: 
             for s in range(layout.stages)
             for t in range(tp)
         ]
-        report = pipeline.run_iteration(
-            iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, protocol=TPProtocol(protocol)
-        )
+        report = pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors)
     return run, report, executors
 
 
@@ -319,7 +318,7 @@ def test_gpt_layers_under_tp_keep_embed_and_head():
 
 def test_bad_tp_arguments_are_rejected():
     with pytest.raises(ValueError, match="tp"):
-        LocalPipeline(layout=Layout(stages=2, chunks=1, microbatches=2, split=False), tp=0)
+        LocalBackend.over(layout=Layout(stages=2, chunks=1, microbatches=2, split=False), tp=0)
     with pytest.raises(ValueError, match="k"):
         _arbiter("bf").candidates(0)
 

@@ -11,7 +11,7 @@ from gradients import GradCapture, gpt_reference
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
-from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.partition import partition
 
 TINY = {
@@ -36,7 +36,7 @@ def _pipeline_iterations(run: RunConfig, *, policy_name: str, iterations: int):
     layout = replace(run.pipeline.layout, split=policy.split)
     workload = gpt_workload(run)
     executors = [GradCapture(workload.executor(stage=s, layout=layout)) for s in range(layout.stages)]
-    with LocalPipeline(layout=layout, timeout_s=30) as pipeline:
+    with LocalBackend.over(layout=layout, timeout_s=30) as pipeline:
         reports = [
             pipeline.run_iteration(iteration=i, policy=policy, cap=Cap.parse("2x"), executors=executors)
             for i in range(iterations)

@@ -12,7 +12,6 @@ import torch
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.iteration import IterationArgs
-from rrfp_ray.runtime.local import LocalPipeline
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, tensor_all_reduce
 from rrfp_ray.runtime.transport import Header, LocalChannel, MessageReader, MessageWriter
@@ -20,6 +19,7 @@ from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.schedule.actions import Kind, parse_action
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.variability import generate
+from rrfp_ray.train.backend import IterationSettings, LocalBackend
 
 P, M = 4, 8
 
@@ -32,7 +32,7 @@ def _run(*, name: str, chunks: int = 1, scenario: str = "lognormal", iterations:
     )
     executors = [workload.executor(stage=s, layout=layout) for s in range(P)]
     own = pipeline is None
-    pipeline = pipeline or LocalPipeline(layout=layout, timeout_s=20)
+    pipeline = pipeline or LocalBackend.over(layout=layout, timeout_s=20)
     try:
         return (
             policy,
@@ -181,7 +181,7 @@ def test_a_message_that_never_arrives_raises_naming_link_and_action():
     def wrap(rank: int, channel: LocalChannel):  # header + payload of microbatch 0 only
         return _Losing(channel, keep=2) if channel.name == str(link) else channel
 
-    pipeline = LocalPipeline(layout=layout, timeout_s=1.0, wrap=wrap)
+    pipeline = LocalBackend.over(layout=layout, timeout_s=1.0, wrap=wrap)
     workload = SyntheticWorkload(trace=generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0))
     executors = [workload.executor(stage=s, layout=layout) for s in range(2)]
     with pytest.raises(PipelineError, match=r"1F1 \(needs activations 0->1 for microbatch 1\)"):
@@ -267,7 +267,7 @@ def test_the_iteration_time_covers_the_optimizer_step():
     workload = SyntheticWorkload(trace=trace, payload_elems=4)
     executors = [workload.executor(stage=s, layout=layout) for s in range(2)]
     executors[1] = _SlowStep(executors[1], step_s=0.3)
-    with LocalPipeline(layout=layout, timeout_s=20) as pipeline:
+    with LocalBackend.over(layout=layout, timeout_s=20) as pipeline:
         report = pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors)
     slow = report.stages[1]
     assert slow.step_ms >= 300 and slow.wall_ms >= slow.compute_ms + slow.step_ms
@@ -292,9 +292,8 @@ def test_the_receive_buffer_never_holds_more_than_its_limit_with_several_inbound
     trace, layout = _slow_middle_stage(microbatches=6)
     policy = make_policy(name="bf", stages=3, chunks=1, microbatches=6)
     executors = [SyntheticWorkload(trace=trace, payload_elems=16).executor(stage=s, layout=layout) for s in range(3)]
-    with LocalPipeline(layout=layout, timeout_s=20) as pipeline:
-        report = pipeline.run_iteration(
-            iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors, buffer_limit=limit
-        )
+    settings = IterationSettings(buffer_limit=limit)
+    with LocalBackend.over(layout=layout, timeout_s=20, settings=settings) as pipeline:
+        report = pipeline.run_iteration(iteration=0, policy=policy, cap=Cap.parse("inf"), executors=executors)
     assert sorted(e.action for e in report.events) == sorted(str(a) for s in range(3) for a in layout.actions(stage=s))
     assert report.stages[1].peak_buffered == limit  # reached, never passed, although two links feed it

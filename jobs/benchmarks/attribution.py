@@ -13,8 +13,10 @@ seeds, which both sides share; the spread is the per-seed ratio of those two.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from benchmarks.report import Suite, missing, table, x
+from benchmarks.rows import Cell
 
 CAPS = ("1x", "2x")
 HEAVY = ("lognormal-0.6", "straggler", "multimodal+comm")
@@ -47,8 +49,8 @@ class Attribution:
     family: str
     cap: str
     budget: float  # memory allowed, over fixed 1F1B's
-    ready: dict  # the best readiness row
-    fixed: dict  # the best fixed row within the budget
+    ready: Cell  # the best readiness run
+    fixed: Cell  # the best fixed run within the budget
     speedup: float  # fixed mean makespan / readiness mean makespan
     low: float  # per-seed ratio, least
     high: float  # and most
@@ -58,10 +60,21 @@ class Attribution:
     @property
     def ready_over_budget(self) -> bool:
         """No readiness run of the family stayed within the budget (the cap gates admissions only)."""
-        return self.ready["memory_x"] > self.budget + SLACK
+        return self.ready.memory_x > self.budget + SLACK
 
 
-def attribute(suite: Suite) -> list[Attribution]:
+class Cells(Protocol):
+    """What `attribute` compares: a run's `Cell` per (scenario, P) (the simulator's `Suite`, or the Ray rows)."""
+
+    scenarios: list[str]
+
+    @property
+    def stages(self) -> list[int]: ...
+
+    def cell(self, *, scenario: str, stages: int, run: str) -> Cell | None: ...
+
+
+def attribute(suite: Cells) -> list[Attribution]:
     out = []
     for family in FAMILIES:
         for cap in CAPS:
@@ -73,21 +86,21 @@ def attribute(suite: Suite) -> list[Attribution]:
     return out
 
 
-def _cell(suite: Suite, *, family: Family, cap: str, scenario: str, stages: int) -> Attribution | None:
-    def row(run: str) -> dict | None:
+def _cell(suite: Cells, *, family: Family, cap: str, scenario: str, stages: int) -> Attribution | None:
+    def row(run: str) -> Cell | None:
         return suite.cell(scenario=scenario, stages=stages, run=run)
 
     readiness = [r for r in (row(f"{name}@{cap}") for name in family.readiness) if r is not None]
     references = [r for r in map(row, family.references) if r is not None]
     if not readiness or not references:
         return None
-    budget = float(cap.removesuffix("x")) * max(r["memory_x"] for r in references)
+    budget = float(cap.removesuffix("x")) * max(r.memory_x for r in references)
     fixed = [r for r in map(row, family.fixed) if r is not None]
-    fits = [r for r in fixed if r["memory_x"] <= budget + SLACK]
-    within = [r for r in readiness if r["memory_x"] <= budget + SLACK]
-    ready = min(within or readiness, key=lambda r: r["makespan_ms"])
-    best = min(fits, key=lambda r: r["makespan_ms"])
-    ratios = [f / m for f, m in zip(seeds_of(best), seeds_of(ready))]
+    fits = [r for r in fixed if r.memory_x <= budget + SLACK]
+    within = [r for r in readiness if r.memory_x <= budget + SLACK]
+    ready = min(within or readiness, key=lambda r: r.makespan_ms)
+    best = min(fits, key=lambda r: r.makespan_ms)
+    ratios = [f / m for f, m in zip(best.per_seed, ready.per_seed)]
     one_f_one_b = row("1f1b")
     return Attribution(
         scenario=scenario,
@@ -97,17 +110,12 @@ def _cell(suite: Suite, *, family: Family, cap: str, scenario: str, stages: int)
         budget=budget,
         ready=ready,
         fixed=best,
-        speedup=best["makespan_ms"] / ready["makespan_ms"],
+        speedup=best.makespan_ms / ready.makespan_ms,
         low=min(ratios),
         high=max(ratios),
-        vs_1f1b=None if one_f_one_b is None else one_f_one_b["makespan_ms"] / ready["makespan_ms"],
-        over_budget=tuple(r["run"] for r in fixed if r not in fits),
+        vs_1f1b=None if one_f_one_b is None else one_f_one_b.makespan_ms / ready.makespan_ms,
+        over_budget=tuple(r.run for r in fixed if r not in fits),
     )
-
-
-def seeds_of(row: dict) -> list[float]:
-    """Each seed's makespan (a JSON written before they were kept: the mean alone)."""
-    return row.get("makespans", [row["makespan_ms"]])
 
 
 @dataclass(frozen=True)
@@ -123,8 +131,8 @@ def targets(cells: list[Attribution], *, family: str, cap: str = "1x") -> list[T
     mine = [c for c in cells if c.family == family and c.cap == cap]
 
     def where(c: Attribution) -> str:
-        memory = f", {c.ready['memory_x']:.2f}x memory over the {c.budget:.2f}x budget" if c.ready_over_budget else ""
-        return f"{c.scenario} P={c.stages} {c.speedup:.3f}x ({c.ready['run']} vs {c.fixed['run']}{memory})"
+        memory = f", {c.ready.memory_x:.2f}x memory over the {c.budget:.2f}x budget" if c.ready_over_budget else ""
+        return f"{c.scenario} P={c.stages} {c.speedup:.3f}x ({c.ready.run} vs {c.fixed.run}{memory})"
 
     varied = [c for c in mine if c.scenario != "none"]
     heavy = [c for c in mine if c.scenario in HEAVY]
@@ -149,7 +157,7 @@ def attribution_lines(suite: Suite) -> list[str]:
     for c in cells:
         lines.append(
             f"readiness itself {c.family:>20} cap {c.cap} {c.scenario:>16} P={c.stages:<3} "
-            f"{c.ready['run']:>20} / {c.fixed['run']:<11} {c.speedup:.3f}x (seeds {c.low:.3f}-{c.high:.3f})"
+            f"{c.ready.run:>20} / {c.fixed.run:<11} {c.speedup:.3f}x (seeds {c.low:.3f}-{c.high:.3f})"
         )
     for family in FAMILIES:
         for target in targets(cells, family=family.label):
@@ -208,8 +216,8 @@ def attribution_section(suite: Suite) -> list[str]:
                         row += ["-", "-"]
                         continue
                     row += [
-                        f"**{x(c.speedup)}** ({c.low:.2f}-{c.high:.2f}) {c.ready['run']} "
-                        f"({x(c.ready['memory_x'])} memory{over(c)}) / {c.fixed['run']} ({x(c.fixed['memory_x'])})",
+                        f"**{x(c.speedup)}** ({c.low:.2f}-{c.high:.2f}) {c.ready.run} "
+                        f"({x(c.ready.memory_x)} memory{over(c)}) / {c.fixed.run} ({x(c.fixed.memory_x)})",
                         "-" if c.vs_1f1b is None else x(c.vs_1f1b),
                     ]
                 body.append(row)
@@ -256,7 +264,7 @@ def shortfall_notes(cells: list[Attribution]) -> list[str]:
         if twice is not None:
             notes.append(
                 f"- {c.family}, {c.scenario}, P={c.stages}: {x(c.speedup)} at 1x, {x(twice.speedup)} at 2x "
-                f"({twice.ready['run']} vs {twice.fixed['run']})."
+                f"({twice.ready.run} vs {twice.fixed.run})."
             )
     if not notes:
         return []
@@ -276,10 +284,12 @@ def heavy_notes(suite: Suite, cells: list[Attribution]) -> list[str]:
     for c in cells:
         if c.cap != "1x" or c.scenario not in HEAVY or c.speedup >= HEAVY_AT_LEAST:
             continue
-        room = c.fixed["lb_ratio"]
+        fixed = suite.cell(scenario=c.scenario, stages=c.stages, run=c.fixed.run)
+        assert fixed is not None  # `cells` were attributed from this suite's rows
+        room = fixed.lb_ratio
         out_of_reach += room < HEAVY_AT_LEAST
         twice = at_2x(c, cells)
-        more = [] if twice is None else [f"{x(twice.speedup)} at 2x ({twice.ready['run']} vs {twice.fixed['run']})"]
+        more = [] if twice is None else [f"{x(twice.speedup)} at 2x ({twice.ready.run} vs {twice.fixed.run})"]
         family = next(f for f in FAMILIES if f.label == c.family)
         unbounded = [
             r
@@ -287,15 +297,15 @@ def heavy_notes(suite: Suite, cells: list[Attribution]) -> list[str]:
             if r is not None
         ]
         if unbounded:
-            best = min(unbounded, key=lambda r: r["makespan_ms"])
+            best = min(unbounded, key=lambda r: r.makespan_ms)
             more.append(
-                f"{x(c.fixed['makespan_ms'] / best['makespan_ms'])} with no cap ({best['run']}, "
-                f"{x(best['memory_x'])} memory, over {c.fixed['run']} at 1x)"
+                f"{x(c.fixed.makespan_ms / best.makespan_ms)} with no cap ({best.run}, "
+                f"{x(best.memory_x)} memory, over {c.fixed.run} at 1x)"
             )
         reach = "; out of reach" if room < HEAVY_AT_LEAST else ""
         notes.append(
             f"- {c.family}, {c.scenario}, P={c.stages}: {c.speedup:.3f}x at 1x; room {room:.3f}x "
-            f"({c.fixed['run']} over the bound){reach}; " + "; ".join(more) + "."
+            f"({c.fixed.run} over the bound){reach}; " + "; ".join(more) + "."
         )
     if not notes:
         return []

@@ -11,6 +11,7 @@ from benchmarks.attribution import FAMILIES, attribute, targets
 from benchmarks.pytorch_target import target_rows
 from benchmarks.ray_attribution import ray_cells, ray_targets
 from benchmarks.report import FIXED_COLORS, MEMORY_LIMIT, SUITE, Suite, missing, pct, span, x
+from benchmarks.rows import Agreement, SimRow, TPRow
 
 LLM = ("lognormal-0.3", "lognormal-0.6", "straggler", "comm")
 JITTER = ("lognormal-0.3", "lognormal-0.6", "straggler")
@@ -30,8 +31,8 @@ def ray_shapes(suite: Suite) -> str:
     return "P=" + "/".join(map(str, suite.ray_stages or [4]))
 
 
-def where_sim(row: dict) -> str:
-    return f"{row['run']}, {row['scenario']}, P={row['stages']}"
+def where_sim(row: SimRow) -> str:
+    return f"{row.run}, {row.scenario}, P={row.stages}"
 
 
 def speedup_claim(suite: Suite, *, paper: float, scenarios: Sequence[str], kind: str) -> Claim:
@@ -43,25 +44,25 @@ def speedup_claim(suite: Suite, *, paper: float, scenarios: Sequence[str], kind:
     )
     sim = "/".join(map(str, suite.stages)) or "-"
     where = f"{', '.join(scenarios)}; sim P={sim} and Ray {ray_shapes(suite)}; `{SUITE}`"
-    rows = suite.sim_rows(scenarios=scenarios, where=suite.ready)
+    rows = suite.sim_rows(scenarios=scenarios, where=lambda r: r.ready)
     if not rows:
         return Claim(claim, measures, where, missing("sim") + " for these scenarios", "not measured")
-    fair = {(c.scenario, c.stages, c.ready["run"]): c for c in attribute(suite)}
+    fair = {(c.scenario, c.stages, c.ready.run): c for c in attribute(suite)}
     parts, tops = [], []
     for policy in ("bf", "bfw"):
-        mine = [r for r in rows if r["policy"] == policy]
+        mine = [r for r in rows if r.policy == policy]
         if not mine:
             continue
-        bounded = max((r for r in mine if r["memory_x"] <= MEMORY_LIMIT), key=lambda r: r["speedup_vs_1f1b"])
-        best = max(mine, key=lambda r: r["speedup_vs_1f1b"])
-        tops.append(best["speedup_vs_1f1b"])
+        bounded = max((r for r in mine if r.memory_x <= MEMORY_LIMIT), key=lambda r: r.speedup_vs_1f1b)
+        best = max(mine, key=lambda r: r.speedup_vs_1f1b)
+        tops.append(best.speedup_vs_1f1b)
         text = (
-            f"{policy}: up to **{x(bounded['speedup_vs_1f1b'])}** at <= 2x memory ({where_sim(bounded)}), "
-            f"{x(best['speedup_vs_1f1b'])} at any ({where_sim(best)}, memory {x(best['memory_x'])})"
+            f"{policy}: up to **{x(bounded.speedup_vs_1f1b)}** at <= 2x memory ({where_sim(bounded)}), "
+            f"{x(best.speedup_vs_1f1b)} at any ({where_sim(best)}, memory {x(best.memory_x)})"
         )
-        itself = fair.get((bounded["scenario"], bounded["stages"], bounded["run"]))
+        itself = fair.get((bounded.scenario, bounded.stages, bounded.run))
         if itself is not None:
-            text += f"; there over the best fixed at equal memory and split {x(itself.speedup)} ({itself.fixed['run']})"
+            text += f"; there over the best fixed at equal memory and split {x(itself.speedup)} ({itself.fixed.run})"
         parts.append(text)
     measured = runtime_speedups(suite, scenarios=scenarios)
     if measured:
@@ -78,9 +79,9 @@ def speedup_claim(suite: Suite, *, paper: float, scenarios: Sequence[str], kind:
     return Claim(claim, measures, where, "; ".join(parts), verdict)
 
 
-def depth_trend(suite: Suite, *, rows: list[dict]) -> str:
+def depth_trend(suite: Suite, *, rows: list[SimRow]) -> str:
     """How the best speedup over fixed 1F1B moves with P, from the rows."""
-    by_p = {p: max(r["speedup_vs_1f1b"] for r in rows if r["stages"] == p) for p in suite.stages}
+    by_p = {p: max(r.speedup_vs_1f1b for r in rows if r.stages == p) for p in suite.stages}
     values = ", ".join(f"P={p} {x(v)}" for p, v in by_p.items())
     if len(by_p) < 2:
         return f"one depth measured ({values})"
@@ -130,9 +131,9 @@ def runtime_speedups(suite: Suite, *, scenarios: Sequence[str]) -> list[tuple[fl
     for scenario in scenarios:
         for p in suite.ray_stages:
             rows = suite.runtime_rows(scenario=scenario, stages=p)
-            base = next((r["measured_ms"] for r in rows if r["run"] == "1f1b"), None)
+            base = next((r.measured_ms for r in rows if r.run == "1f1b"), None)
             if base is not None:
-                out += [(base / r["measured_ms"], r["run"], f"{scenario}, P={p}") for r in rows if suite.ready(r)]
+                out += [(base / r.measured_ms, r.run, f"{scenario}, P={p}") for r in rows if r.ready]
     return out
 
 
@@ -143,30 +144,30 @@ def tp_claim(suite: Suite) -> Claim:
         "joining to the result) / stage wall time; rank 0 of each stage, median over iterations"
     )
     where = f"PP=2 x TP=2, M=8, t_f=20 ms, Ray; `{SUITE} --parts tp`"
-    ready = {p: [r for r in suite.tp if r["protocol"] == p and suite.ready(r)] for p in ("common", "first")}
-    if not ready["common"]:
+    ready = {p: [r for r in suite.tp if r.protocol is p and r.ready] for p in (Agreement.COMMON, Agreement.FIRST)}
+    if not ready[Agreement.COMMON]:
         return Claim(claim, measures, where, missing("tp"), "not measured")
 
     def share(value: float) -> str:
         return pct(value, digits=2)
 
-    def disagreements(rows: list[dict]) -> str:
-        return pct(sum(r["tp_disagreements"] for r in rows) / max(1, sum(r["tp_rounds"] for r in rows)), digits=1)
+    def disagreements(rows: list[TPRow]) -> str:
+        return pct(sum(r.tp_disagreements for r in rows) / max(1, sum(r.tp_rounds for r in rows)), digits=1)
 
-    worst = max(ready["common"], key=lambda r: r["tp_coord_fraction"])
-    top, at = worst["tp_coord_fraction"], f"{worst['run']}, {worst['scenario']}"
-    common = span([r["tp_coord_fraction"] for r in ready["common"]], share)
+    worst = max(ready[Agreement.COMMON], key=lambda r: r.tp_coord_fraction)
+    top, at = worst.tp_coord_fraction, f"{worst.run}, {worst.scenario}"
+    common = span([r.tp_coord_fraction for r in ready[Agreement.COMMON]], share)
     parts = [f"common (default): **{common}** of stage time over the readiness runs, worst {share(top)} ({at})"]
-    if ready["first"]:
-        parts.append(f"first: {span([r['tp_coord_fraction'] for r in ready['first']], share)}")
-    agreed = ready["common"] + ready["first"]
-    parts.append(f"{span([r['tp_ms_per_round'] for r in agreed], lambda v: f'{v:.2f}')} ms per round")
+    if ready[Agreement.FIRST]:
+        parts.append(f"first: {span([r.tp_coord_fraction for r in ready[Agreement.FIRST]], share)}")
+    agreed = ready[Agreement.COMMON] + ready[Agreement.FIRST]
+    parts.append(f"{span([r.tp_ms_per_round for r in agreed], lambda v: f'{v:.2f}')} ms per round")
     rates = [f"{disagreements(rows)} of rounds under {protocol}" for protocol, rows in ready.items() if rows]
     parts.append(f"disagreements (a round deciding nothing although a rank offered an op): {', '.join(rates)}")
     parts.append("makespan at TP=2 over TP=1: " + tp_costs(suite))
     worst_by_policy: dict[str, float] = {}
-    for r in ready["common"]:
-        worst_by_policy[r["policy"]] = max(worst_by_policy.get(r["policy"], 0.0), r["tp_coord_fraction"])
+    for r in ready[Agreement.COMMON]:
+        worst_by_policy[r.policy] = max(worst_by_policy.get(r.policy, 0.0), r.tp_coord_fraction)
     under = [policy for policy, value in worst_by_policy.items() if value < 0.01]
     if len(under) == len(worst_by_policy):
         verdict = "**yes**"
@@ -184,13 +185,13 @@ def tp_claim(suite: Suite) -> Claim:
 def tp_costs(suite: Suite) -> str:
     """The whole cost of TP on the makespan, for the readiness runs under each protocol and for fixed runs."""
     groups = {
-        "readiness, common": lambda r: suite.ready(r) and r["protocol"] == "common",
-        "readiness, first": lambda r: suite.ready(r) and r["protocol"] == "first",
-        "fixed": lambda r: not suite.ready(r) and r["tp"] > 1,
+        "readiness, common": lambda r: r.ready and r.protocol is Agreement.COMMON,
+        "readiness, first": lambda r: r.ready and r.protocol is Agreement.FIRST,
+        "fixed": lambda r: not r.ready and r.tp > 1,
     }
     out = []
     for label, chosen in groups.items():
-        values = [r["vs_tp1"] for r in suite.tp if r["vs_tp1"] is not None and chosen(r)]
+        values = [r.vs_tp1 for r in suite.tp if r.vs_tp1 is not None and chosen(r)]
         if values:
             out.append(f"{label} {span(values)}")
     return ", ".join(out) or "not measured"
@@ -200,22 +201,22 @@ def blocked_claim(suite: Suite) -> Claim:
     claim = "Fixed 1F1B is blocked 65-67% of the time"
     measures = "blocked fraction of fixed 1f1b: stage wall time with nothing eligible / total stage wall time"
     where = f"every scenario; sim P={'/'.join(map(str, suite.stages)) or '-'} and Ray {ray_shapes(suite)}; `{SUITE}`"
-    rows = suite.sim_rows(scenarios=suite.scenarios, where=lambda r: r["run"] == "1f1b")
+    rows = suite.sim_rows(scenarios=suite.scenarios, where=lambda r: r.run == "1f1b")
     if not rows:
         return Claim(claim, measures, where, missing("sim"), "not measured")
     per = []
     for scenario in suite.scenarios:
-        values = [r["blocked_fraction"] for r in rows if r["scenario"] == scenario]
+        values = [r.blocked_fraction for r in rows if r.scenario == scenario]
         if values:
             per.append(f"{scenario} {span(values, pct)}")
     result = "sim: " + ", ".join(per)
-    measured = [r["blocked_fraction"] for r in suite.runtime if r["run"] == "1f1b"]
+    measured = [r.blocked_fraction for r in suite.runtime if r.run == "1f1b"]
     if measured:
         result += f"; Ray {ray_shapes(suite)} measured {span(measured, pct)}"
-    values = [r["blocked_fraction"] for r in rows] + measured
+    values = [r.blocked_fraction for r in rows] + measured
     hit = any(0.6 <= v <= 0.72 for v in values)
-    bubbles = span([(r["stages"] - 1) / (r["microbatches"] + r["stages"] - 1) for r in rows], pct)
-    none = [r["blocked_fraction"] for r in rows if r["scenario"] == "none"]
+    bubbles = span([(r.stages - 1) / (r.microbatches + r.stages - 1) for r in rows], pct)
+    none = [r.blocked_fraction for r in rows if r.scenario == "none"]
     verdict = (
         "**yes**"
         if hit
@@ -230,23 +231,23 @@ def buffer_claim(suite: Suite) -> Claim:
     measures = "bf makespan with the per-stage receive buffer limited to N messages / unbounded (mean over seeds)"
     if not suite.buffer:
         return Claim(claim, measures, f"`{SUITE}`", missing("sim"), "not measured")
-    scenario = suite.buffer[0]["scenario"]
-    stages = sorted({r["stages"] for r in suite.buffer})
-    where = f"{scenario}, P={'/'.join(map(str, stages))}, caps {', '.join(sorted({r['cap'] for r in suite.buffer}))}"
-    at32 = [r for r in suite.buffer if r["buffer_limit"] == 32]
-    worst = max((r["makespan_rel_max"] or float("inf")) for r in at32)
+    scenario = suite.buffer[0].scenario
+    stages = sorted({r.stages for r in suite.buffer})
+    where = f"{scenario}, P={'/'.join(map(str, stages))}, caps {', '.join(sorted({r.cap for r in suite.buffer}))}"
+    at32 = [r for r in suite.buffer if r.buffer_limit == 32]
+    worst = max((r.makespan_rel_max or float("inf")) for r in at32)
     enough = []
-    for p, cap in sorted({(r["stages"], r["cap"]) for r in suite.buffer}):
+    for p, cap in sorted({(r.stages, r.cap) for r in suite.buffer}):
         ok = [
-            r["buffer_limit"]
+            r.buffer_limit
             for r in suite.buffer
-            if (r["stages"], r["cap"]) == (p, cap)
-            and r["buffer_limit"] is not None
-            and r["deadlocks"] == 0
-            and r["makespan_rel_max"] <= 1.01
+            if (r.stages, r.cap) == (p, cap)
+            and r.buffer_limit is not None
+            and r.deadlocks == 0
+            and r.makespan_rel_max <= 1.01
         ]
         enough.append(f"P={p} cap {cap}: {min(ok) if ok else 'none'}")
-    deadlocks = sorted({(r["buffer_limit"], r["cap"]) for r in suite.buffer if r["deadlocks"]}, key=str)
+    deadlocks = sorted({(r.buffer_limit, r.cap) for r in suite.buffer if r.deadlocks}, key=str)
     result = f"limit 32: worst {x(worst)} of unbounded; smallest limit within 1%: {'; '.join(enough)}"
     if deadlocks:
         result += "; deadlocks at " + ", ".join(f"limit {b} with cap {c}" for b, c in deadlocks)
@@ -266,21 +267,21 @@ def optimality_claim(suite: Suite) -> Claim:
     parts, worst_of = [], {}
     for cap in ("2x", "inf"):
         for policy in suite.rules:
-            rows = [r for r in suite.sim if r["run"] == f"{policy}@{cap}"]
+            rows = [r for r in suite.sim if r.run == f"{policy}@{cap}"]
             if rows:
-                worst = max(rows, key=lambda r: r["lb_ratio"])
-                mean = statistics.mean(r["lb_ratio"] for r in rows)
-                at = f"{worst['scenario']}, P={worst['stages']}"
-                parts.append(f"{policy}@{cap} mean {mean:.3f}, worst {worst['lb_ratio']:.3f} ({at})")
-                if worst["lb_ratio"] > worst_of.get(policy, (0.0, ""))[0]:
-                    worst_of[policy] = (worst["lb_ratio"], f"{worst['run']}, {at}")
+                worst = max(rows, key=lambda r: r.lb_ratio)
+                mean = statistics.mean(r.lb_ratio for r in rows)
+                at = f"{worst.scenario}, P={worst.stages}"
+                parts.append(f"{policy}@{cap} mean {mean:.3f}, worst {worst.lb_ratio:.3f} ({at})")
+                if worst.lb_ratio > worst_of.get(policy, (0.0, ""))[0]:
+                    worst_of[policy] = (worst.lb_ratio, f"{worst.run}, {at}")
     fixed = []
     for scenario in suite.scenarios:
         for p in suite.stages:
             cells = [suite.cell(scenario=scenario, stages=p, run=n) for n in FIXED_COLORS]
             cells = [c for c in cells if c is not None]
             if cells:
-                fixed.append(min(c["lb_ratio"] for c in cells))
+                fixed.append(min(c.lb_ratio for c in cells))
     parts.append(f"best fixed schedule mean {statistics.mean(fixed):.3f}, worst {max(fixed):.3f}")
     bf_worst, bf_at = worst_of.get("bf", (0.0, ""))
     others = "; ".join(f"{p} worst {v:.3f} ({at})" for p, (v, at) in worst_of.items() if p != "bf")
@@ -303,16 +304,16 @@ def independent_claims(suite: Suite) -> list[Claim]:
         ),
         ("2x", (1.07, 1.26), "With slack (cap 2x) BF gains 1.07-1.26x under independent jitter"),
     ):
-        rows = suite.sim_rows(scenarios=JITTER, where=lambda r, cap=cap: r["run"] == f"bf@{cap}")
+        rows = suite.sim_rows(scenarios=JITTER, where=lambda r, cap=cap: r.run == f"bf@{cap}")
         measures = f"speedup of bf@{cap} over fixed 1f1b"
         if not rows:
             out.append(Claim(claim, measures, where_jitter, missing("sim") + " for these scenarios", "not measured"))
             continue
-        values = [r["speedup_vs_1f1b"] for r in rows]
+        values = [r.speedup_vs_1f1b for r in rows]
         per = [
-            f"{s} {span([r['speedup_vs_1f1b'] for r in rows if r['scenario'] == s])}"
+            f"{s} {span([r.speedup_vs_1f1b for r in rows if r.scenario == s])}"
             for s in JITTER
-            if any(r["scenario"] == s for r in rows)
+            if any(r.scenario == s for r in rows)
         ]
         result = f"{span(values)} over P={'/'.join(map(str, suite.stages))} ({', '.join(per)})"
         if cap == "1x":
@@ -336,11 +337,11 @@ def multimodal_comm_claim(suite: Suite) -> Claim:
     cells = [suite.cell(scenario="multimodal+comm", stages=16, run=f"bf@{cap}") for cap in ("2x", "inf")]
     if any(c is None for c in cells):
         return Claim(claim, measures, where, missing("sim") + " at P=16", "not measured")
-    two, inf = (c["speedup_vs_1f1b"] for c in cells)
+    two, inf = (c.speedup_vs_1f1b for c in cells)
     result = f"bf@2x {x(two)}, bf@inf {x(inf)}"
     bfw = suite.cell(scenario="multimodal+comm", stages=16, run="bfw@2x")
     if bfw is not None:
-        result += f"; bfw@2x {x(bfw['speedup_vs_1f1b'])}"
+        result += f"; bfw@2x {x(bfw.speedup_vs_1f1b)}"
     if abs(two - 1.6) <= 0.1 or abs(inf - 1.6) <= 0.1:
         verdict = "**yes**"
     elif max(two, inf) > 1.3:
@@ -359,11 +360,11 @@ def closest_claim(suite: Suite) -> Claim:
     cells = [(s, p) for s in suite.scenarios for p in suite.stages]
     wins, others = 0, []
     for scenario, p in cells:
-        rows = [r for r in suite.sim if (r["scenario"], r["stages"]) == (scenario, p)]
+        rows = [r for r in suite.sim if (r.scenario, r.stages) == (scenario, p)]
         if not rows:
             continue
-        low = min(r["lb_ratio"] for r in rows)
-        winners = [r["run"] for r in rows if r["lb_ratio"] <= low + 1e-9]
+        low = min(r.lb_ratio for r in rows)
+        winners = [r.run for r in rows if r.lb_ratio <= low + 1e-9]
         if any(w.startswith("bfw@") for w in winners):
             wins += 1
         else:
@@ -392,28 +393,28 @@ def target_claim(suite: Suite) -> Claim:
     rows = target_rows(suite)
     if not rows:
         return Claim(claim, measures, where, missing("runtime and peers"), "not measured")
-    varied = [r for r in rows if r["scenario"] != "none"]
-    held = [r["scenario"] for r in varied if r["holds"]]
-    failed = [f"{r['scenario']} P={r['stages']} ({x(r['ratio'])})" for r in varied if not r["holds"]]
+    varied = [r for r in rows if r.scenario != "none"]
+    held = [r.scenario for r in varied if r.holds]
+    failed = [f"{r.scenario} P={r.stages} ({x(r.ratio)})" for r in varied if not r.holds]
     result = f"holds in {len(held)}/{len(varied)} (variability scenario, P) cells"
     if varied:
-        result += f" (rrfp-ray best / PyTorch best {span([r['ratio'] for r in varied])})"
+        result += f" (rrfp-ray best / PyTorch best {span([r.ratio for r in varied])})"
     if failed:
         result += f"; not on {', '.join(failed)}"
-    runtimes = [r["ours_fixed"]["measured_ms"] / r["peer"]["measured_ms"] for r in varied if r["ours_fixed"]]
-    policies = [r["ours"]["measured_ms"] / r["ours_fixed"]["measured_ms"] for r in varied if r["ours_fixed"]]
+    runtimes = [r.ours_fixed.measured_ms / r.peer.measured_ms for r in varied if r.ours_fixed]
+    policies = [r.ours.measured_ms / r.ours_fixed.measured_ms for r in varied if r.ours_fixed]
     if runtimes:
         result += (
             f"; rrfp-ray running the fixed schedules itself is already {span(runtimes)} of PyTorch's best, "
             f"its readiness policies {span(policies)} of its own best fixed"
         )
-    nones = [r for r in rows if r["scenario"] == "none"]
+    nones = [r for r in rows if r.scenario == "none"]
     for none in nones:
-        within = "within" if none["holds"] else "not within"
-        result += f"; none P={none['stages']}: {x(none['ratio'])} of PyTorch's best ({within} 2%)"
+        within = "within" if none.holds else "not within"
+        result += f"; none P={none.stages}: {x(none.ratio)} of PyTorch's best ({within} 2%)"
     if not varied:
         verdict = "**not measured** on a variability scenario"
-    elif len(held) == len(varied) and all(none["holds"] for none in nones):
+    elif len(held) == len(varied) and all(none.holds for none in nones):
         verdict = "**yes**"
     else:
         verdict = "**partly**" if held else "**no**"

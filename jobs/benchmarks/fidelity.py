@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
+from benchmarks.rows import FidelityRow
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.replay import replay
 
@@ -36,21 +38,21 @@ def fidelity_part(*, stages: Sequence[int], warmup: int, iterations: int) -> dic
             policy = pipeline.resolved_policy(name)
             layout = Layout(stages=p, chunks=1, microbatches=4 * p)
             replays = [replay(r, policy=policy, layout=layout, cap=pipeline.cap) for r in reports]
-            row = {
-                "stages": p,
-                "microbatches": 4 * p,
-                "policy": name,
-                "cap": str(pipeline.cap),
-                "runs_ms": [r.makespan_ms for r in reports],
-                "measured_ms": statistics.median(r.makespan_ms for r in reports),  # with the optimizer step
-                "schedule_ms": statistics.median(x.measured_ms for x in replays),  # without it, as simulated
-                "simulated_ms": statistics.median(x.simulated_ms for x in replays),
-                "sim_over_measured": statistics.median(x.ratio for x in replays),
-                "op_ms_mean": statistics.mean(e.end_ms - e.start_ms for r in reports for e in r.events),
-            }
-            rows.append(row)
+            row = FidelityRow(
+                stages=p,
+                microbatches=4 * p,
+                policy=name,
+                cap=str(pipeline.cap),
+                runs_ms=tuple(r.makespan_ms for r in reports),
+                measured_ms=statistics.median(r.makespan_ms for r in reports),  # with the optimizer step
+                schedule_ms=statistics.median(x.measured_ms for x in replays),  # without it, as simulated
+                simulated_ms=statistics.median(x.simulated_ms for x in replays),
+                sim_over_measured=statistics.median(x.ratio for x in replays),
+                op_ms_mean=statistics.mean(e.end_ms - e.start_ms for r in reports for e in r.events),
+            )
+            rows.append(asdict(row))
             log.info(
-                f"fidelity P={p} {name:<5} measured {row['schedule_ms']:8.1f} ms, replayed {row['simulated_ms']:8.1f} "
-                f"ms (sim/meas {row['sim_over_measured']:.3f}), ops {row['op_ms_mean']:.1f} ms on average"
+                f"fidelity P={p} {name:<5} measured {row.schedule_ms:8.1f} ms, replayed {row.simulated_ms:8.1f} "
+                f"ms (sim/meas {row.sim_over_measured:.3f}), ops {row.op_ms_mean:.1f} ms on average"
             )
     return {"rows": rows, "warmup": warmup, "iterations": iterations}

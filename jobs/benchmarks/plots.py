@@ -54,7 +54,7 @@ def plot_memory(suite: Suite, *, path: Path) -> Path:
     for ax, scenario in zip(axes, suite.scenarios):
         for i, (color, rule) in enumerate(zip(RULE_COLORS, suite.rules)):
             cells = [suite.cell(scenario=scenario, stages=p, run=f"{rule}@{cap}") for cap in suite.meta["caps"]]
-            pts = [(c["memory_x"], c["speedup_vs_1f1b"], c["cap"]) for c in cells if c]
+            pts = [(c.memory_x, c.speedup_vs_1f1b, c.cap) for c in cells if c]
             style = rule_style(index=i, count=len(suite.rules))
             ax.plot(
                 [q[0] for q in pts], [q[1] for q in pts], "o-", color=color, label=f"{rule} (caps 1x, 2x, inf)", **style
@@ -64,7 +64,7 @@ def plot_memory(suite: Suite, *, path: Path) -> Path:
         for name, color in FIXED_COLORS.items():
             c = suite.cell(scenario=scenario, stages=p, run=name)
             if c:
-                ax.plot([c["memory_x"]], [c["speedup_vs_1f1b"]], "s", color=color, label=f"fixed {name}")
+                ax.plot([c.memory_x], [c.speedup_vs_1f1b], "s", color=color, label=f"fixed {name}")
         ax.axhline(1.0, color="black", lw=0.6, ls=":")
         ax.axvline(2.0, color="tab:red", lw=0.6, ls="--")
         ax.margins(x=0.08, y=0.15)
@@ -89,7 +89,7 @@ def plot_depth(suite: Suite, *, path: Path) -> Path:
     for ax, scenario in zip(axes, suite.scenarios):
         for run in runs:
             cells = [suite.cell(scenario=scenario, stages=p, run=run) for p in suite.stages]
-            pts = [(c["stages"], c["speedup_vs_1f1b"]) for c in cells if c]
+            pts = [(c.stages, c.speedup_vs_1f1b) for c in cells if c]
             if not pts:
                 continue
             xs, ys = [q[0] for q in pts], [q[1] for q in pts]
@@ -122,8 +122,8 @@ def plot_target(suite: Suite, *, path: Path) -> Path | None:
     for i, (who, name) in enumerate(bars):
         values = []
         for scenario in scenarios:
-            peers = {r["schedule"]: r["measured_ms"] for r in suite.peer_rows(scenario=scenario)}
-            ours = {r["run"]: r["measured_ms"] for r in suite.runtime_rows(scenario=scenario)}
+            peers = {r.schedule: r.measured_ms for r in suite.peer_rows(scenario=scenario)}
+            ours = {r.run: r.measured_ms for r in suite.runtime_rows(scenario=scenario)}
             value = (peers if who == "PyTorch" else ours).get(name)
             values.append(peers["1f1b"] / value if value and "1f1b" in peers else 0.0)
         pytorch = who == "PyTorch"

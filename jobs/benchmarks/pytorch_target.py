@@ -3,41 +3,60 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from benchmarks.report import MEMORY_LIMIT, Suite, missing, seed_spread, table, x
+from benchmarks.rows import PeerRow, RuntimeRow
 
 
-def target_rows(suite: Suite) -> list[dict]:
-    """Per scenario and P on Ray: rrfp-ray's best readiness run at <= 2x memory vs PyTorch's best schedule,
-    each the median over seeds; `spread` is the least and most per-seed ratio of those two."""
+@dataclass(frozen=True)
+class TargetRow:
+    """One scenario and P on Ray: rrfp-ray's best readiness run at <= 2x memory (`ours`) against PyTorch's
+    best schedule (`peer`), each the median over seeds."""
+
+    scenario: str
+    stages: int
+    spread: tuple[float, float]  # the least and most per-seed ratio of those two
+    peers: dict[str, PeerRow]  # every schedule PyTorch ran, by name
+    ours: RuntimeRow
+    peer: PeerRow
+    ratio: float  # ours / peer
+    holds: bool  # within 2% of it without variability, faster with
+    ideal: PeerRow  # the schedule whose order simulates fastest
+    ideal_ratio: float  # ours / that simulated makespan
+    ours_1x: RuntimeRow | None  # the best readiness run within fixed 1F1B's memory
+    ours_fixed: RuntimeRow | None  # the best fixed schedule rrfp-ray ran
+
+
+def target_rows(suite: Suite) -> list[TargetRow]:
     out = []
     for scenario, p in ((s, p) for p in suite.ray_stages for s in suite.scenarios):
         measured = suite.runtime_rows(scenario=scenario, stages=p)
-        ours = [r for r in measured if suite.ready(r) and r["memory_x"] <= MEMORY_LIMIT]
+        ours = [r for r in measured if r.ready and r.memory_x <= MEMORY_LIMIT]
         theirs = suite.peer_rows(scenario=scenario, stages=p)
         if not ours or not theirs:
             continue
-        best = min(ours, key=lambda r: r["measured_ms"])
-        peer = min(theirs, key=lambda r: r["measured_ms"])
-        at_1x = [r for r in ours if r["memory_x"] <= 1.0 + 1e-9]
-        fixed = [r for r in measured if not suite.ready(r)]
-        ideal = min(theirs, key=lambda r: r["ideal_ms"])
-        ratio = best["measured_ms"] / peer["measured_ms"]
-        holds = ratio <= 1.02 if scenario == "none" else ratio < 1.0
+        best = min(ours, key=lambda r: r.measured_ms)
+        peer = min(theirs, key=lambda r: r.measured_ms)
+        at_1x = [r for r in ours if r.memory_x <= 1.0 + 1e-9]
+        fixed = [r for r in measured if not r.ready]
+        ideal = min(theirs, key=lambda r: r.ideal_ms)
+        ratio = best.measured_ms / peer.measured_ms
         out.append(
-            {
-                "scenario": scenario,
-                "stages": p,
-                "spread": seed_spread(best, peer),
-                "peers": {r["schedule"]: r for r in theirs},
-                "ours": best,
-                "peer": peer,
-                "ratio": ratio,
-                "holds": holds,
-                "ideal": ideal,
-                "ideal_ratio": best["measured_ms"] / ideal["ideal_ms"],
-                "ours_1x": min(at_1x, key=lambda r: r["measured_ms"], default=None),
-                "ours_fixed": min(fixed, key=lambda r: r["measured_ms"], default=None),
-            }
+            TargetRow(
+                scenario=scenario,
+                stages=p,
+                spread=seed_spread(best, peer),
+                peers={r.schedule: r for r in theirs},
+                ours=best,
+                peer=peer,
+                ratio=ratio,
+                holds=ratio <= 1.02 if scenario == "none" else ratio < 1.0,
+                ideal=ideal,
+                ideal_ratio=best.measured_ms / ideal.ideal_ms,
+                ours_1x=min(at_1x, key=lambda r: r.measured_ms, default=None),
+                ours_fixed=min(fixed, key=lambda r: r.measured_ms, default=None),
+            )
         )
     return out
 
@@ -48,7 +67,7 @@ def target_section(suite: Suite) -> list[str]:
     if not rows:
         return lines + [missing("runtime and peers") + "."]
     section = suite.data.get("peers", {})
-    seeds = sorted({r.get("seed", 0) for r in suite.peers})
+    seeds = sorted({r.seed for r in suite.peers})
     lines += [
         f"Iteration wall time (ms): per seed the median of {section.get('iterations', '?')} timed iterations after "
         f"{section.get('warmup', '?')} warm-up, then the median over seeds {', '.join(map(str, seeds))}; in "
@@ -59,7 +78,7 @@ def target_section(suite: Suite) -> list[str]:
         "cost, message latency overlapped with compute).",
         "",
     ]
-    schedules = list(dict.fromkeys(s for r in rows for s in r["peers"]))
+    schedules = list(dict.fromkeys(s for r in rows for s in r.peers))
     header = [
         "scenario",
         "P",
@@ -72,25 +91,25 @@ def target_section(suite: Suite) -> list[str]:
         "rrfp-ray best fixed / PyTorch best",
     ]
 
-    def versus(row: dict | None, peer: dict) -> str:
-        return "-" if row is None else f"{x(row['measured_ms'] / peer['measured_ms'])} ({row['run']})"
+    def versus(row: RuntimeRow | None, peer: PeerRow) -> str:
+        return "-" if row is None else f"{x(row.measured_ms / peer.measured_ms)} ({row.run})"
 
     body = []
     for r in rows:
-        cells = [f"{r['peers'][s]['measured_ms']:.0f}" if s in r["peers"] else "-" for s in schedules]
-        ours = r["ours"]
-        low, high = r["spread"]
+        cells = [f"{r.peers[s].measured_ms:.0f}" if s in r.peers else "-" for s in schedules]
+        ours = r.ours
+        low, high = r.spread
         body.append(
             [
-                r["scenario"],
-                r["stages"],
+                r.scenario,
+                r.stages,
                 *cells,
-                f"{ours['measured_ms']:.0f} {ours['run']} ({x(ours['memory_x'])})",
-                f"{x(r['ratio'])} ({low:.2f}-{high:.2f})",
-                "yes" if r["holds"] else "**no**",
-                f"{x(r['ideal_ratio'])} ({r['ideal']['schedule']} {r['ideal']['ideal_ms']:.0f})",
-                versus(r["ours_1x"], r["peer"]),
-                versus(r["ours_fixed"], r["peer"]),
+                f"{ours.measured_ms:.0f} {ours.run} ({x(ours.memory_x)})",
+                f"{x(r.ratio)} ({low:.2f}-{high:.2f})",
+                "yes" if r.holds else "**no**",
+                f"{x(r.ideal_ratio)} ({r.ideal.schedule} {r.ideal.ideal_ms:.0f})",
+                versus(r.ours_1x, r.peer),
+                versus(r.ours_fixed, r.peer),
             ]
         )
     lines += table(header, body)

@@ -8,31 +8,36 @@ import statistics
 
 from benchmarks.attribution import CAPS, FAMILIES, Attribution, Target, attribute, over, targets
 from benchmarks.report import Suite, missing, table, x
+from benchmarks.rows import Cell, RuntimeRow
 
 
 class RayRows:
-    """The runtime rows shaped as `attribute` reads a suite: one row per (scenario, P, run), its
-    makespan the mean over the seeds of `key` (`measured_ms` or `sim_ms`), the per-seed values in
-    seed order, its memory the most any seed measured."""
+    """The runtime rows shaped as `attribute` reads a suite: one `Cell` per (scenario, P, run), its
+    makespan the mean over the seeds of the measured (or, not `measured`, simulated) makespans, the
+    per-seed values in seed order, its memory the most any seed measured."""
 
-    def __init__(self, suite: Suite, *, key: str) -> None:
-        groups: dict[tuple[str, int, str], list[dict]] = {}
+    def __init__(self, suite: Suite, *, measured: bool) -> None:
+        groups: dict[tuple[str, int, str], list[RuntimeRow]] = {}
         for row in suite.runtime:
-            groups.setdefault((row["scenario"], row.get("stages", 4), row["run"]), []).append(row)
+            groups.setdefault((row.scenario, row.stages, row.run), []).append(row)
+
+        def ms(row: RuntimeRow) -> float:
+            return row.measured_ms if measured else row.sim_ms
+
         self._rows = {
-            cell: {
-                "run": cell[2],
-                "makespan_ms": statistics.mean(r[key] for r in rows),
-                "makespans": [r[key] for r in sorted(rows, key=lambda r: r.get("seed", 0))],
-                "memory_x": max(r["memory_x"] for r in rows),
-            }
+            cell: Cell(
+                run=cell[2],
+                makespan_ms=statistics.mean(ms(r) for r in rows),
+                makespans=tuple(ms(r) for r in sorted(rows, key=lambda r: r.seed)),
+                memory_x=max(r.memory_x for r in rows),
+            )
             for cell, rows in groups.items()
         }
-        measured = {scenario for scenario, _, _ in self._rows}
-        self.scenarios = [s for s in suite.scenarios if s in measured]
+        measured_at = {scenario for scenario, _, _ in self._rows}
+        self.scenarios = [s for s in suite.scenarios if s in measured_at]
         self.stages = sorted({p for _, p, _ in self._rows})
 
-    def cell(self, *, scenario: str, stages: int, run: str) -> dict | None:
+    def cell(self, *, scenario: str, stages: int, run: str) -> Cell | None:
         return self._rows.get((scenario, stages, run))
 
 
@@ -40,7 +45,7 @@ def ray_attribution_section(suite: Suite) -> list[str]:
     lines = ["## What readiness itself buys on Ray (measured, M = 4P)", ""]
     if not suite.runtime:
         return lines + [missing("runtime") + "."]
-    rows = RayRows(suite, key="measured_ms")
+    rows = RayRows(suite, measured=True)
     cells = ray_cells(suite)
     measured = {_key(c): c for c in cells["measured"]}
     simulated = {_key(c): c for c in cells["simulated"]}
@@ -82,8 +87,8 @@ def ray_cells(suite: Suite) -> dict[str, list[Attribution]]:
     if not suite.runtime:
         return {"measured": [], "simulated": []}
     return {
-        "measured": attribute(RayRows(suite, key="measured_ms")),
-        "simulated": attribute(RayRows(suite, key="sim_ms")),
+        "measured": attribute(RayRows(suite, measured=True)),
+        "simulated": attribute(RayRows(suite, measured=False)),
     }
 
 
@@ -116,6 +121,6 @@ def _key(c: Attribution) -> tuple[str, str, str, int]:
 def _text(c: Attribution, s: Attribution | None) -> str:
     sim = "" if s is None else f"sim {x(s.speedup)}; "
     return (
-        f"**{x(c.speedup)}** ({sim}seeds {c.low:.2f}-{c.high:.2f}) {c.ready['run']} "
-        f"({x(c.ready['memory_x'])}{over(c)}) / {c.fixed['run']}"
+        f"**{x(c.speedup)}** ({sim}seeds {c.low:.2f}-{c.high:.2f}) {c.ready.run} "
+        f"({x(c.ready.memory_x)}{over(c)}) / {c.fixed.run}"
     )

@@ -12,6 +12,7 @@ from benchmarks.claims import claims
 from benchmarks.pytorch_target import target_section
 from benchmarks.ray_attribution import ray_attribution_section
 from benchmarks.report import ROOT, SUITE, Suite, missing, pct, table, x
+from benchmarks.rows import FidelityRow, SimRow
 
 PARTS = ("sim", "buffer", "runtime", "peers", "tp", "fidelity")  # the JSON's sections, in the order they run
 
@@ -30,7 +31,7 @@ def runtime_section(suite: Suite) -> list[str]:
     if not suite.runtime:
         return lines + [missing("runtime") + "."]
     section = suite.data["runtime"]
-    seeds = sorted({r.get("seed", 0) for r in suite.runtime})
+    seeds = sorted({r.seed for r in suite.runtime})
     lines += [
         f"Synthetic sleep workload, seeds {', '.join(map(str, seeds))}, {section['warmup']} warm-up + "
         f"{section['iterations']} timed iterations per run and seed, runs taking turns; per seed the median, then "
@@ -46,20 +47,20 @@ def runtime_section(suite: Suite) -> list[str]:
     body = []
     for scenario, p in ((s, p) for p in suite.ray_stages for s in suite.scenarios):
         rows = suite.runtime_rows(scenario=scenario, stages=p)
-        base = next((r["measured_ms"] for r in rows if r["run"] == "1f1b"), None)
+        base = next((r.measured_ms for r in rows if r.run == "1f1b"), None)
         for r in rows:
             body.append(
                 [
                     scenario,
                     p,
-                    r["run"],
-                    f"{r['measured_ms']:.0f}",
-                    f"{r['sim_ms']:.0f}",
-                    f"{r['measured_ms'] / r['sim_ms']:.3f}",
-                    x(base / r["measured_ms"]) if base else "-",
-                    pct(r["blocked_fraction"]),
-                    x(r["memory_x"]),
-                    r["peak_inflight"],
+                    r.run,
+                    f"{r.measured_ms:.0f}",
+                    f"{r.sim_ms:.0f}",
+                    f"{r.measured_ms / r.sim_ms:.3f}",
+                    x(base / r.measured_ms) if base else "-",
+                    pct(r.blocked_fraction),
+                    x(r.memory_x),
+                    r.peak_inflight,
                 ]
             )
     header = (
@@ -101,21 +102,21 @@ def tp_section(suite: Suite) -> list[str]:
     ]
     if section.get("errors"):
         lines += ["Failures: " + "; ".join(section["errors"]), ""]
-    cells = list(dict.fromkeys((r["scenario"], r["run"]) for r in suite.tp))
+    cells = list(dict.fromkeys((r.scenario, r.run) for r in suite.tp))
     body = []
-    for r in sorted(suite.tp, key=lambda r: cells.index((r["scenario"], r["run"]))):  # the protocols of a run together
-        agreed, tp = r["tp_rounds"] > 0, r["tp"] > 1
+    for r in sorted(suite.tp, key=lambda r: cells.index((r.scenario, r.run))):  # the protocols of a run together
+        agreed, tp = r.tp_rounds > 0, r.tp > 1
         body.append(
             [
-                r["scenario"],
-                r["run"],
-                r["protocol"] if tp else "TP=1",
-                f"{r['measured_ms']:.0f}",
-                "-" if r["vs_tp1"] is None else x(r["vs_tp1"]),
-                pct(r["tp_coord_fraction"], digits=2) if tp else "-",
-                f"{r['tp_rounds']:.1f}" if tp else "-",
-                f"{r['tp_ms_per_round']:.3f}" if agreed else "-",
-                f"{r['disagreements_per_round']:.3f}" if agreed else "-",
+                r.scenario,
+                r.run,
+                r.protocol.value if tp else "TP=1",
+                f"{r.measured_ms:.0f}",
+                "-" if r.vs_tp1 is None else x(r.vs_tp1),
+                pct(r.tp_coord_fraction, digits=2) if tp else "-",
+                f"{r.tp_rounds:.1f}" if tp else "-",
+                f"{r.tp_ms_per_round:.3f}" if agreed else "-",
+                f"{r.disagreements_per_round:.3f}" if agreed else "-",
             ]
         )
     header = (
@@ -132,18 +133,18 @@ def tp_section(suite: Suite) -> list[str]:
     return lines + table(header, body)
 
 
-def _fixed_1f1b(row: dict, rows: list[dict]) -> dict | None:
+def _fixed_1f1b(row: FidelityRow, rows: list[FidelityRow]) -> FidelityRow | None:
     """The fidelity part's 1f1b row at the same P."""
-    return next((b for b in rows if (b["stages"], b["policy"]) == (row["stages"], "1f1b")), None)
+    return next((b for b in rows if (b.stages, b.policy) == (row.stages, "1f1b")), None)
 
 
-def _contention(rows: list[dict], suite: Suite) -> str:
+def _contention(rows: list[FidelityRow], suite: Suite) -> str:
     """How much longer the same ops took under each readiness policy than under 1f1b, per P."""
     ratios = []
     for r in rows:
         base = _fixed_1f1b(r, rows)
         if base is not None and r is not base:
-            ratios.append(f"{r['op_ms_mean'] / base['op_ms_mean'] - 1:+.0%} under {r['policy']} at P={r['stages']}")
+            ratios.append(f"{r.op_ms_mean / base.op_ms_mean - 1:+.0%} under {r.policy} at P={r.stages}")
     return (
         f"The P stage threads share one interpreter and the machine's CPUs ({suite.meta['machine']}), so ops "
         "that run at the same time slow each other: the same ops took "
@@ -164,22 +165,22 @@ def fidelity_section(suite: Suite) -> list[str]:
         "iterations per policy, M = 4P, medians. Each timed iteration's ops' measured durations and messages' "
         "measured transits make a trace (`rrfp_ray/sim/replay.py`; `python jobs/replay.py TELEMETRY` does the "
         "same for any run's telemetry); the simulator runs the same policy and cap on it. *measured* leaves the "
-        "optimizer step out, as the simulator does; *iteration* has it. " + _contention(section["rows"], suite),
+        "optimizer step out, as the simulator does; *iteration* has it. " + _contention(suite.fidelity, suite),
         "",
     ]
     body = []
-    for r in section["rows"]:
-        base = _fixed_1f1b(r, section["rows"])
+    for r in suite.fidelity:
+        base = _fixed_1f1b(r, suite.fidelity)
         body.append(
             [
-                r["stages"],
-                r["policy"],
-                f"{r['measured_ms']:.0f}",
-                f"{r['schedule_ms']:.0f}",
-                f"{r['simulated_ms']:.0f}",
-                f"{r['sim_over_measured']:.3f}",
-                f"{r['op_ms_mean']:.1f}",
-                "-" if base is None else x(base["measured_ms"] / r["measured_ms"]),
+                r.stages,
+                r.policy,
+                f"{r.measured_ms:.0f}",
+                f"{r.schedule_ms:.0f}",
+                f"{r.simulated_ms:.0f}",
+                f"{r.sim_over_measured:.3f}",
+                f"{r.op_ms_mean:.1f}",
+                "-" if base is None else x(base.measured_ms / r.measured_ms),
             ]
         )
     header = ("P", "policy", "iteration ms", "measured ms", "replayed ms", "sim / meas", "ms per op", "vs 1f1b")
@@ -197,10 +198,10 @@ def sim_section(suite: Suite) -> list[str]:
         "### Speedup over fixed 1F1B (memory)",
         "",
     ]
-    chunks = {r["run"]: r["chunks"] for r in suite.sim}
+    chunks = {r.run: r.chunks for r in suite.sim}
     groups = [[run for run in suite.runs if chunks[run] == v] for v in sorted(set(chunks.values()))]
 
-    def grid(cell: Callable[[dict], str]) -> list[str]:
+    def grid(cell: Callable[[SimRow], str]) -> list[str]:
         out = []
         for runs in groups:  # one table per v, so that each stays readable
             body = []
@@ -212,11 +213,11 @@ def sim_section(suite: Suite) -> list[str]:
             out += [f"v={chunks[runs[0]]}:", "", *table(["scenario", "P", *runs], body), ""]
         return out
 
-    lines += grid(lambda c: f"{c['speedup_vs_1f1b']:.3f} ({c['memory_x']:.2g})")
+    lines += grid(lambda c: f"{c.speedup_vs_1f1b:.3f} ({c.memory_x:.2g})")
     lines += ["### Makespan / lower bound", ""]
-    lines += grid(lambda c: f"{c['lb_ratio']:.3f}")
+    lines += grid(lambda c: f"{c.lb_ratio:.3f}")
     lines += ["### Blocked fraction / peak in-flight microbatches (any stage)", ""]
-    lines += grid(lambda c: f"{pct(c['blocked_fraction'])} / {c['peak_inflight']}")
+    lines += grid(lambda c: f"{pct(c.blocked_fraction)} / {c.peak_inflight}")
     return lines
 
 
@@ -224,24 +225,24 @@ def buffer_section(suite: Suite) -> list[str]:
     lines = ["## Receive-buffer limit (bf)", ""]
     if not suite.buffer:
         return lines + [missing("sim") + "."]
-    limits = list(dict.fromkeys(r["buffer_limit"] for r in suite.buffer))
+    limits = list(dict.fromkeys(r.buffer_limit for r in suite.buffer))
     lines += [
         f"Makespan with each stage's receive buffer limited to N messages / unbounded, on "
-        f"{suite.buffer[0]['scenario']}; mean (max) over seeds; *deadlock* counts seeds that deadlock. The "
+        f"{suite.buffer[0].scenario}; mean (max) over seeds; *deadlock* counts seeds that deadlock. The "
         "arbiter's rule (rrfp_ray/policy/arbiter.py) says bf over 1f1b needs 3 at cap 2x and 1 at inf.",
         "",
     ]
     body = []
-    for p, cap in dict.fromkeys((r["stages"], r["cap"]) for r in suite.buffer):
+    for p, cap in dict.fromkeys((r.stages, r.cap) for r in suite.buffer):
         cells = []
         for limit in limits:
-            r = next(b for b in suite.buffer if (b["stages"], b["cap"], b["buffer_limit"]) == (p, cap, limit))
-            if r["makespan_rel"] is None:
-                cells.append(f"deadlock ({r['deadlocks']}/{r['seeds']})")
+            r = next(b for b in suite.buffer if (b.stages, b.cap, b.buffer_limit) == (p, cap, limit))
+            if r.makespan_rel is None:
+                cells.append(f"deadlock ({r.deadlocks}/{r.seeds})")
             else:
-                extra = f", {r['deadlocks']} deadlock" if r["deadlocks"] else ""
-                cells.append(f"{r['makespan_rel']:.3f} ({r['makespan_rel_max']:.3f}{extra})")
-        peak = next(b["unbounded_peak_buffered"] for b in suite.buffer if (b["stages"], b["cap"]) == (p, cap))
+                extra = f", {r.deadlocks} deadlock" if r.deadlocks else ""
+                cells.append(f"{r.makespan_rel:.3f} ({r.makespan_rel_max:.3f}{extra})")
+        peak = next(b.unbounded_peak_buffered for b in suite.buffer if (b.stages, b.cap) == (p, cap))
         body.append([p, cap, *cells, peak])
     header = ["P", "cap", *(f"N={'inf' if n is None else n}" for n in limits), "peak buffered, unbounded"]
     return lines + table(header, body)
@@ -277,7 +278,7 @@ def setup_section(suite: Suite) -> list[str]:
 
 
 def fixed_runs(suite: Suite) -> str:
-    rows = {r["run"]: r["chunks"] for r in suite.sim if r["cap"] is None}
+    rows = {r.run: r.chunks for r in suite.sim if r.cap is None}
     return ", ".join(f"{run} (v={chunks})" if chunks > 1 else run for run, chunks in rows.items())
 
 

@@ -6,10 +6,22 @@ renders docs/RESULTS.md with them.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from benchmarks.rows import (
+    BufferRow,
+    FidelityRow,
+    Measured,
+    PeerRow,
+    R,
+    RuntimeRow,
+    SimRow,
+    TPRow,
+    over_seeds,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = {"json": ROOT / "docs/results/suite.json", "out": ROOT / "docs/RESULTS.md", "plots": ROOT / "docs/results"}
@@ -28,7 +40,8 @@ FIXED_COLORS = {
 
 
 class Suite:
-    """The JSON with lookups; sections a run did not produce are empty."""
+    """The JSON with lookups, its rows typed (`benchmarks.rows`, read on first use); sections a run did not
+    produce are empty."""
 
     def __init__(self, data: dict[str, Any]) -> None:
         if "meta" not in data:
@@ -39,66 +52,71 @@ class Suite:
             self.meta["sim_seeds"] = list(range(self.meta["sim_seeds"]))
         self.scenarios = [s["label"] for s in self.meta["scenarios"]]
         self.rules = self.meta["readiness_policies"]
-        self.sim = data.get("sim", {}).get("rows", [])
-        self.buffer = data.get("buffer", {}).get("rows", [])
-        self.runtime = data.get("runtime", {}).get("rows", [])
-        self.peers = data.get("peers", {}).get("rows", [])
-        self.tp = data.get("tp", {}).get("rows", [])
-        self.stages = sorted({r["stages"] for r in self.sim})
-        self.runs = list(dict.fromkeys(r["run"] for r in self.sim))
-        self.ray_stages = sorted({r.get("stages", 4) for r in self.runtime + self.peers})
 
-    def cell(self, *, scenario: str, stages: int, run: str) -> dict | None:
-        return next((r for r in self.sim if (r["scenario"], r["stages"], r["run"]) == (scenario, stages, run)), None)
+    @cached_property
+    def sim(self) -> list[SimRow]:
+        return [SimRow.of(r) for r in self._rows("sim")]
 
-    def sim_rows(self, *, scenarios: Iterable[str], where: Callable[[dict], bool] = lambda r: True) -> list[dict]:
+    @cached_property
+    def buffer(self) -> list[BufferRow]:
+        return [BufferRow.of(r) for r in self._rows("buffer")]
+
+    @cached_property
+    def runtime(self) -> list[RuntimeRow]:
+        return [RuntimeRow.of(r) for r in self._rows("runtime")]
+
+    @cached_property
+    def peers(self) -> list[PeerRow]:
+        return [PeerRow.of(r) for r in self._rows("peers")]
+
+    @cached_property
+    def tp(self) -> list[TPRow]:
+        return [TPRow.of(r) for r in self._rows("tp")]
+
+    @cached_property
+    def fidelity(self) -> list[FidelityRow]:
+        return [FidelityRow.of(r) for r in self._rows("fidelity")]
+
+    @property
+    def stages(self) -> list[int]:
+        """The simulator part's pipeline depths."""
+        return sorted({r.stages for r in self.sim})
+
+    @property
+    def runs(self) -> list[str]:
+        return list(dict.fromkeys(r.run for r in self.sim))
+
+    @property
+    def ray_stages(self) -> list[int]:
+        """The depths the Ray parts (runtime, peers) measured."""
+        return sorted({r.stages for r in [*self.runtime, *self.peers]})
+
+    def _rows(self, part: str) -> list[dict[str, Any]]:
+        return self.data.get(part, {}).get("rows", [])
+
+    def cell(self, *, scenario: str, stages: int, run: str) -> SimRow | None:
+        return next((r for r in self.sim if (r.scenario, r.stages, r.run) == (scenario, stages, run)), None)
+
+    def sim_rows(self, *, scenarios: Iterable[str], where: Callable[[SimRow], bool] = lambda r: True) -> list[SimRow]:
         wanted = set(scenarios)
-        return [r for r in self.sim if r["scenario"] in wanted and where(r)]
+        return [r for r in self.sim if r.scenario in wanted and where(r)]
 
-    def ready(self, row: dict) -> bool:
-        """A readiness run: an arbiter under a cap (a rule, or a ready-* list), not a fixed list."""
-        return row.get("cap") is not None
-
-    def runtime_rows(self, *, scenario: str, stages: int | None = None) -> list[dict]:
+    def runtime_rows(self, *, scenario: str, stages: int | None = None) -> list[RuntimeRow]:
         """One row per run at P=`stages` (default: the smallest measured), over the seeds (`over_seeds`)."""
-        return over_seeds(self._at(self.runtime, scenario=scenario, stages=stages), name="run")
+        return over_seeds(self._at(self.runtime, scenario=scenario, stages=stages), name=lambda r: r.run)
 
-    def peer_rows(self, *, scenario: str, stages: int | None = None) -> list[dict]:
-        return over_seeds(self._at(self.peers, scenario=scenario, stages=stages), name="schedule")
+    def peer_rows(self, *, scenario: str, stages: int | None = None) -> list[PeerRow]:
+        return over_seeds(self._at(self.peers, scenario=scenario, stages=stages), name=lambda r: r.schedule)
 
-    def _at(self, rows: list[dict], *, scenario: str, stages: int | None) -> list[dict]:
+    def _at(self, rows: list[R], *, scenario: str, stages: int | None) -> list[R]:
         p = stages if stages is not None else (self.ray_stages or [4])[0]
-        return [r for r in rows if r["scenario"] == scenario and r.get("stages", 4) == p]
+        return [r for r in rows if r.scenario == scenario and r.stages == p]
 
 
-MEDIANS = ("measured_ms", "sim_ms", "ideal_ms", "blocked_fraction")
-MAXIMA = ("memory_x", "peak_inflight")
-
-
-def over_seeds(rows: list[dict], *, name: str) -> list[dict]:
-    """Rows of one (scenario, P) merged per `name` over their seeds: the median over seeds of each
-    seed's median (MEDIANS), the most over seeds (MAXIMA), and `seed_ms` {seed: measured_ms}."""
-    groups: dict[str, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(row[name], []).append(row)
-    out = []
-    for group in groups.values():
-        merged = {**group[0], "seeds": len(group)}
-        for key in MEDIANS:
-            if key in merged:
-                merged[key] = statistics.median(r[key] for r in group)
-        for key in MAXIMA:
-            if key in merged:
-                merged[key] = max(r[key] for r in group)
-        merged["seed_ms"] = {r.get("seed", 0): r["measured_ms"] for r in group}
-        out.append(merged)
-    return out
-
-
-def seed_spread(ours: dict, theirs: dict) -> tuple[float, float]:
+def seed_spread(ours: Measured, theirs: Measured) -> tuple[float, float]:
     """Least and most per-seed ratio ours / theirs over the seeds both measured."""
-    common = sorted(set(ours["seed_ms"]) & set(theirs["seed_ms"]))
-    ratios = [ours["seed_ms"][seed] / theirs["seed_ms"][seed] for seed in common]
+    common = sorted(set(ours.seed_ms) & set(theirs.seed_ms))
+    ratios = [ours.seed_ms[seed] / theirs.seed_ms[seed] for seed in common]
     return (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
 
 

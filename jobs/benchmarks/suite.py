@@ -17,10 +17,11 @@ import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.rows import BufferRow, SimRow
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy, make_policy, policy_names
@@ -179,47 +180,86 @@ def activation_peak(*, events: Sequence[OpEvent], chunks: int, split: bool) -> f
     return peak
 
 
-def figures(*, report: IterationReport, policy: Policy, trace: Trace) -> dict[str, float]:
+@dataclass(frozen=True)
+class Figures:
     """What one iteration shows; memory_x is the activation peak over fixed 1F1B's (P microbatches)."""
-    return {
-        "makespan_ms": report.makespan_ms,
-        "blocked_fraction": report.blocked_fraction,
-        "bubble": report.bubble,
-        "peak_inflight": report.peak_inflight,
-        "memory_x": activation_peak(events=report.events, chunks=trace.chunks, split=policy.split) / trace.stages,
-    }
+
+    makespan_ms: float
+    blocked_fraction: float
+    bubble: float
+    peak_inflight: int
+    memory_x: float
+
+
+def figures(*, report: IterationReport, policy: Policy, trace: Trace) -> Figures:
+    return Figures(
+        makespan_ms=report.makespan_ms,
+        blocked_fraction=report.blocked_fraction,
+        bubble=report.bubble,
+        peak_inflight=report.peak_inflight,
+        memory_x=activation_peak(events=report.events, chunks=trace.chunks, split=policy.split) / trace.stages,
+    )
 
 
 def sim_part(
     *, scenarios: Sequence[Scenario], stages: Sequence[int], seeds: Sequence[int], rules: Sequence[str]
 ) -> list[dict]:
     runs = sim_runs(rules=rules)
-    rows = []
+    rows: list[SimRow] = []
     for p in stages:
         m = 4 * p
         policies = {(run.policy, run.chunks): run.make(stages=p, microbatches=m) for run in runs}
         for spec in scenarios:
-            per_seed: dict[str, list[dict[str, float]]] = defaultdict(list)
+            per_seed: dict[str, list[tuple[Figures, float]]] = defaultdict(list)  # run -> (figures, lb_ratio)
             for seed in seeds:
                 traces = spec.traces(stages=p, microbatches=m, seed=seed)
                 for run in runs:
                     policy, trace = policies[run.policy, run.chunks], traces[run.chunks]
                     report = simulate(policy=policy, trace=trace, cap=run.arbiter_cap)
-                    cell = figures(report=report, policy=policy, trace=trace)
-                    cell["lb_ratio"] = report.makespan_ms / bounds(trace=trace, split=policy.split).best_ms
-                    per_seed[run.label].append(cell)
-                base = per_seed["1f1b"][-1]["makespan_ms"]
-                for cells in per_seed.values():
-                    cells[-1]["speedup_vs_1f1b"] = base / cells[-1]["makespan_ms"]
+                    bound = bounds(trace=trace, split=policy.split).best_ms
+                    per_seed[run.label].append((figures(report=report, policy=policy, trace=trace), bound))
+            base = [cell.makespan_ms for cell, _ in per_seed["1f1b"]]
             for run in runs:
-                rows.append({**where(spec, run, stages=p, microbatches=m), **_mean(per_seed[run.label])})
-            best = max((r for r in rows[-len(runs) :]), key=lambda r: r["speedup_vs_1f1b"])
-            log.info(f"sim {spec.label:>16} P={p:<3} best {best['run']} {best['speedup_vs_1f1b']:.3f}x")
-    return rows
+                rows.append(_sim_row(spec, run, stages=p, microbatches=m, cells=per_seed[run.label], base=base))
+            best = max(rows[-len(runs) :], key=lambda r: r.speedup_vs_1f1b)
+            log.info(f"sim {spec.label:>16} P={p:<3} best {best.run} {best.speedup_vs_1f1b:.3f}x")
+    return [asdict(row) for row in rows]
+
+
+def _sim_row(
+    spec: Scenario,
+    run: Run,
+    *,
+    stages: int,
+    microbatches: int,
+    cells: list[tuple[Figures, float]],
+    base: list[float],
+) -> SimRow:
+    """Means over seeds (the speedup a mean of each seed's over 1F1B's makespan `base`), each seed's makespan;
+    the peaks are the maximum over seeds."""
+    seen = [cell for cell, _ in cells]
+    return SimRow(
+        scenario=spec.label,
+        stages=stages,
+        microbatches=microbatches,
+        run=run.label,
+        policy=run.policy,
+        cap=None if run.cap is None else str(run.cap),
+        chunks=run.chunks,
+        makespan_ms=statistics.mean(c.makespan_ms for c in seen),
+        blocked_fraction=statistics.mean(c.blocked_fraction for c in seen),
+        bubble=statistics.mean(c.bubble for c in seen),
+        peak_inflight=max(c.peak_inflight for c in seen),
+        memory_x=max(c.memory_x for c in seen),
+        lb_ratio=statistics.mean(c.makespan_ms / bound for c, bound in cells),
+        speedup_vs_1f1b=statistics.mean(b / c.makespan_ms for b, c in zip(base, seen)),
+        seeds=len(seen),
+        makespans=tuple(c.makespan_ms for c in seen),
+    )
 
 
 def where(spec: Scenario, run: Run, *, stages: int, microbatches: int) -> dict[str, Any]:
-    """The keys of a row: which scenario, shape and run it measured."""
+    """The keys of a Ray part's row: which scenario, shape and run it measured."""
     return {
         "scenario": spec.label,
         "stages": stages,
@@ -231,19 +271,9 @@ def where(spec: Scenario, run: Run, *, stages: int, microbatches: int) -> dict[s
     }
 
 
-def _mean(cells: list[dict[str, float]]) -> dict[str, Any]:
-    """Means over seeds, and each seed's makespan; the peaks are the maximum over seeds."""
-    out: dict[str, Any] = {key: statistics.mean(c[key] for c in cells) for key in cells[0]}
-    for key in ("peak_inflight", "memory_x"):
-        out[key] = max(c[key] for c in cells)
-    out["seeds"] = len(cells)
-    out["makespans"] = [c["makespan_ms"] for c in cells]
-    return out
-
-
 def buffer_part(*, spec: Scenario, stages: Sequence[int], seeds: Sequence[int]) -> list[dict]:
     """bf's makespan at each receive-buffer limit over the unbounded one; deadlocks counted."""
-    rows = []
+    rows: list[BufferRow] = []
     for p in stages:
         m = 4 * p
         policy = make_policy(name="bf", stages=p, chunks=1, microbatches=m)
@@ -264,27 +294,27 @@ def buffer_part(*, spec: Scenario, stages: Sequence[int], seeds: Sequence[int]) 
                     ratios[limit].append(ms / free.makespan_ms)
             for limit in BUFFER_LIMITS:
                 rows.append(
-                    {
-                        "scenario": spec.label,
-                        "stages": p,
-                        "microbatches": m,
-                        "policy": "bf",
-                        "cap": str(cap),
-                        "buffer_limit": limit,
-                        "makespan_rel": statistics.mean(ratios[limit]) if ratios[limit] else None,
-                        "makespan_rel_max": max(ratios[limit]) if ratios[limit] else None,
-                        "deadlocks": deadlocks[limit],
-                        "seeds": len(seeds),
-                        "unbounded_peak_buffered": buffered,
-                    }
+                    BufferRow(
+                        scenario=spec.label,
+                        stages=p,
+                        microbatches=m,
+                        policy="bf",
+                        cap=str(cap),
+                        buffer_limit=limit,
+                        makespan_rel=statistics.mean(ratios[limit]) if ratios[limit] else None,
+                        makespan_rel_max=max(ratios[limit]) if ratios[limit] else None,
+                        deadlocks=deadlocks[limit],
+                        seeds=len(seeds),
+                        unbounded_peak_buffered=buffered,
+                    )
                 )
             log.info(f"buffer P={p} cap {cap}: " + ", ".join(_buffer_cell(r) for r in rows[-len(BUFFER_LIMITS) :]))
-    return rows
+    return [asdict(row) for row in rows]
 
 
-def _buffer_cell(row: dict) -> str:
-    limit = "inf" if row["buffer_limit"] is None else row["buffer_limit"]
-    rel = "deadlock" if row["makespan_rel"] is None else f"{row['makespan_rel']:.3f}"
+def _buffer_cell(row: BufferRow) -> str:
+    limit = "inf" if row.buffer_limit is None else row.buffer_limit
+    rel = "deadlock" if row.makespan_rel is None else f"{row.makespan_rel:.3f}"
     return f"{limit}: {rel}"
 
 

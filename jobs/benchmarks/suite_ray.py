@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.rows import Agreement, TPRow
 from benchmarks.suite import Run, Scenario, figures, where
 from rrfp_ray.observe.telemetry import IterationReport, tp_summary
 from rrfp_ray.policy.arbiter import Cap
@@ -25,7 +26,6 @@ PEER_GROUPS = ((("1f1b", "zb-h1"), 1), (("interleaved", "zbv", "dualpipev"), 2))
 TP = 2
 TP_SCENARIOS = ("lognormal-0.3", "comm", "multimodal+comm")
 TP_RANK_COMM = ("comm", "multimodal+comm")  # each TP rank's messages take their own latencies
-TP_PROTOCOLS = ("first", "common")
 
 
 @dataclass
@@ -112,21 +112,24 @@ def runtime_part(
                         policy=policy, trace=trace, cap=run.arbiter_cap, buffer_limit=pipeline.buffer_limit
                     )
                     cells = [figures(report=r, policy=policy, trace=trace) for r in reports[run.label]]
-                    row = {
-                        **where(spec, run, stages=stages, microbatches=microbatches),
-                        "seed": seed,
-                        "runs_ms": [c["makespan_ms"] for c in cells],
-                        "step_ms": statistics.median(r.step_ms for r in reports[run.label]),
-                        "measured_ms": statistics.median(c["makespan_ms"] for c in cells),
-                        "sim_ms": predicted.makespan_ms,
-                        "blocked_fraction": statistics.median(c["blocked_fraction"] for c in cells),
-                        "peak_inflight": max(c["peak_inflight"] for c in cells),
-                        "memory_x": max(c["memory_x"] for c in cells),
-                    }
-                    part.rows.append(row)
+                    measured_ms = statistics.median(c.makespan_ms for c in cells)
+                    memory_x = max(c.memory_x for c in cells)
+                    part.rows.append(
+                        {
+                            **where(spec, run, stages=stages, microbatches=microbatches),
+                            "seed": seed,
+                            "runs_ms": [c.makespan_ms for c in cells],
+                            "step_ms": statistics.median(r.step_ms for r in reports[run.label]),
+                            "measured_ms": measured_ms,
+                            "sim_ms": predicted.makespan_ms,
+                            "blocked_fraction": statistics.median(c.blocked_fraction for c in cells),
+                            "peak_inflight": max(c.peak_inflight for c in cells),
+                            "memory_x": memory_x,
+                        }
+                    )
                     log.info(
-                        f"runtime P={stages} {spec.label:>16} seed {seed} {run.label:<12} {row['measured_ms']:8.1f} ms "
-                        f"(sim {row['sim_ms']:8.1f}, memory {row['memory_x']:.2f}x)"
+                        f"runtime P={stages} {spec.label:>16} seed {seed} {run.label:<12} {measured_ms:8.1f} ms "
+                        f"(sim {predicted.makespan_ms:8.1f}, memory {memory_x:.2f}x)"
                     )
     finally:
         ray.shutdown()
@@ -178,8 +181,8 @@ def tp_part(
     log.info(start_ray(num_cpus=stages * TP))
     part = RayPart(warmup=warmup, iterations=iterations)
     try:
-        for protocol in ("tp1", *TP_PROTOCOLS):
-            tp, agreement = (1, {}) if protocol == "tp1" else (TP, {"tp_protocol": protocol})
+        for protocol in Agreement:
+            tp, agreement = (1, {}) if protocol is Agreement.TP1 else (TP, {"tp_protocol": protocol.value})
             pipeline = PipelineConfig(
                 stages=stages, microbatches=microbatches, policy=TP_RUNS[0].policy, timeout_s=120.0, tp=tp, **agreement
             )
@@ -190,21 +193,23 @@ def tp_part(
                     row = {
                         **where(spec, run, stages=stages, microbatches=microbatches),
                         "tp": tp,
-                        "protocol": protocol,
+                        "protocol": protocol.value,
                         **tp_figures(reports=reports[run.label]),
                     }
                     part.rows.append(row)
+                    read = TPRow.of(row)
                     log.info(
-                        f"tp {spec.label:>16} {run.label:<7} {protocol:<6} {row['measured_ms']:8.1f} ms, coordination "
-                        f"{row['tp_coord_fraction']:.2%} over {row['tp_rounds']:.0f} rounds "
-                        f"({row['tp_ms_per_round']:.3f} ms each)"
+                        f"tp {spec.label:>16} {run.label:<7} {protocol.value:<6} {read.measured_ms:8.1f} ms, "
+                        f"coordination {read.tp_coord_fraction:.2%} over {read.tp_rounds:.0f} rounds "
+                        f"({read.tp_ms_per_round:.3f} ms each)"
                     )
     finally:
         ray.shutdown()
-    baseline = {(r["scenario"], r["run"]): r["measured_ms"] for r in part.rows if r["protocol"] == "tp1"}
-    for row in part.rows:
-        tp1_ms = baseline.get((row["scenario"], row["run"]))
-        row["vs_tp1"] = row["measured_ms"] / tp1_ms if tp1_ms else None
+    rows = [TPRow.of(row) for row in part.rows]
+    baseline = {(r.scenario, r.run): r.measured_ms for r in rows if r.protocol is Agreement.TP1}
+    for row, read in zip(part.rows, rows):
+        tp1_ms = baseline.get((read.scenario, read.run))
+        row["vs_tp1"] = read.measured_ms / tp1_ms if tp1_ms else None
     return part.section()
 
 

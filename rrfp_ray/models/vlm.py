@@ -42,7 +42,7 @@ class VLMConfig(BaseModel):
     patch_size: int = Field(default=4, gt=0, description="pixels a side of one patch")
     pool: int = Field(default=2, gt=0, description="the patch grid is average-pooled by this factor into image tokens")
     encoder_layers: int = Field(default=4, gt=0, description="ViT blocks")
-    encoder_heads: int = Field(default=2, gt=0)
+    encoder_heads: int = Field(default=2, gt=0, description="the encoder's attention heads")
     encoder_embd: int = Field(default=64, gt=0, description="the encoder's width")
     n_layer: int = Field(default=2, gt=0, description="decoder (GPT) blocks")
     n_head: int = Field(default=4, gt=0)

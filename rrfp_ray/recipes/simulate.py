@@ -32,7 +32,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rrfp_ray.cli import add_log_level_flag, configure_logging, file_dir, writable_dir, write_pictures
+from rrfp_ray.cli import (
+    Flag,
+    add_flags,
+    add_log_level_flag,
+    configure_logging,
+    file_dir,
+    model_flags,
+    writable_dir,
+    write_pictures,
+)
 from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.loop import Planning, run
@@ -46,6 +55,7 @@ from rrfp_ray.sim.bounds import bounds
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.trace import Trace, load_iterations, save_iterations
 from rrfp_ray.sim.variability import SCENARIOS, describe, generate, generate_iterations, scenario_params
+from rrfp_ray.train.sections import ShapeConfig
 
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
 
@@ -101,9 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", type=count, help="pipeline stages P (default 4)")
-    parser.add_argument("--chunks", type=count, help="chunks per stage v (default 1)")
-    parser.add_argument("--microbatches", type=count, help="microbatches M (default 4P)")
+    add_flags(parser, model=ShapeConfig, flags=SHAPE)
     parser.add_argument(
         "--scenario",
         default="none",
@@ -146,6 +154,18 @@ def count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+# A trace's shape: given, it must agree with a --trace's; else 4 stages of 1 chunk, 4P microbatches.
+SHAPE = model_flags(
+    ShapeConfig,
+    without=("layer_split",),
+    flags=(
+        Flag("stages", default=None, default_note="4", parse=count),
+        Flag("chunks", default=None, default_note="1", parse=count),
+        Flag("microbatches", default=None, default_note="4P", parse=count),
+    ),
+)
 
 
 def seed(text: str) -> int:

@@ -2,15 +2,14 @@
 
 Same stage hosts, workers, arbiters, telemetry and orchestration (`rrfp_ray.runtime.group`) as
 on Ray; for tests and debugging. `ThreadFabric` is the in-process `Fabric`, `ThreadStage` its
-`StageHandle`; `LocalPipeline` is the `StageGroup` over them, its executors given by a workload
-or directly, per iteration.
+`StageHandle`; `rrfp_ray.train.backend.LocalBackend` runs the `StageGroup` over them.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -18,13 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
-from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.packing import Packing
-from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap
-from rrfp_ray.policy.policy import Policy
-from rrfp_ray.runtime.executor import Executor, Workload
-from rrfp_ray.runtime.group import StageGroup
+from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.host import GroupSums, RoundCollectives, StageHost, TensorSum, tie_sum
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.mesh import Mesh
@@ -32,7 +25,7 @@ from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.thread_collectives import ThreadAllGather, ThreadAllReduce, tensor_all_reduce, tensor_reduce_to
 from rrfp_ray.runtime.transport import Channel, local_channels
 from rrfp_ray.runtime.waits import Outcome, wait_named
-from rrfp_ray.schedule.layout import Layout, Message
+from rrfp_ray.schedule.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -229,87 +222,6 @@ class ThreadFabric:
         word = {"rank": "TP rank", "replica": "replica", "stage": "stage"}[by]
         labels = [f"{word} {getattr(self.mesh.coord(i), by)}" for i in members]
         return ThreadAllGather(parties=len(members), timeout_s=self.timeout_s, name=name, labels=labels)
-
-
-class LocalPipeline:
-    """The in-process `StageGroup` (`group`) over a `ThreadFabric` (`fabric`), for the `Trainer`'s local
-    backend, tests, benchmarks in one process and debugging. Its executors come from a workload
-    (`group.set_workload`) or are given directly (`executors`, `run_iteration(executors=...)`)."""
-
-    def __init__(
-        self,
-        *,
-        layout: Layout,
-        timeout_s: float = 60.0,
-        link_timeout_s: float = 600.0,
-        tp: int = 1,
-        k: int = 4,
-        wrap: Callable[[int, Channel], Channel] | None = None,
-        dp: DPSpec | None = None,
-        ties: tuple[tuple[int, ...], ...] = (),
-    ) -> None:
-        if tp < 1:
-            raise ValueError(f"tp must be >= 1, got {tp}")
-        self.layout = layout
-        self.mesh = Mesh(stages=layout.stages, tp=tp, dp=1 if dp is None else dp.size, ties=ties)
-        self.fabric = ThreadFabric(
-            layout=layout, mesh=self.mesh, timeout_s=timeout_s, link_timeout_s=link_timeout_s, k=k, wrap=wrap, dp=dp
-        )
-        self.group = StageGroup(fabric=self.fabric, layout=layout, zero=dp is not None and dp.zero)
-
-    @property
-    def executors(self) -> list[Executor]:
-        """One per actor, in mesh order; replaced, each actor runs its new one from the next call on."""
-        return [handle.host.executor for handle in self.fabric.handles]
-
-    @executors.setter
-    def executors(self, executors: Sequence[Executor]) -> None:
-        handles = self.fabric.handles
-        if len(executors) != len(handles):
-            raise ValueError(f"executors: need {len(handles)} (dp x stages x tp), got {len(executors)}")
-        for handle, executor in zip(handles, executors):
-            handle.host.executor = executor
-
-    def tp_all_reduce(self, *, stage: int, rank: int) -> TensorSum:
-        return self.fabric.tp_sum(self.mesh.index(stage=stage, rank=rank))
-
-    def run_iteration(
-        self,
-        *,
-        iteration: int,
-        policy: Policy,
-        cap: Cap,
-        executors: Sequence[Executor],
-        buffer_limit: int | None = None,
-        latency: Callable[[Message], float] | None = None,
-        protocol: TPProtocol = TPProtocol.FIRST,
-        order: tuple[int, ...] | None = None,
-        packing: Packing | None = None,
-    ) -> IterationReport:
-        """With `executors` given directly (and `latency` injected per message); `protocol`: how TP
-        ranks agree (`rrfp_ray.policy.agreement`), unused without TP; `order`: the data microbatch of each slot;
-        `packing`: the samples of each data microbatch."""
-        self.executors = executors
-        for handle in self.fabric.handles:
-            handle.host.latency = latency
-        return self.group.run_iteration(
-            iteration=iteration,
-            policy=policy,
-            cap=cap,
-            buffer_limit=buffer_limit,
-            tp_protocol=protocol,
-            order=order,
-            packing=packing,
-        )
-
-    def close(self) -> None:
-        self.group.close()
-
-    def __enter__(self) -> LocalPipeline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _outcome(future: Future) -> Outcome | None:

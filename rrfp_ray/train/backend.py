@@ -2,13 +2,15 @@
 
 Both backends drive their stages with one `rrfp_ray.runtime.group.StageGroup`.
 `LocalBackend` runs every stage as a thread of the caller's process over in-memory
-channels (a `rrfp_ray.runtime.local.LocalPipeline`, the group in the caller's process): the same workers, arbiters,
+channels (a `rrfp_ray.runtime.local.ThreadFabric`, the group in the caller's process): the same workers, arbiters,
 telemetry and orchestration as on Ray, for debugging and tests. The Ray backend (stage actors under a
 driver actor that runs the group) is `actors.backend.RayBackend`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -16,12 +18,18 @@ from torch import Tensor
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing
+from rrfp_ray.policy.agreement import TPProtocol
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
-from rrfp_ray.runtime.executor import Executor
+from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.group import StageGroup
+from rrfp_ray.runtime.host import TensorSum
 from rrfp_ray.runtime.iteration import measures
-from rrfp_ray.runtime.local import LocalPipeline
+from rrfp_ray.runtime.local import ThreadFabric
+from rrfp_ray.runtime.mesh import Mesh
+from rrfp_ray.runtime.reduce import DPSpec
+from rrfp_ray.runtime.transport import Channel
+from rrfp_ray.schedule.layout import Layout, Message
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
@@ -80,55 +88,135 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def run_iteration(
-    *,
-    group: StageGroup,
-    pipeline: PipelineConfig,
-    iteration: int,
-    policy: Policy,
-    cap: Cap | None = None,
-    order: tuple[int, ...] | None = None,
-    packing: Packing | None = None,
-) -> IterationReport:
-    """One iteration under `pipeline`'s receive-buffer limit, TP protocol and cap (unless `cap`), measuring
-    its layers' costs when `pipeline.balance` says (`measures`): either backend's."""
-    return group.run_iteration(
-        iteration=iteration,
-        policy=policy,
-        cap=pipeline.cap if cap is None else cap,
-        buffer_limit=pipeline.buffer_limit,
-        tp_protocol=pipeline.tp_protocol,
-        order=order,
-        packing=packing,
-        measure=measures(iteration=iteration, period=pipeline.balance.measure_period),
-    )
+@dataclass(frozen=True)
+class IterationSettings:
+    """What every iteration of a running pipeline shares: its cap (None: each call gives one), receive-buffer
+    limit, TP protocol and how often its stages measure their layers' costs (0: never; `measures`). Either
+    backend runs its iterations through it, from its `PipelineConfig` (`of`)."""
+
+    cap: Cap | None = None
+    buffer_limit: int | None = None
+    tp_protocol: TPProtocol = TPProtocol.FIRST
+    measure_period: int = 0
+
+    @classmethod
+    def of(cls, pipeline: PipelineConfig) -> IterationSettings:
+        return cls(
+            cap=pipeline.cap,
+            buffer_limit=pipeline.buffer_limit,
+            tp_protocol=pipeline.tp_protocol,
+            measure_period=pipeline.balance.measure_period,
+        )
+
+    def run(
+        self,
+        *,
+        group: StageGroup,
+        iteration: int,
+        policy: Policy,
+        cap: Cap | None = None,
+        order: tuple[int, ...] | None = None,
+        packing: Packing | None = None,
+    ) -> IterationReport:
+        """One iteration of `group` under these settings (`cap` instead of theirs where given)."""
+        cap = self.cap if cap is None else cap
+        if cap is None:
+            raise ValueError("cap: these stages were started without a pipeline's cap, so each iteration needs one")
+        return group.run_iteration(
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            buffer_limit=self.buffer_limit,
+            tp_protocol=self.tp_protocol,
+            order=order,
+            packing=packing,
+            measure=measures(iteration=iteration, period=self.measure_period),
+        )
 
 
 class LocalBackend:
+    """The in-process backend: every stage (every TP rank of it, in every replica) a thread of this process,
+    the `StageGroup` (`group`) over a `ThreadFabric` (`fabric`). A `Trainer` starts it with its pipeline and
+    workload (`start`); tests, benchmarks and debugging may start it over a bare layout instead (`over`), with
+    the executors given per iteration (`run_iteration(executors=...)`) or by a workload (`set_workload`)."""
+
     def __init__(self) -> None:
-        self._config: PipelineConfig | None = None
-        self._local: LocalPipeline | None = None
+        self.group: StageGroup | None = None
+        self._fabric: ThreadFabric | None = None
+        self._settings = IterationSettings()
+
+    @classmethod
+    def over(
+        cls,
+        *,
+        layout: Layout,
+        timeout_s: float = 60.0,
+        link_timeout_s: float = 600.0,
+        tp: int = 1,
+        k: int = 4,
+        wrap: Callable[[int, Channel], Channel] | None = None,
+        dp: DPSpec | None = None,
+        ties: tuple[tuple[int, ...], ...] = (),
+        settings: IterationSettings = IterationSettings(),
+    ) -> LocalBackend:
+        """Started over `layout` with no workload. `k`: ops each TP rank offers per agreement round;
+        `wrap(rank, channel)` wraps every inbound channel of TP rank `rank` (tests delay receives with it);
+        `ties`: the stages of each tied weight."""
+        backend = cls()
+        backend._bring_up(
+            layout=layout,
+            mesh=Mesh(stages=layout.stages, tp=tp, dp=1 if dp is None else dp.size, ties=ties),
+            timeout_s=timeout_s,
+            link_timeout_s=link_timeout_s,
+            k=k,
+            wrap=wrap,
+            dp=dp,
+            settings=settings,
+        )
+        return backend
+
+    @property
+    def fabric(self) -> ThreadFabric:
+        self._running()
+        assert self._fabric is not None  # set with the group
+        return self._fabric
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._running().mesh
 
     @property
     def executors(self) -> list[Executor]:
-        """One per stage (per TP rank); tests may replace them."""
-        return self._pipeline().executors
+        """One per actor, in mesh order; replaced (tests do), each actor runs its new one from the next call on."""
+        return [handle.host.executor for handle in self.fabric.handles]
 
     @executors.setter
-    def executors(self, executors: list[Executor]) -> None:
-        self._pipeline().executors = executors
+    def executors(self, executors: Sequence[Executor]) -> None:
+        handles = self.fabric.handles
+        if len(executors) != len(handles):
+            raise ValueError(f"executors: need {len(handles)} (dp x stages x tp), got {len(executors)}")
+        for handle, executor in zip(handles, executors):
+            handle.host.executor = executor
+
+    def tp_all_reduce(self, *, stage: int, rank: int) -> TensorSum:
+        """The sum over the TP ranks of `stage` as rank `rank` calls it (for executors given directly)."""
+        return self.fabric.tp_sum(self.mesh.index(stage=stage, rank=rank))
 
     def start(self, *, pipeline: PipelineConfig, workload: ModelWorkload) -> None:
-        if self._local is not None:
+        if self.group is not None:
             raise RuntimeError("this LocalBackend has already started; use one backend per Trainer")
-        self._config = pipeline
-        self._local = LocalPipeline(
+        self._bring_up(
             layout=pipeline.layout,
+            mesh=Mesh(
+                stages=pipeline.stages,
+                tp=pipeline.tp,
+                dp=pipeline.dp,
+                ties=tuple(dict.fromkeys(tie.stages for tie in workload.ties)),
+            ),
             timeout_s=pipeline.timeout_s,
             link_timeout_s=pipeline.link_timeout_s,
-            tp=pipeline.tp,
             dp=pipeline.dp_spec,
-            ties=tuple(dict.fromkeys(tie.stages for tie in workload.ties)),
+            settings=IterationSettings.of(pipeline),
         )
         try:
             self.set_workload(workload=workload)
@@ -136,7 +224,7 @@ class LocalBackend:
             self.close()
             raise
 
-    def set_workload(self, *, workload: ModelWorkload) -> None:
+    def set_workload(self, *, workload: Workload) -> None:
         self._running().set_workload(workload=workload)
 
     def run_iteration(
@@ -147,15 +235,17 @@ class LocalBackend:
         cap: Cap | None = None,
         order: tuple[int, ...] | None = None,
         packing: Packing | None = None,
+        executors: Sequence[Executor] | None = None,
+        latency: Callable[[Message], float] | None = None,
     ) -> IterationReport:
-        return run_iteration(
-            group=self._running(),
-            pipeline=self._config,
-            iteration=iteration,
-            policy=policy,
-            cap=cap,
-            order=order,
-            packing=packing,
+        """With `executors` given, every actor runs its own from this iteration on, each message delayed by
+        `latency` (None: not at all)."""
+        if executors is not None:
+            self.executors = executors
+            for handle in self.fabric.handles:
+                handle.host.latency = latency
+        return self._settings.run(
+            group=self._running(), iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
         )
 
     def evaluate(self, *, microbatches: int) -> float:
@@ -183,14 +273,35 @@ class LocalBackend:
         return True  # threads of this process: any shape
 
     def close(self) -> None:
-        if self._local is not None:
-            self._local.close()
-            self._local = None
+        if self.group is not None:
+            self.group.close()
+            self.group = self._fabric = None
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _bring_up(
+        self,
+        *,
+        layout: Layout,
+        mesh: Mesh,
+        timeout_s: float,
+        link_timeout_s: float,
+        dp: DPSpec | None,
+        settings: IterationSettings,
+        k: int = 4,
+        wrap: Callable[[int, Channel], Channel] | None = None,
+    ) -> None:
+        self._fabric = ThreadFabric(
+            layout=layout, mesh=mesh, timeout_s=timeout_s, link_timeout_s=link_timeout_s, k=k, wrap=wrap, dp=dp
+        )
+        self.group = StageGroup(fabric=self._fabric, layout=layout, zero=dp is not None and dp.zero)
+        self._settings = settings
 
     def _running(self) -> StageGroup:
-        return self._pipeline().group
-
-    def _pipeline(self) -> LocalPipeline:
-        if self._local is None:
+        if self.group is None:
             raise RuntimeError("the LocalBackend is not running: start() it first (a Trainer does), or it was closed")
-        return self._local
+        return self.group
