@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations per policy and seed")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
     parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")
-    parser.add_argument("--image-tail", type=float, default=1.0, help="P(n images) ~ (n + 1) ** -tail (default 1)")
+    parser.add_argument(
+        "--image-tail", type=float, default=1.5, help="P(n images) ~ (n + 1) ** -tail (default 1.5: half text-only)"
+    )
+    parser.add_argument("--image-size", type=int, default=24, help="pixels a side of an image (default 24)")
     parser.add_argument("--ray", action="store_true", help="one Ray actor a stage (default: threads of this process)")
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
 
     try:
-        model = VLMConfig(max_images=args.max_images)
+        model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
         runs_of = [
             RunConfig(
                 model={"n_layer": model.n_layer, "n_head": model.n_head, "n_embd": model.n_embd},
