@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks.vlm import (
@@ -30,6 +31,7 @@ from benchmarks.vlm import (
     encoder_spread,
     ratios,
     replay_ratio,
+    run_interleaved,
     run_seed,
     spread,
     table,
@@ -78,7 +80,6 @@ def main(argv: list[str] | None = None) -> dict:
         ]
     except ValidationError as error:
         parser.error(str(error).splitlines()[-1])
-    backend = None
     if args.ray:
         from actors.backend import RayBackend
         from actors.local_ray import start_ray
@@ -91,10 +92,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {args.seeds} seeds")
     runs = {name: PolicyRuns() for name in POLICIES}
     for seed, run in enumerate(runs_of):
+        timing = {"seed": seed, "warmup": args.warmup, "iterations": args.iterations, "runs": runs}
         if args.ray:
-            backend = RayBackend()
-        with vlm_trainer(run, model=model, tail=args.image_tail, backend=backend) as trainer:
-            run_seed(trainer=trainer, seed=seed, warmup=args.warmup, iterations=args.iterations, runs=runs)
+            with vlm_trainer(run, model=model, tail=args.image_tail, backend=RayBackend()) as trainer:
+                run_seed(trainer=trainer, **timing)
+        else:
+            with ExitStack() as stack:
+                trainers = {n: stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail)) for n in runs}
+                run_interleaved(trainers=trainers, **timing)
+                trainer = trainers["1f1b"]
         print(f"seed {seed}: " + ", ".join(f"{n} {runs[n].medians()[-1]:.1f} ms" for n in POLICIES), flush=True)
     print("\n" + "\n".join(table(runs, trainer=trainer)))
     rule = best_readiness(runs)
