@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> dict:
     worst = max(abs(r - 1) for r in played.values() if r is not None)
     print(f"\nencoder forward P95/P5 under 1f1b: {encoder:.2f}")
     print(f"best readiness rule: {rule} {spread(ratios(runs, rule))[0]:.3f}x over the best fixed ({', '.join(FIXED)})")
+    hints = {name: Counter(r.policy for seed in runs[name].reports for r in seed) for name in PLANNED}
+    for name, counts in hints.items():
+        print(f"{name} ran hints: " + ", ".join(f"{hint} {count}" for hint, count in counts.most_common()))
     print(f"planner CPU: {plan_ms:.1f} ms per iteration ({plan_ms / iteration_ms:.1%} of its median makespan)")
     print(f"best fixed packed: {best_packed} {spread(ratios(runs, best_packed))[0]:.3f}x over the best fixed")
     print(
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
         "medians_ms": {name: r.medians() for name, r in runs.items()},
         "encoder_p95_p5": encoder,
         "planning_ms": plan_ms,
+        "planned_hints": {name: dict(counts) for name, counts in hints.items()},
         "replayed_over_measured": played,
     }
     if args.json:
