@@ -30,6 +30,7 @@ from benchmarks.vlm import (
     best_of,
     best_readiness,
     encoder_spread,
+    op_medians,
     ratios,
     replay_ratio,
     run_interleaved,
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
     worst = max(abs(r - 1) for r in played.values() if r is not None)
     print(f"\nencoder forward P95/P5 under 1f1b: {encoder:.2f}")
     print(f"best readiness rule: {rule} {spread(ratios(runs, rule))[0]:.3f}x over the best fixed ({', '.join(FIXED)})")
+    ops = {name: op_medians(runs[name]) for name in FIXED}
+    for name, medians in ops.items():
+        print(f"median op ms under {name}: " + ", ".join(f"{key} {ms:.2f}" for key, ms in medians.items()))
     hints = {name: Counter(r.policy for seed in runs[name].reports for r in seed) for name in PLANNED}
     for name, counts in hints.items():
         print(f"{name} ran hints: " + ", ".join(f"{hint} {count}" for hint, count in counts.most_common()))
@@ -129,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         "medians_ms": {name: r.medians() for name, r in runs.items()},
         "encoder_p95_p5": encoder,
         "planning_ms": plan_ms,
+        "op_ms": ops,
         "planned_hints": {name: dict(counts) for name, counts in hints.items()},
         "replayed_over_measured": played,
     }

@@ -132,6 +132,17 @@ def encoder_spread(runs: PolicyRuns) -> float:
     return _quantile(times, 0.95) / _quantile(times, 0.05)
 
 
+def op_medians(runs: PolicyRuns) -> dict[str, float]:
+    """Median ms of each (stage, op kind) over the policy's iterations, keyed like "1B" (stage 1's full backwards)."""
+    times: dict[str, list[float]] = {}
+    for seed in runs.reports:
+        for r in seed:
+            for e in r.events:
+                kind = parse_action(e.action, stages=len(r.stages)).kind.value
+                times.setdefault(f"{e.stage}{kind}", []).append(e.end_ms - e.start_ms)
+    return {key: statistics.median(values) for key, values in sorted(times.items())}
+
+
 def replay_ratio(runs: PolicyRuns, *, trainer: Trainer) -> float | None:
     """Median simulated / measured makespan of the policy's iterations replayed on their own measured trace."""
     pipeline = trainer.pipeline
