@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
             for seed in range(args.seeds)
         ]
     except ValidationError as error:
-        parser.error(str(error).splitlines()[-1])
+        parser.error("; ".join(e["msg"] for e in error.errors()))
     if args.ray:
         from actors.backend import RayBackend
         from actors.local_ray import start_ray
