@@ -17,6 +17,8 @@ import json
 import os
 import statistics
 import sys
+from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks.vlm import (
@@ -28,8 +30,10 @@ from benchmarks.vlm import (
     best_of,
     best_readiness,
     encoder_spread,
+    op_medians,
     ratios,
     replay_ratio,
+    run_interleaved,
     run_seed,
     spread,
     table,
@@ -46,7 +50,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations per policy and seed")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
     parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")
-    parser.add_argument("--image-tail", type=float, default=1.0, help="P(n images) ~ (n + 1) ** -tail (default 1)")
+    parser.add_argument(
+        "--image-tail", type=float, default=1.5, help="P(n images) ~ (n + 1) ** -tail (default 1.5: half text-only)"
+    )
+    parser.add_argument("--image-size", type=int, default=24, help="pixels a side of an image (default 24)")
     parser.add_argument("--ray", action="store_true", help="one Ray actor a stage (default: threads of this process)")
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
 
     try:
-        model = VLMConfig(max_images=args.max_images)
+        model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
         runs_of = [
             RunConfig(
                 model={"n_layer": model.n_layer, "n_head": model.n_head, "n_embd": model.n_embd},
@@ -74,8 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
             for seed in range(args.seeds)
         ]
     except ValidationError as error:
-        parser.error(str(error).splitlines()[-1])
-    backend = None
+        parser.error("; ".join(e["msg"] for e in error.errors()))
     if args.ray:
         from actors.backend import RayBackend
         from actors.local_ray import start_ray
@@ -88,10 +94,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {args.seeds} seeds")
     runs = {name: PolicyRuns() for name in POLICIES}
     for seed, run in enumerate(runs_of):
+        timing = {"seed": seed, "warmup": args.warmup, "iterations": args.iterations, "runs": runs}
         if args.ray:
-            backend = RayBackend()
-        with vlm_trainer(run, model=model, tail=args.image_tail, backend=backend) as trainer:
-            run_seed(trainer=trainer, seed=seed, warmup=args.warmup, iterations=args.iterations, runs=runs)
+            with vlm_trainer(run, model=model, tail=args.image_tail, backend=RayBackend()) as trainer:
+                run_seed(trainer=trainer, **timing)
+        else:
+            with ExitStack() as stack:
+                trainers = {n: stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail)) for n in runs}
+                run_interleaved(trainers=trainers, **timing)
+                trainer = trainers["1f1b"]
         print(f"seed {seed}: " + ", ".join(f"{n} {runs[n].medians()[-1]:.1f} ms" for n in POLICIES), flush=True)
     print("\n" + "\n".join(table(runs, trainer=trainer)))
     rule = best_readiness(runs)
@@ -104,6 +115,12 @@ def main(argv: list[str] | None = None) -> dict:
     worst = max(abs(r - 1) for r in played.values() if r is not None)
     print(f"\nencoder forward P95/P5 under 1f1b: {encoder:.2f}")
     print(f"best readiness rule: {rule} {spread(ratios(runs, rule))[0]:.3f}x over the best fixed ({', '.join(FIXED)})")
+    ops = {name: op_medians(runs[name]) for name in FIXED}
+    for name, medians in ops.items():
+        print(f"median op ms under {name}: " + ", ".join(f"{key} {ms:.2f}" for key, ms in medians.items()))
+    hints = {name: Counter(r.policy for seed in runs[name].reports for r in seed) for name in PLANNED}
+    for name, counts in hints.items():
+        print(f"{name} ran hints: " + ", ".join(f"{hint} {count}" for hint, count in counts.most_common()))
     print(f"planner CPU: {plan_ms:.1f} ms per iteration ({plan_ms / iteration_ms:.1%} of its median makespan)")
     print(f"best fixed packed: {best_packed} {spread(ratios(runs, best_packed))[0]:.3f}x over the best fixed")
     print(
@@ -116,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         "medians_ms": {name: r.medians() for name, r in runs.items()},
         "encoder_p95_p5": encoder,
         "planning_ms": plan_ms,
+        "op_ms": ops,
+        "planned_hints": {name: dict(counts) for name, counts in hints.items()},
         "replayed_over_measured": played,
     }
     if args.json:

@@ -13,6 +13,7 @@ from benchmarks.vlm import POLICIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import bench_vlm
+import bench_vlm_costs
 
 
 def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,4 +37,20 @@ def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.Capture
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         bench_vlm.main(args)
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_costs_are_measured_per_stage_with_and_without_packing(capsys: pytest.CaptureFixture[str]) -> None:
+    result = bench_vlm_costs.main(["--iterations", "1", "--microbatches", "4", "--micro-batch-size", "4"])
+    assert set(result) == {"own", "packed"} and all(len(stages) == 2 for stages in result.values())
+    assert all(c["ms_per_iteration"] > 0 and c["max_min"] >= c["p95_p5"] >= 1 for s in result.values() for c in s)
+    assert "packed:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["--stages", "99"], "--stages"), (["--image-size", "7"], "patch_size")])
+def test_bad_cost_flags_exit_2_naming_what_is_wrong(
+    args: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_vlm_costs.main(args)
     assert exit_info.value.code == 2 and flag in capsys.readouterr().err

@@ -32,6 +32,7 @@ JOBS = {
     "bench_suite": "parse",
     "bench_tp": None,
     "bench_vlm": "main",
+    "bench_vlm_costs": "main",
     "dashboard_shots": "parse",
     "export": "main",
     "replay": "main",

@@ -62,5 +62,5 @@ def test_plans_never_go_past_the_cap(planning: Planning):
     config = PlannerConfig(hints=default_hints(chunks=1), cap=Cap.parse("1x"), simulations=10, samples=2)
     for trace, (plan, report) in zip(traces, run(planning=planning, traces=traces, config=config)):
         split = make_policy(name=plan.hint, **SHAPE).split
-        for stats, (fb, fw) in zip(report.stages, planned_limits(cap=plan.cap, trace=trace)):
+        for stats, (fb, fw) in zip(report.stages, planned_limits(cap=plan.cap, trace=trace, split=split)):
             assert stats.peak_bytes <= (fw if split else fb) * (1 + 1e-9) + 1, plan

@@ -1,8 +1,11 @@
 """The multimodal workload on real compute: fixed schedules, readiness and `planned` on the VLM.
 
-Per seed (model init and data), one trainer runs every policy in turn from the same initial
-weights (`Trainer.reset`), the order of the policies rotated by the seed; per policy, warm-up
-iterations and then timed ones. `planned` runs three ways: arranging the microbatches' order only,
+Per seed (model init and data), every policy runs from the same initial weights: in-process, each
+on a trainer of its own, their timed iterations interleaved (one iteration of each policy in turn,
+the turn rotated by the seed and the iteration, so a load that comes and goes on a shared machine
+falls on every policy alike; a planned trainer settles its lookahead before the next policy's turn);
+on Ray, one trainer runs the policies one after another (`Trainer.reset`), the order rotated by the
+seed. Warm-up iterations come first. `planned` runs three ways: arranging the microbatches' order only,
 the packing of the samples into microbatches only, or both (`rrfp_ray.plan.planner.Arrangement`);
 each fixed schedule runs once more on its iterations' samples packed as the planner packs them
 before it has telemetry (`pack` over the samples' images), for the fair comparison. No delay is
@@ -79,6 +82,33 @@ def run_seed(*, trainer: Trainer, seed: int, warmup: int, iterations: int, runs:
         runs[name].planning_s += trainer.planning_s[warmup:]
 
 
+def run_interleaved(
+    *, trainers: Mapping[str, Trainer], seed: int, warmup: int, iterations: int, runs: Mapping[str, PolicyRuns]
+) -> None:
+    """Every policy on its own trainer (one seed, the same initial weights): warm-ups, then one timed iteration of
+    each policy in turn, the turn rotated by the seed and the iteration."""
+    names = list(trainers)
+    for name in names:
+        trainers[name].planning_s.clear()
+        for _ in range(warmup):
+            settled(trainers[name], step(trainers[name], name))
+    reports: dict[str, list[IterationReport]] = {name: [] for name in names}
+    for i in range(iterations):
+        turn = (seed + i) % len(names)
+        for name in names[turn:] + names[:turn]:
+            reports[name].append(settled(trainers[name], step(trainers[name], name)))
+    for name in names:
+        runs[name].reports.append(reports[name])
+        runs[name].planning_s += trainers[name].planning_s[warmup:]
+
+
+def settled(trainer: Trainer, report: IterationReport) -> IterationReport:
+    """`report`, once the plan the trainer's lookahead is making has been made (its CPU is the policy's own)."""
+    if trainer.planner_state() is None and trainer.planner is not None:
+        raise TimeoutError(f"the planner did not settle within {trainer.pipeline.timeout_s} s")
+    return report
+
+
 def spread(values: Sequence[float]) -> tuple[float, float, float]:
     """Geometric mean, lowest, highest."""
     return math.exp(statistics.fmean(math.log(v) for v in values)), min(values), max(values)
@@ -100,6 +130,17 @@ def encoder_spread(runs: PolicyRuns) -> float:
         if e.stage == 0 and parse_action(e.action, stages=len(r.stages)).kind is Kind.F
     )
     return _quantile(times, 0.95) / _quantile(times, 0.05)
+
+
+def op_medians(runs: PolicyRuns) -> dict[str, float]:
+    """Median ms of each (stage, op kind) over the policy's iterations, keyed like "1B" (stage 1's full backwards)."""
+    times: dict[str, list[float]] = {}
+    for seed in runs.reports:
+        for r in seed:
+            for e in r.events:
+                kind = parse_action(e.action, stages=len(r.stages)).kind.value
+                times.setdefault(f"{e.stage}{kind}", []).append(e.end_ms - e.start_ms)
+    return {key: statistics.median(values) for key, values in sorted(times.items())}
 
 
 def replay_ratio(runs: PolicyRuns, *, trainer: Trainer) -> float | None:

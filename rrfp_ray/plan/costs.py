@@ -87,6 +87,10 @@ class CostModel:
             self._fits[key] = robust_fit(x, y)
         return self._fits.get(key)
 
+    def observed(self, kind: Kind) -> bool:
+        """Whether any block has measured ops of `kind`."""
+        return any(k == kind.value and obs for (_, k), obs in self.observations.items())
+
     def level(self, key: Key) -> float | None:
         """The fit at feature 1: for a key observed without features, the robust median of its recent
         values; None before any observation."""
@@ -139,7 +143,7 @@ class CostModel:
 
     def kind_fit(self, *, block: int, kind: Kind, features: Sequence[float] | None) -> Fit:
         """The fit of one op kind: measured, else derived (I and W halves of a measured full B, B = I + W),
-        else the prior."""
+        else the prior. A full backward's own fit is kept apart from I + W: on some devices it costs less."""
         own = self.fit((block, kind.value))
         if own is not None:
             return own

@@ -63,7 +63,7 @@ def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -
         policy = plan.validate(**shape)
         data = trace if plan.packing is None else trace.repacked(plan.packing)
         ran.append(data)
-        limits = planned_limits(cap=plan.cap, trace=data)
+        limits = planned_limits(cap=plan.cap, trace=data, split=policy.split)
         report = simulate(
             policy=policy, trace=data.reordered(plan.order), cap=plan.cap, iteration=k, byte_limits=limits
         )

@@ -23,6 +23,7 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.costs import CostModel, feature_of
 from rrfp_ray.plan.packing import Packing, loads, pack, spread
 from rrfp_ray.plan.plans import Plan, policy_for
+from rrfp_ray.plan.scoring import Samples
 from rrfp_ray.plan.search import Found, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
@@ -130,12 +131,13 @@ class Planner:
         self.last.validate(**self.shape)
         self.planned = planned  # the iteration `last` was planned for (None: none yet)
 
-    def predicted(self, *, iteration: int, features: Sequence[float] | None) -> list[Trace]:
-        """The iteration as the model sees it: the mean, or `samples` noisy draws around it."""
+    def predicted(self, *, iteration: int, features: Sequence[float] | None) -> Samples:
+        """The iteration as the model sees it: the mean, or `samples` noisy draws around it; each with the split
+        backward's costs (I, W) and, beside it, with the full backward's own (B)."""
         P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
         if features is not None and len(features) != M:
             raise ValueError(f"features has {len(features)} entries, expected M={M}")
-        kinds = (Kind.F, Kind.I, Kind.W)
+        kinds = (Kind.F, Kind.I, Kind.W, Kind.B)
         fits = [[self.model.kind_fit(block=vs, kind=k, features=features) for vs in range(P * v)] for k in kinds]
         mean = [
             np.array([self.model.durations(block=vs, kind=k, features=features, count=M) for vs in range(P * v)])
@@ -153,20 +155,12 @@ class Planner:
             ]
         )
         held = self.predicted_bytes(features=features)
-        return [
-            Trace(
-                stages=P,
-                microbatches=M,
-                chunks=v,
-                F=f.tolist(),
-                B=b.tolist(),
-                W=w.tolist(),
-                commF=zero,
-                commB=zero,
-                activation_bytes=held,
-            )
-            for f, b, w in draws
-        ]
+        shape = {"stages": P, "microbatches": M, "chunks": v, "commF": zero, "commB": zero, "activation_bytes": held}
+        none = np.zeros((P * v, M)).tolist()
+        return Samples(
+            [Trace(F=f.tolist(), B=i.tolist(), W=w.tolist(), **shape) for f, i, w, _ in draws],
+            unsplit=[Trace(F=f.tolist(), B=b.tolist(), W=none, **shape) for f, _, _, b in draws],
+        )
 
     def predicted_bytes(self, *, features: Sequence[float] | None) -> list[list[float]] | None:
         """Per virtual stage and data microbatch, the activation bytes the model predicts: fitted from
@@ -191,7 +185,7 @@ class Planner:
         deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
         found = search(
             samples=self.predicted(iteration=iteration, features=features),
-            hints=config.hints,
+            hints=self.hints(),
             cap=config.cap,
             simulations=config.simulations,
             seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
@@ -206,6 +200,17 @@ class Planner:
             log.warning("iteration %d: no plan within %.3f s; running the last plan", iteration, config.time_limit_s)
         self.planned = iteration
         return self.last
+
+    def hints(self) -> tuple[str, ...]:
+        """The hints to search now. A backward (split or full) among the hints whose costs the model has not
+        observed, nor is about to (the last plan's), is learned before it is assumed: the search keeps to the
+        hints of the first such, so the early iterations run each backward once, deterministically."""
+        splits = {hint: policy_for(name=hint, **self.shape).split for hint in self.config.hints}
+        pending = None if self.planned is None else splits[self.last.hint]
+        for split in dict.fromkeys(splits.values()):
+            if split != pending and not self.model.observed(Kind.I if split else Kind.B):
+                return tuple(hint for hint in self.config.hints if splits[hint] is split)
+        return self.config.hints
 
     def sample_costs(self, *, samples: Sequence[Sequence[float]], features: Sequence[float] | None) -> list[float]:
         """Per sample (flat, microbatch by microbatch), its predicted ms summed over every block and op kind: the

@@ -2,10 +2,14 @@
 
 All plans of one call are simulated in one batch (`rrfp_ray.sim.simulator.simulate_many`), which
 builds its per-policy and per-layout tables once for the whole batch. Memory is in bytes where the
-samples carry them: a plan's cap `Kx` is K x the peak bytes per stage of `reference_for` (zb-h1 with
-one chunk per stage) on the data in its own order, whatever the plan's order and hint, so every plan
-of an iteration gets the same memory; a plan whose fixed hint would hold more scores inf (the planner
-never plans past the cap).
+samples carry them: a plan's cap `Kx` is K x the peak bytes per stage of `reference_for` its hint's
+backward (zb-h1 for a split one, 1f1b for a full one, with one chunk per stage) on the data in its own
+order, whatever the plan's order, so every plan of an iteration and backward gets the same memory; a
+plan whose fixed hint would hold more scores inf (the planner never plans past the cap).
+
+A full backward need not cost what its two halves cost apart (on a CPU it often costs less), so the
+predicted iterations may come as :class:`Samples`: the split backward's costs, and beside them the
+same draws with a full backward's own costs, which a plan whose hint does not split simulates.
 """
 
 from __future__ import annotations
@@ -23,14 +27,35 @@ from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
 from rrfp_ray.sim.trace import Trace
 
 
-def reference_for(*, stages: int, chunks: int, microbatches: int) -> Policy:
-    """The list a planned cap is a multiple of: bfw's reference (zb-h1; interleaved when v > 1)."""
-    return policy_for(name="bfw", stages=stages, chunks=chunks, microbatches=microbatches)
+class Samples(tuple[Trace, ...]):
+    """Predicted iterations of one shape with the split backward's costs (I in B, and W); `unsplit`: the same
+    draws with a full backward's own costs (B, W 0), one per item."""
+
+    unsplit: tuple[Trace, ...]
+
+    def __new__(cls, split: Sequence[Trace], *, unsplit: Sequence[Trace]) -> Samples:
+        if len(split) != len(unsplit):
+            raise ValueError(f"{len(split)} split samples but {len(unsplit)} unsplit ones")
+        samples = super().__new__(cls, split)
+        samples.unsplit = tuple(unsplit)
+        return samples
 
 
-def planned_limits(*, cap: Cap, trace: Trace) -> Limits | None:
-    """The byte limits of a planned iteration: `cap` over the reference list on `trace` in data order."""
-    reference = reference_for(stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
+def family(samples: Sequence[Trace], *, split: bool) -> Sequence[Trace]:
+    """The samples a plan with (`split`) or without a split backward simulates."""
+    return samples.unsplit if isinstance(samples, Samples) and not split else samples
+
+
+def reference_for(*, split: bool, stages: int, chunks: int, microbatches: int) -> Policy:
+    """The list a planned cap is a multiple of: the readiness rules' reference for the hint's backward
+    (zb-h1 split, 1f1b full; interleaved when v > 1)."""
+    return policy_for(name="bfw" if split else "bf", stages=stages, chunks=chunks, microbatches=microbatches)
+
+
+def planned_limits(*, cap: Cap, trace: Trace, split: bool) -> Limits | None:
+    """The byte limits of a planned iteration whose hint splits the backward (or not): `cap` over the
+    reference list on `trace` in data order."""
+    reference = reference_for(split=split, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
     return limits_for(cap=cap, reference=reference, trace=trace, layout=layout_for(policy=reference, trace=trace))
 
 
@@ -50,18 +75,22 @@ def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:
 
 
 def score(*, plans: Sequence[Plan], samples: Sequence[Trace]) -> list[float]:
-    """Per plan, the mean simulated makespan (ms) over `samples` (data-indexed traces of one shape);
-    inf for a plan past its cap."""
+    """Per plan, the mean simulated makespan (ms) over `samples` (data-indexed traces of one shape; `Samples`
+    for a full backward's own costs); inf for a plan past its cap."""
     first = samples[0]
     shape = {"stages": first.stages, "chunks": first.chunks, "microbatches": first.microbatches}
-    limits = {plan.cap: [planned_limits(cap=plan.cap, trace=t) for t in samples] for plan in plans}
+    limits: dict[tuple[Cap, bool], list[Limits | None]] = {}
     cases, fits = [], []
     for plan in plans:
         policy = plan.validate(**shape)
-        runs = [t.reordered(plan.order) for t in samples]
-        fits.append(all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[plan.cap])))
+        own = family(samples, split=policy.split)
+        key = (plan.cap, policy.split)
+        if key not in limits:
+            limits[key] = [planned_limits(cap=plan.cap, trace=t, split=policy.split) for t in own]
+        runs = [t.reordered(plan.order) for t in own]
+        fits.append(all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[key])))
         if fits[-1]:
-            cases += [Case(policy=policy, trace=r, cap=plan.cap, byte_limits=x) for r, x in zip(runs, limits[plan.cap])]
+            cases += [Case(policy=policy, trace=r, cap=plan.cap, byte_limits=x) for r, x in zip(runs, limits[key])]
     makespans = iter(simulate_many(cases=cases))
     n = len(samples)
     return [statistics.fmean(next(makespans) for _ in range(n)) if ok else math.inf for ok in fits]

@@ -34,7 +34,7 @@ class ImageCaptions:
     micro_batch_size: int
     microbatches: int
     seed: int
-    tail: float = 1.0  # P(images = n) ~ (n + 1) ** -tail; 0: uniform over 0..max_images
+    tail: float = 1.5  # P(images = n) ~ (n + 1) ** -tail (1.5: about half text-only); 0: uniform over 0..max_images
     split: str = "train"
 
     def __post_init__(self) -> None:
