@@ -38,6 +38,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from heapq import heappush
 
 from rrfp_ray.policy.pickers import hint_indexes, picker_for, ranked, take
 from rrfp_ray.policy.policy import Policy
@@ -160,7 +161,8 @@ class Arbiter:
         self._total = slots.actions_per_stage
         self._picker = picker_for(policy=policy, index=index)
         self._pick = self._picker.pick
-        self._add = self._picker.add
+        # the picker's ready set, which `_add` and the hot paths push slots onto (`rrfp_ray.policy.pickers`)
+        self._heaps, self._heap_of, self._key_of = self._picker.heaps, self._picker.heap_of, self._picker.key_of
         size = slots.per_stage
         self._done = [False] * size
         self._started = [False] * size
@@ -184,6 +186,9 @@ class Arbiter:
         for slot in range(slots.block):  # forwards: the only actions without a local need
             if not self._needs_message[slot]:
                 self._add(slot)
+
+    def _add(self, slot: int) -> None:
+        heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
 
     def _slot(self, action: Action) -> int:
         return self._slots.slot_of(action)
@@ -231,7 +236,7 @@ class Arbiter:
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered
         if slot < self._block or self._done[slot - self._block]:  # a forward, or a backward whose F is done
-            self._add(slot)
+            heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
 
     def next_action(self) -> tuple[Action, bool] | None:
         """Choose and start the next action; returns it and whether it overtook an earlier hint action."""
@@ -328,7 +333,7 @@ class Arbiter:
                     self.bytes_fw -= held
         follower = self._follower[slot]
         if follower >= 0 and (self._arrived[follower] or not self._needs_message[follower]):
-            self._add(follower)
+            heappush(self._heaps[self._heap_of[follower]], self._key_of[follower])
 
     def waiting_for(self) -> str:
         """What the stage waits for, for timeout errors: the next unstarted hint actions and their needs."""
