@@ -145,8 +145,8 @@ class _Run:
             for s, m in enumerate(memory)
         ]
         self.ready_at = [0.0] * slots.ops if record else []
-        # per stage, with `record`: its ops in the order they started, and their start and end times
-        self.log: list[list[int]] = [[] for _ in self.arbiters]
+        # per stage, with `record`: the start and end times of its ops in the order they started
+        # (`Arbiter.started_slots`)
         self.starts: list[list[float]] = [[] for _ in self.arbiters]
         self.ends: list[list[float]] = [[] for _ in self.arbiters]
         self.makespan_ms = self._run(latencies=timings[1], record=record)
@@ -158,7 +158,7 @@ class _Run:
 
     def _run(self, *, latencies: list[float | None], record: bool) -> float:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
-        log, starts, ends, arbiters, transport = self.log, self.starts, self.ends, self.arbiters, self.case.transport
+        starts, ends, arbiters, transport = self.starts, self.ends, self.arbiters, self.case.transport
         S, ops = slots.per_stage, slots.ops
         sends, link_of, follower = slots.sends, slots.link, slots.follower
         stage_of, slot_of = slots.op_stage, slots.op_slot
@@ -216,7 +216,6 @@ class _Run:
                 busy[stage] = True
                 end = now + durations[op]
                 if record:
-                    log[stage].append(op)
                     starts[stage].append(now)
                     ends[stage].append(end)
                 if (items := due.get(end)) is None:
@@ -320,7 +319,9 @@ class _Run:
             base = stage * self.slots.per_stage
             hint_position, overtook = arbiter.hint_position_of, arbiter.overtook
             events += [
-                OpEvent(stage, texts[op], start, end, ready_at[op], hint_position(op - base), overtook(op - base))
-                for op, start, end in zip(self.log[stage], self.starts[stage], self.ends[stage])
+                OpEvent(
+                    stage, texts[base + slot], start, end, ready_at[base + slot], hint_position(slot), overtook(slot)
+                )
+                for slot, start, end in zip(arbiter.started_slots, self.starts[stage], self.ends[stage])
             ]
         return events
