@@ -144,7 +144,7 @@ class _Run:
             Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
-        self.ready_at = [0.0] * slots.ops if record else []
+        self.ready_at = [0.0] * slots.ops if record else []  # with `record`, per op: when its delivery arrived
         # per stage, with `record`: the start and end times of its ops in the order they started
         # (`Arbiter.started_slots`)
         self.starts: list[list[float]] = [[] for _ in self.arbiters]
@@ -160,7 +160,7 @@ class _Run:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
         starts, ends, arbiters, transport = self.starts, self.ends, self.arbiters, self.case.transport
         S, ops = slots.per_stage, slots.ops
-        sends, link_of, follower = slots.sends, slots.link, slots.follower
+        sends, link_of = slots.sends, slots.link
         stage_of, slot_of = slots.op_stage, slots.op_slot
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
@@ -246,10 +246,6 @@ class _Run:
                     busy[stage] = False
                     touched.append(stage)
                     on_done[stage](slot_of[item])
-                    if record:
-                        after = follower[item]
-                        if after >= 0 and ready_at[after] < now:
-                            ready_at[after] = now
                     consumer = sends[item]
                     if consumer < 0:
                         continue
@@ -313,7 +309,14 @@ class _Run:
         )
 
     def _events(self) -> list[OpEvent]:
-        texts, ready_at = self.slots.texts, self.ready_at
+        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
+        # an op is ready when its delivery has arrived and the op before it on its stage is done
+        for stage, arbiter in enumerate(self.arbiters):
+            base = stage * self.slots.per_stage
+            for slot, end in zip(arbiter.started_slots, self.ends[stage]):
+                after = follower[base + slot]
+                if after >= 0 and ready_at[after] < end:
+                    ready_at[after] = end
         events = []
         for stage, arbiter in enumerate(self.arbiters):
             base = stage * self.slots.per_stage
