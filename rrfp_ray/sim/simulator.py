@@ -206,9 +206,7 @@ class _Run:
         while True:
             if len(touched) > 1:
                 touched = sorted(set(touched))
-            for stage in touched:
-                if busy[stage]:
-                    continue
+            for stage in touched:  # all idle: a stage is touched only while it is
                 slot = next_slot[stage]()
                 if slot < 0:
                     continue
