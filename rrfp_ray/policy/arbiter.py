@@ -38,6 +38,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from heapq import heappush
 
 from rrfp_ray.policy.pickers import hint_indexes, picker_for, ranked, take
 from rrfp_ray.policy.policy import Policy
@@ -160,11 +161,17 @@ class Arbiter:
         self._total = slots.actions_per_stage
         self._picker = picker_for(policy=policy, index=index)
         self._pick = self._picker.pick
-        self._add = self._picker.add
+        # the picker's ready set, which `_add` and the hot paths push slots onto (`rrfp_ray.policy.pickers`)
+        self._heaps, self._heap_of, self._key_of = self._picker.heaps, self._picker.heap_of, self._picker.key_of
         size = slots.per_stage
         self._done = [False] * size
         self._started = [False] * size
         self._arrived = [False] * size  # the delivery an action waits for has arrived
+        # Which started actions overtook an earlier hint action is worked out when asked (`_catch_up`),
+        # from the start order: `_replayed` starts are in `_overtook`, with `_seen` what they started.
+        self._begun: list[int] = []
+        self._replayed = 0
+        self._seen = [False] * size
         self._overtook = [False] * size
         self._hint_pos = index.position
         # `outside` ends the list: never started, it stops the scan for the first unstarted hint action
@@ -184,6 +191,9 @@ class Arbiter:
         for slot in range(slots.block):  # forwards: the only actions without a local need
             if not self._needs_message[slot]:
                 self._add(slot)
+
+    def _add(self, slot: int) -> None:
+        heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
 
     def _slot(self, action: Action) -> int:
         return self._slots.slot_of(action)
@@ -205,13 +215,20 @@ class Arbiter:
     def hint_position_of(self, slot: int) -> int:
         return self._hint_pos[slot]
 
+    @property
+    def started_slots(self) -> list[int]:
+        """The slots of the started actions, in the order they started (read only)."""
+        return self._begun
+
     def overtook(self, slot: int) -> bool:
         """Whether the started action of `slot` overtook an earlier hint action."""
+        self._catch_up()
         return self._overtook[slot]
 
     @property
     def overtakes(self) -> int:
         """How many started actions overtook an earlier hint action."""
+        self._catch_up()
         return sum(self._overtook)
 
     def on_arrival(self, message: Message) -> None:
@@ -231,12 +248,12 @@ class Arbiter:
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered
         if slot < self._block or self._done[slot - self._block]:  # a forward, or a backward whose F is done
-            self._add(slot)
+            heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
 
     def next_action(self) -> tuple[Action, bool] | None:
         """Choose and start the next action; returns it and whether it overtook an earlier hint action."""
         slot = self.next_slot()
-        return None if slot < 0 else (self._slots.action(stage=self.stage, slot=slot), self._overtook[slot])
+        return None if slot < 0 else (self._slots.action(stage=self.stage, slot=slot), self.overtook(slot))
 
     def next_slot(self) -> int:
         """Choose and start the next action; returns its slot, or -1 if none is eligible."""
@@ -244,8 +261,21 @@ class Arbiter:
             slot = self._pick(self._fits())
         else:
             slot = self._pick(self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
-        if slot >= 0:
-            self._commit(slot)
+        if slot < 0:
+            return -1
+        self._started[slot] = True
+        self._begun.append(slot)
+        if self._arrived[slot]:  # it consumes its buffered delivery
+            self.buffered -= 1
+        if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
+            self.inflight_fb += 1
+            inflight = self.inflight_fw = self.inflight_fw + 1
+            if inflight > self.peak_inflight:
+                self.peak_inflight = inflight
+            if self.memory is not None:
+                self.bytes_fb += self.memory.held[slot]
+                self.bytes_fw += self.memory.held[slot]
+                self.peak_bytes = max(self.peak_bytes, self.bytes_fw)
         return slot
 
     def candidates(self, k: int) -> list[Action]:
@@ -261,8 +291,13 @@ class Arbiter:
         slot = self._slot(action) if self._in_layout(action) else -1
         if slot < 0 or not take(self._picker, slot=slot, admit=self._admit()):
             raise ValueError(f"action {action} is not eligible")
-        self._commit(slot)
-        return self._overtook[slot]
+        picker_pick = self._pick
+        self._pick = lambda admit: slot  # `next_slot` starts the taken slot as the picker's choice
+        try:
+            self.next_slot()
+        finally:
+            self._pick = picker_pick
+        return self.overtook(slot)
 
     def _admit(self) -> bool:
         if self._gate_bytes:
@@ -278,28 +313,20 @@ class Arbiter:
         fb = self.inflight_fb == 0 or self.bytes_fb + weight <= memory.limit_fb * (1 + _SLACK)
         return fb and (self.inflight_fw == 0 or self.bytes_fw + weight <= memory.limit_fw * (1 + _SLACK))
 
-    def _commit(self, slot: int) -> None:
-        started = self._started
-        started[slot] = True
-        if self._arrived[slot]:  # it consumes its buffered delivery
-            self.buffered -= 1
-        if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
-            self.inflight_fb += 1
-            inflight = self.inflight_fw = self.inflight_fw + 1
-            if inflight > self.peak_inflight:
-                self.peak_inflight = inflight
-            if self.memory is not None:
-                self.bytes_fb += self.memory.held[slot]
-                self.bytes_fw += self.memory.held[slot]
-                self.peak_bytes = max(self.peak_bytes, self.bytes_fw)
+    def _catch_up(self) -> None:
+        """Bring `_overtook` and `_unstarted_hint` up to the starts so far, in their order."""
+        begun = self._begun
+        if self._replayed == len(begun):
+            return
+        seen, overtook, hint_pos, started_by = self._seen, self._overtook, self._hint_pos, self._started_by
         first = self._unstarted_hint
-        self._overtook[slot] = self._hint_pos[slot] > first
-        started_by = self._started_by
-        if started[started_by[first]]:
-            first += 1
-            while started[started_by[first]]:
+        for slot in begun[self._replayed :]:
+            seen[slot] = True
+            overtook[slot] = hint_pos[slot] > first
+            while seen[started_by[first]]:
                 first += 1
-            self._unstarted_hint = first
+        self._unstarted_hint = first
+        self._replayed = len(begun)
 
     def on_done(self, action: Action) -> Message | None:
         """Mark an action done; returns the message it sends, if any."""
@@ -328,10 +355,11 @@ class Arbiter:
                     self.bytes_fw -= held
         follower = self._follower[slot]
         if follower >= 0 and (self._arrived[follower] or not self._needs_message[follower]):
-            self._add(follower)
+            heappush(self._heaps[self._heap_of[follower]], self._key_of[follower])
 
     def waiting_for(self) -> str:
         """What the stage waits for, for timeout errors: the next unstarted hint actions and their needs."""
+        self._catch_up()
         hint = self.policy.order[self.stage]
         pending = [
             action

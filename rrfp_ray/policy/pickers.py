@@ -20,6 +20,8 @@ an already admitted microbatch ("finish what you started"); see `BFPicker`.
 
 Pickers hold a stage's ready actions as slots (`rrfp_ray.schedule.slots`), ranked by integer
 keys in heaps, and the stage's hint list as a `HintIndex`, built once per policy and layout.
+Where a ready slot goes is data: `add(slot)` pushes `key_of[slot]` onto `heaps[heap_of[slot]]`,
+which the arbiter does itself on its hot path (the heaps are changed in place, never replaced).
 Besides its ready set a picker has a small state of its own (BF's turn, CPW's counters), which
 `snapshot` returns and `restore` sets back: `ranked` lists a picker's best few actions without
 taking them and `take` takes any one of them, for callers that must agree with others before
@@ -54,6 +56,7 @@ class HintIndex:
     missing: Action | None  # the first action of the stage not in the hint list
     peak_fb: int  # `peak_inflight_fb` of the hint
     peak_fw: int  # `peak_inflight` of the hint (the F->W count: under the split only)
+    first_places: tuple[list[int], list[int]]  # `FixedPicker`'s heap_of and key_of
 
 
 def picker_for(*, policy: Policy, index: HintIndex) -> Picker:
@@ -104,26 +107,47 @@ def _index(*, policy: Policy, slots: Slots, stage: int) -> HintIndex:
         missing=None if missing is None else slots.action(stage=stage, slot=missing),
         peak_fb=peak_inflight_fb(policy.order, stage=stage),
         peak_fw=peak_inflight(policy.order, stage=stage),
+        first_places=_first_places(order=order, slots=slots),
     )
 
 
-class FixedPicker:
-    """Only the next action of the list may run; caps do not apply (the list is its own cap)."""
+class _Heaps:
+    """The ready set: slot `s` waits in `heaps[heap_of[s]]` under key `key_of[s]`."""
+
+    heaps: tuple[list[int], ...]
+    heap_of: list[int]
+    key_of: list[int]
+
+    def add(self, slot: int) -> None:
+        heappush(self.heaps[self.heap_of[slot]], self.key_of[slot])
+
+
+def _first_places(*, order: list[int], slots: Slots) -> tuple[list[int], list[int]]:
+    """Per slot: 0 and its first place in `order`, or 1 and 0 if it has none (`FixedPicker`'s tables)."""
+    heap_of, key_of = [1] * slots.per_stage, [0] * slots.per_stage
+    for place, slot in reversed(list(enumerate(order))):
+        heap_of[slot], key_of[slot] = 0, place
+    heap_of[slots.outside], key_of[slots.outside] = 1, 0
+    return heap_of, key_of
+
+
+class FixedPicker(_Heaps):
+    """Only the next action of the list may run; caps do not apply (the list is its own cap).
+
+    Ready slots wait under their first place in the list; a slot not in it, in a heap never read."""
 
     def __init__(self, *, index: HintIndex) -> None:
         self._order = index.order
         self._next = 0
-        self._ready = [False] * index.slots.per_stage
-
-    def add(self, slot: int) -> None:
-        self._ready[slot] = True
+        self.heap_of, self.key_of = index.first_places
+        self._ready: list[int] = []
+        self.heaps = (self._ready, [])
 
     def pick(self, admit: bool) -> int:
-        at = self._next
-        if at < len(self._order) and self._ready[slot := self._order[at]]:
-            self._ready[slot] = False
-            self._next = at + 1
-            return slot
+        ready = self._ready
+        if ready and ready[0] == self._next:
+            self._next += 1
+            return self._order[heappop(ready)]
         return -1
 
     def snapshot(self) -> tuple[int, ...]:
@@ -135,23 +159,22 @@ class FixedPicker:
     def copy(self) -> FixedPicker:
         other = copy.copy(self)
         other._ready = self._ready.copy()
+        other.heaps = (other._ready, [])
         return other
 
 
-class ListPicker:
+class ListPicker(_Heaps):
     """The first ready action in list order, admissions only while the cap allows."""
 
     def __init__(self, *, index: HintIndex) -> None:
         if index.missing is not None:
             raise ValueError(f"stage {index.stage}: action {index.missing} is not in the hint list")
         self._order = index.order
-        self._position = index.position
-        self._admissions = index.slots.microbatches  # the slots below it are chunk-0 forwards
+        self.key_of = index.position  # ready slots wait under their hint positions
+        self.heap_of = _admission_heaps(per_stage=index.slots.per_stage, admissions=index.slots.microbatches)
         self._admit: list[int] = []  # hint positions
         self._other: list[int] = []
-
-    def add(self, slot: int) -> None:
-        heappush(self._admit if slot < self._admissions else self._other, self._position[slot])
+        self.heaps = (self._admit, self._other)
 
     def pick(self, admit: bool) -> int:
         other, admissions = self._other, self._admit
@@ -171,7 +194,14 @@ class ListPicker:
     def copy(self) -> ListPicker:
         other = copy.copy(self)
         other._admit, other._other = self._admit.copy(), self._other.copy()
+        other.heaps = (other._admit, other._other)
         return other
+
+
+@functools.lru_cache(maxsize=16)
+def _admission_heaps(*, per_stage: int, admissions: int) -> list[int]:
+    """Per slot, 0 for an admission (the first `admissions` slots are the chunk-0 forwards), else 1."""
+    return [0] * admissions + [1] * (per_stage - admissions)
 
 
 _B, _W, _F_LATER, _F_ADMIT = range(4)  # BF's heaps
@@ -197,7 +227,7 @@ def _bf_keys(*, chunks: int, microbatches: int) -> tuple[list[int], list[int], l
     return heap, key, backward_slot, w_slot
 
 
-class BFPicker:
+class BFPicker(_Heaps):
     """Backward-forward alternation over ready actions (the paper's BF hint), W last (BFW).
 
     Forward preference: later-chunk forwards by (chunk, microbatch), then admissions by
@@ -209,17 +239,14 @@ class BFPicker:
     def __init__(self, *, slots: Slots, with_w: bool) -> None:
         self._with_w = with_w
         self._backward_turn = True
-        self._heap, self._key, self._backward_slot, self._w_slot = _bf_keys(
+        self.heap_of, self.key_of, self._backward_slot, self._w_slot = _bf_keys(
             chunks=slots.chunks, microbatches=slots.microbatches
         )
         self._set_heaps(([], [], [], []))
 
     def _set_heaps(self, heaps: tuple[list[int], list[int], list[int], list[int]]) -> None:
-        self._heaps = heaps
+        self.heaps = heaps
         self._b, self._w, self._f_later, self._f_admit = heaps
-
-    def add(self, slot: int) -> None:
-        heappush(self._heaps[self._heap[slot]], self._key[slot])
 
     def pick(self, admit: bool) -> int:
         if self._backward_turn and self._b:
@@ -249,7 +276,7 @@ class BFPicker:
 
     def copy(self) -> BFPicker:
         other = copy.copy(self)
-        other._set_heaps(tuple(heap.copy() for heap in self._heaps))
+        other._set_heaps(tuple(heap.copy() for heap in self.heaps))
         return other
 
 

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
+from operator import sub
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
@@ -94,7 +95,7 @@ def simulate_many(*, cases: Sequence[Case]) -> list[float]:
 
     Tables per layout, per policy and per (trace, layout) are built once for the whole batch.
     A case that deadlocks raises `DeadlockError`, as `simulate` does."""
-    timings: dict[tuple[int, Layout], tuple[list[float], list[float]]] = {}
+    timings: dict[tuple[int, Layout], tuple[list[float], list[float | None]]] = {}
     makespans = []
     for case in cases:
         slots = slots_of(layout_for(policy=case.policy, trace=case.trace))
@@ -105,12 +106,14 @@ def simulate_many(*, cases: Sequence[Case]) -> list[float]:
     return makespans
 
 
-def _timings(*, trace: Trace, slots: Slots) -> tuple[list[float], list[float]]:
+def _timings(*, trace: Trace, slots: Slots) -> tuple[list[float], list[float | None]]:
     """Per op of `slots`, its duration (`Trace.duration`), and per op that waits for a delivery, its
-    latency (`Trace.latency`; 0 for the V's local turn, which uses no link)."""
+    latency (`Trace.latency`; None for the V's local turn, which uses no link, and where a link's
+    latencies are all 0: the simulator tells those apart without reading a number)."""
     layout = slots.layout
     C, M, V, S = layout.chunks, layout.microbatches, layout.virtual_stages, slots.per_stage
-    durations, latencies = [0.0] * slots.ops, [0.0] * slots.ops
+    durations: list[float] = [0.0] * slots.ops
+    latencies: list[float | None] = [None] * slots.ops
     for stage in range(layout.stages):
         for chunk in range(C):
             vs = slots.virtual_stage[stage][chunk]
@@ -121,9 +124,9 @@ def _timings(*, trace: Trace, slots: Slots) -> tuple[list[float], list[float]]:
                 durations[weight : weight + M] = trace.W[vs]
             else:
                 durations[backward : backward + M] = [b + w for b, w in zip(trace.B[vs], trace.W[vs])]
-            if vs > 0 and slots.link[forward] >= 0:
+            if vs > 0 and slots.link[forward] >= 0 and any(trace.commF[vs - 1]):
                 latencies[forward : forward + M] = trace.commF[vs - 1]
-            if vs < V - 1 and slots.link[backward] >= 0:
+            if vs < V - 1 and slots.link[backward] >= 0 and any(trace.commB[vs]):
                 latencies[backward : backward + M] = trace.commB[vs]
     return durations, latencies
 
@@ -131,7 +134,9 @@ def _timings(*, trace: Trace, slots: Slots) -> tuple[list[float], list[float]]:
 class _Run:
     """One simulated iteration, run at construction: the makespan, and with `record` the report's data."""
 
-    def __init__(self, *, case: Case, slots: Slots, timings: tuple[list[float], list[float]], record: bool) -> None:
+    def __init__(
+        self, *, case: Case, slots: Slots, timings: tuple[list[float], list[float | None]], record: bool
+    ) -> None:
         layout = slots.layout
         self.case, self.slots, self.durations = case, slots, timings[0]
         memory = memories(cap=case.cap, policy=case.policy, trace=case.trace, layout=layout, limits=case.byte_limits)
@@ -139,9 +144,11 @@ class _Run:
             Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
-        self.ready_at = [0.0] * slots.ops
-        self.started_at = [0.0] * slots.ops if record else []
-        self.log: list[list[int]] = [[] for _ in self.arbiters]  # per stage, its ops in the order they started
+        self.ready_at = [0.0] * slots.ops if record else []  # with `record`, per op: when its delivery arrived
+        # per stage, with `record`: the start and end times of its ops in the order they started
+        # (`Arbiter.started_slots`)
+        self.starts: list[list[float]] = [[] for _ in self.arbiters]
+        self.ends: list[list[float]] = [[] for _ in self.arbiters]
         self.makespan_ms = self._run(latencies=timings[1], record=record)
         stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
         if stuck:
@@ -149,11 +156,11 @@ class _Run:
                 f"simulation of {case.policy.name} stopped at {self.makespan_ms:.1f} ms:\n" + "\n".join(stuck)
             )
 
-    def _run(self, *, latencies: list[float], record: bool) -> float:
-        slots, durations, ready_at, started_at = self.slots, self.durations, self.ready_at, self.started_at
-        log, arbiters, transport = self.log, self.arbiters, self.case.transport
+    def _run(self, *, latencies: list[float | None], record: bool) -> float:
+        slots, durations, ready_at = self.slots, self.durations, self.ready_at
+        starts, ends, arbiters, transport = self.starts, self.ends, self.arbiters, self.case.transport
         S, ops = slots.per_stage, slots.ops
-        sends, link_of, follower = slots.sends, slots.link, slots.follower
+        sends, link_of = slots.sends, slots.link
         stage_of, slot_of = slots.op_stage, slots.op_slot
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
@@ -199,18 +206,16 @@ class _Run:
         while True:
             if len(touched) > 1:
                 touched = sorted(set(touched))
-            for stage in touched:
-                if busy[stage]:
-                    continue
+            for stage in touched:  # all idle: a stage is touched only while it is
                 slot = next_slot[stage]()
                 if slot < 0:
                     continue
                 op = stage * S + slot
-                if record:
-                    log[stage].append(op)
-                    started_at[op] = now
                 busy[stage] = True
                 end = now + durations[op]
+                if record:
+                    starts[stage].append(now)
+                    ends[stage].append(end)
                 if (items := due.get(end)) is None:
                     due[end] = [op]
                     heappush(times, end)
@@ -222,7 +227,8 @@ class _Run:
                         while queue and arbiter.has_room():
                             consumer = queue.popleft()
                             on_arrival[stage](consumer - stage * S)
-                            ready_at[consumer] = now
+                            if record:
+                                ready_at[consumer] = now
                             if frees_on_take:
                                 free(link_of[consumer], now)
             if not times:
@@ -238,27 +244,25 @@ class _Run:
                     busy[stage] = False
                     touched.append(stage)
                     on_done[stage](slot_of[item])
-                    if record:
-                        after = follower[item]
-                        if after >= 0 and ready_at[after] < now:
-                            ready_at[after] = now
                     consumer = sends[item]
                     if consumer < 0:
                         continue
                     if transport is None or (link := link_of[consumer]) < 0:
-                        arrival = now + latencies[consumer]
-                        if arrival != now:
+                        latency = latencies[consumer]
+                        if latency is not None and (arrival := now + latency) != now:
                             schedule(arrival, ops + consumer)
                         elif bounded:
                             current.append(ops + consumer)
                         else:  # unbounded, the arrivals of one instant commute with all else in it: take it now
                             receiver = stage_of[consumer]
                             on_arrival[receiver](slot_of[consumer])
-                            ready_at[consumer] = now
+                            if record:
+                                ready_at[consumer] = now
                             if not busy[receiver]:
                                 touched.append(receiver)
                     else:
-                        heappush(outgoing[link], (now + latencies[consumer], sent, consumer))
+                        latency = latencies[consumer]
+                        heappush(outgoing[link], (now if latency is None else now + latency, sent, consumer))
                         sent += 1
                         if not carrying[link]:
                             carry(link, now)
@@ -270,7 +274,8 @@ class _Run:
                     # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
                     if not bounded or link < 0 or arbiters[stage].has_room():
                         on_arrival[stage](slot_of[consumer])
-                        ready_at[consumer] = now
+                        if record:
+                            ready_at[consumer] = now
                         if frees_on_take and link >= 0:
                             free(link, now)
                     else:
@@ -282,12 +287,11 @@ class _Run:
             del due[now]
 
     def report(self, *, iteration: int) -> IterationReport:
-        started_at, durations = self.started_at, self.durations
         stats = []
         for stage, arbiter in enumerate(self.arbiters):
             s = totals_stats(
                 stage=stage,
-                compute_ms=sum([started_at[op] + durations[op] - started_at[op] for op in self.log[stage]]),
+                compute_ms=sum(map(sub, self.ends[stage], self.starts[stage])),
                 overtakes=arbiter.overtakes,
                 wall_ms=self.makespan_ms,
             )
@@ -303,21 +307,22 @@ class _Run:
         )
 
     def _events(self) -> list[OpEvent]:
-        texts, started_at, durations, ready_at = self.slots.texts, self.started_at, self.durations, self.ready_at
+        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
+        # an op is ready when its delivery has arrived and the op before it on its stage is done
+        for stage, arbiter in enumerate(self.arbiters):
+            base = stage * self.slots.per_stage
+            for slot, end in zip(arbiter.started_slots, self.ends[stage]):
+                after = follower[base + slot]
+                if after >= 0 and ready_at[after] < end:
+                    ready_at[after] = end
         events = []
         for stage, arbiter in enumerate(self.arbiters):
             base = stage * self.slots.per_stage
             hint_position, overtook = arbiter.hint_position_of, arbiter.overtook
             events += [
                 OpEvent(
-                    stage,
-                    texts[op],
-                    started_at[op],
-                    started_at[op] + durations[op],
-                    ready_at[op],
-                    hint_position(op - base),
-                    overtook(op - base),
+                    stage, texts[base + slot], start, end, ready_at[base + slot], hint_position(slot), overtook(slot)
                 )
-                for op in self.log[stage]
+                for slot, start, end in zip(arbiter.started_slots, self.starts[stage], self.ends[stage])
             ]
         return events
