@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING
 from actors.local_ray import start_ray
 from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
 from rrfp_ray.job import run_job
+from rrfp_ray.train.config import PLANNED
 
 if TYPE_CHECKING:
     from rrfp_ray.sim.trace import Trace
@@ -117,6 +118,13 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     bench.add_argument(
         "--policies", default=None, help="comma-separated (default: 1f1b,bf,bfw; interleaved,bf,bfw for v > 1)"
     )
+    bench.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help=f"with {PLANNED} among --policies: seeds --variability-seed.. of the scenario, each a generated run of "
+        "--iterations iterations that every policy runs in turn",
+    )
     bench.add_argument("--payload-elems", type=int, default=4096, help="float32 elements per message")
     bench.add_argument("--iterations", type=int, default=5, help="per policy; the first is a warm-up when > 1")
     bench.add_argument(
@@ -141,6 +149,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
 
 def main(argv: list[str] | None = None) -> dict:
     args, pipeline, traces, names = parse(argv)
+    if PLANNED in names:
+        return planned(args=args, pipeline=pipeline, names=names)
     import ray
 
     from actors.driver import PipelineDriver
@@ -213,6 +223,65 @@ def rebalanced(*, driver, pipeline: PipelineConfig, workload, names: list[str], 
     )
     print("\n".join(runtime_rebalance.table(results)))
     summary = {"policies": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.json}")
+    return summary
+
+
+def planned(*, args: argparse.Namespace, pipeline: PipelineConfig, names: list[str]) -> dict:
+    """`planned` beside the fixed schedules of --policies over --seeds generated runs of --iterations iterations
+    (`benchmarks.runtime_planned`)."""
+    import ray
+
+    from actors.driver import PipelineDriver
+    from actors.teardown import end_actors
+    from benchmarks import runtime, runtime_planned
+    from rrfp_ray.cli import variability
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.sim.variability import generate_iterations
+
+    config = variability(args, flags=runtime.VARIABILITY)
+    model = runtime.layer_model(args, pipeline=pipeline)
+
+    def traces_for(seed: int) -> tuple:
+        shape = {"stages": pipeline.stages, "microbatches": pipeline.microbatches, "chunks": pipeline.chunks}
+        return generate_iterations(
+            iterations=args.iterations, scenario=config["scenario"], **shape, seed=seed, t_f=config["t_f"],
+            **config["params"],
+        )  # fmt: skip
+
+    def workload_for(traces: tuple) -> SyntheticWorkload:
+        return SyntheticWorkload(
+            trace=traces[0],
+            iterations=traces,
+            payload_elems=args.payload_elems,
+            layers=args.layers,
+            layer_bytes=model.layer_bytes,
+            layer_split=model.split,
+        )
+
+    seeds = range(args.variability_seed, args.variability_seed + args.seeds)
+    fixed = [name for name in names if name != PLANNED and pipeline.resolved_policy(name).fixed]
+    print(start_ray(num_cpus=max(2, pipeline.actors), log_level=configure_logging(args)))
+    driver = PipelineDriver.remote(pipeline=pipeline, workload=workload_for(traces_for(seeds[0])))
+    try:
+        print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        results = runtime_planned.run(
+            driver=driver, pipeline=pipeline, names=names, seeds=seeds, traces_for=traces_for,
+            workload_for=workload_for,
+        )  # fmt: skip
+        ray.get(driver.shutdown.remote())
+        end_actors([driver], timeout_s=30.0)
+    finally:
+        ray.kill(driver)
+    summary = runtime_planned.summarize(results, fixed=fixed)
+    print(
+        f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} t_f={args.t_f:g} "
+        f"seeds {seeds.start}-{seeds.stop - 1}, {args.iterations} iterations a seed and policy"
+    )
+    print("\n".join(runtime_planned.lines(summary, names=names, fixed=fixed)))
+    summary["runs"] = results
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"wrote {args.json}")
