@@ -53,7 +53,8 @@ With --rebalance each policy runs on its own pipeline of --layers layers a stage
 start, its iterations one after another, measured every --measure-every and moved by the rebalancer
 (docs/rebalancing.md); then on the best split for the scenario's true costs. It prints and writes per
 policy `rebalance`: the median iteration before the first move and after the last, the best split's,
-the moves and their seconds (`benchmarks.runtime_rebalance`):
+the moves and their seconds, and the wall-clock iteration with --rebalance over that of the same pipeline
+without it, the two taking turns (`benchmarks.runtime_rebalance`):
 
     python jobs/bench_runtime.py --scenario imbalance --layers 4 --rebalance --measure-every 1 \\
         --rebalance-window 5 --iterations 30 --policies 1f1b,bfw --json rebalance.json
@@ -162,7 +163,9 @@ def main(argv: list[str] | None = None) -> dict:
     trace = model.as_run(traces[0])  # what the stages sleep, for the simulator
     simulated = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names)
     log_level = configure_logging(args)
-    print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
+    # with --rebalance, a second pipeline without it takes turns with the rebalanced ones (`runtime_rebalance`)
+    pipelines = 2 if pipeline.balance.rebalance else 1
+    print(start_ray(num_cpus=max(2, pipelines * pipeline.actors), log_level=log_level))
     workload = SyntheticWorkload(
         trace=traces[0],
         payload_elems=args.payload_elems,
@@ -208,14 +211,20 @@ def rebalanced(*, driver, pipeline: PipelineConfig, workload, names: list[str], 
     (`benchmarks.runtime_rebalance`)."""
     import ray
 
+    from actors.driver import PipelineDriver
     from actors.teardown import end_actors
     from benchmarks import runtime_rebalance
 
-    results = runtime_rebalance.run(
-        driver=driver, pipeline=pipeline, workload=workload, names=names, iterations=args.iterations
-    )
-    ray.get(driver.shutdown.remote())
-    end_actors([driver], timeout_s=30.0)
+    plain = PipelineDriver.remote(pipeline=pipeline.replaced(rebalance=False, measure_every=None), workload=workload)
+    try:
+        results = runtime_rebalance.run(
+            driver=driver, pipeline=pipeline, workload=workload, names=names, iterations=args.iterations, plain=plain
+        )
+        for each in (driver, plain):
+            ray.get(each.shutdown.remote())
+        end_actors([driver, plain], timeout_s=30.0)
+    finally:
+        ray.kill(plain)
     print(
         f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} "
         f"{args.layers} layers a stage at the start, measured every {pipeline.balance.measure_period}, "
