@@ -20,6 +20,15 @@ as cpu_us_per_op):
 
     python jobs/bench_runtime.py --stages 8 --microbatches 32 --iterations 3 --t-f 2 --breakdown
 
+With `planned` among --policies, each of --seeds seeds generates a run of --iterations iterations of the
+scenario (features and durations per iteration) that every policy runs in turn, each slot sleeping the durations
+of the data microbatch the plan puts there; `planned` plans iteration k+1 on this process's planning thread while
+the stages run k. It prints each policy's mean iteration per seed, planned over the best fixed schedule of each
+seed (geometric mean, lowest, highest) and how long the stages waited for plans (`benchmarks.runtime_planned`):
+
+    python jobs/bench_runtime.py --stages 4 --microbatches 16 --policies 1f1b,zb-h1,gpipe,planned \
+        --scenario multimodal+lognormal --cap 1x --t-f 10 --iterations 8 --seeds 5
+
 The policies of one run share one pipeline, so they must share a placement: looped
 (gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zb-interleaved, bf, bfw, cpw and their ready-*)
 or V (zbv, dualpipev, ready-zbv, ready-dualpipev); a mix is refused before Ray starts.
@@ -70,7 +79,6 @@ from typing import TYPE_CHECKING
 from actors.local_ray import start_ray
 from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, configure_logging, write_pictures
 from rrfp_ray.job import run_job
-from rrfp_ray.train.config import PLANNED
 
 if TYPE_CHECKING:
     from rrfp_ray.sim.trace import Trace
@@ -80,7 +88,7 @@ if TYPE_CHECKING:
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
     """The flags, the pipeline, the trace of each TP rank (one unless --rank-comm) and the policies."""
     from benchmarks import runtime
-    from rrfp_ray.train.config import PipelineConfig
+    from rrfp_ray.train.config import PLANNED, PipelineConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
@@ -150,6 +158,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
 
 def main(argv: list[str] | None = None) -> dict:
     args, pipeline, traces, names = parse(argv)
+    from rrfp_ray.train.config import PLANNED
+
     if PLANNED in names:
         return planned(args=args, pipeline=pipeline, names=names)
     import ray
@@ -249,6 +259,7 @@ def planned(*, args: argparse.Namespace, pipeline: PipelineConfig, names: list[s
     from rrfp_ray.cli import variability
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
     from rrfp_ray.sim.variability import generate_iterations
+    from rrfp_ray.train.config import PLANNED
 
     config = variability(args, flags=runtime.VARIABILITY)
     model = runtime.layer_model(args, pipeline=pipeline)

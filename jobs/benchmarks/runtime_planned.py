@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.ahead import Lookahead, seen
+from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.sim.trace import Trace
@@ -71,7 +71,7 @@ def _planned(*, driver, pipeline: PipelineConfig, traces: tuple[Trace, ...], bas
     shape = {"stages": pipeline.stages, "chunks": pipeline.chunks, "microbatches": pipeline.microbatches}
     config = PlannerConfig(hints=default_hints(chunks=pipeline.chunks), cap=pipeline.cap, seed=seed)
 
-    def shows(iteration: int):
+    def shows(iteration: int) -> Seen | None:
         features = traces[iteration % len(traces)].features
         return None if features is None else seen(features, replicas=1, microbatches=pipeline.microbatches)
 
