@@ -2,8 +2,10 @@
 `python jobs/train_gpt.py`, which `ray job submit` runs).
 
 Locally (an embedded Ray on this machine, CPU, TCP links), the defaults train a small GPT
-on the Python standard library's own sources, first with fixed 1F1B (interleaved with
---chunks > 1, zbv for a V-placed policy) and then with the readiness policy, and print both:
+on the Python standard library's own sources, first with the fixed schedules that hold 1F1B's
+activation memory (1f1b and zb-h1; interleaved and zb-interleaved with --chunks > 1, zbv for a
+V-placed policy), then with `planned` at that memory (--cap 1x), and print the speedup over the
+faster fixed schedule:
 
     python jobs/train_gpt.py
 
@@ -31,7 +33,7 @@ from rrfp_ray.cli import add_flags, add_log_level_flag, add_scenario_flags, conf
 from rrfp_ray.installed import missing_extra
 from rrfp_ray.job import run_job
 from rrfp_ray.recipes.config import RunConfig
-from rrfp_ray.recipes.gpt_cli import MODEL, PIPELINE, TRAIN, VARIABILITY, baseline_of
+from rrfp_ray.recipes.gpt_cli import MODEL, PIPELINE, TRAIN, VARIABILITY, baselines_of
 
 if TYPE_CHECKING:
     from rrfp_ray.train.api import Trainer
@@ -85,8 +87,9 @@ def build_parser(*, description: str) -> argparse.ArgumentParser:
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run the fixed baseline first (1f1b; interleaved when --chunks > 1; zbv for a V-placed policy), "
-        "same seed and data (default: on, unless the run checkpoints)",
+        help="train the fixed schedules at 1F1B's activation memory first (1f1b and zb-h1; interleaved and "
+        "zb-interleaved when --chunks > 1; zbv for a V-placed policy), each from the same initial weights and data, "
+        "and compare the policy with the faster (default: on, unless the run checkpoints)",
     )
     train.add_argument(
         "--out", default=None, help="output directory (default: runs/train_gpt; on a cluster ~/rrfp-runs/START_TIME)"
@@ -135,11 +138,11 @@ def main(argv: list[str] | None = None) -> dict:
 def train_on_ray(
     *, args: argparse.Namespace, run: RunConfig, trainer_for: Callable[..., Trainer], program: str
 ) -> dict:
-    """Train `run` on Ray (the baseline first, with --compare) and write its outputs; the trainer is
+    """Train `run` on Ray (the fixed baselines first, with --compare) and write its outputs; the trainer is
     `trainer_for(run, backend=...)`: the model and data are the only difference between the jobs."""
     from actors.backend import RayBackend
     from actors.capacity import CapacityError
-    from rrfp_ray.recipes.gpt_run import dp_check, dp_check_line, outcome_lines, speedup_vs_baseline
+    from rrfp_ray.recipes.gpt_run import compared, dp_check, dp_check_line, outcome_lines
 
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -163,19 +166,18 @@ def train_on_ray(
         print(f"{run.pipeline.actors} stage actors up in {trainer.backend.startup_s:.1f} s")
         if trainer.resumed is not None:
             print(trainer.resumed)
-        summary, runs = {}, {}
-        baseline = baseline_of(run, compare=args.compare is not False)
-        if baseline is not None:
-            summary["baseline"], runs[baseline] = train(
+        baselines, runs = {}, {}
+        for baseline in baselines_of(run, compare=args.compare is not False):
+            baselines[baseline], runs[baseline] = train(
                 trainer=trainer, run=run, policy=baseline, out=out, tensorboard=args.tensorboard
             )
-            trainer.reset()  # same initial weights for the second run
+            trainer.reset()  # the same initial weights for the next run
         policy = run.pipeline.policy
-        result, runs[policy] = train(trainer=trainer, run=run, policy=policy, out=out, tensorboard=args.tensorboard)
-        summary |= result
-    diagrams = write_pictures(out=out, runs=runs)
-    if baseline is not None:
-        summary["speedup_vs_baseline"] = speedup_vs_baseline(summary)
+        summary, runs[policy] = train(trainer=trainer, run=run, policy=policy, out=out, tensorboard=args.tensorboard)
+    if baselines:
+        summary |= compared(summary, baselines=baselines, runs=runs, cap=run.pipeline.cap)
+    pair = (summary["baseline"]["policy"], policy) if baselines else None
+    diagrams = write_pictures(out=out, runs=runs, pair=pair)
     print("\n" + "\n".join(outcome_lines(summary)))
     if run.pipeline.dp > 1 and args.dp_check:
         summary["dp_check"] = dp_check(run=run, losses=[r.loss for r in runs[policy]], trainer_for=trainer_for)

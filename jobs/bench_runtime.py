@@ -20,6 +20,15 @@ as cpu_us_per_op):
 
     python jobs/bench_runtime.py --stages 8 --microbatches 32 --iterations 3 --t-f 2 --breakdown
 
+With `planned` among --policies, each of --seeds seeds generates a run of --iterations iterations of the
+scenario (features and durations per iteration) that every policy runs in turn, each slot sleeping the durations
+of the data microbatch the plan puts there; `planned` plans iteration k+1 on this process's planning thread while
+the stages run k. It prints each policy's mean iteration per seed, planned over the best fixed schedule of each
+seed (geometric mean, lowest, highest) and how long the stages waited for plans (`benchmarks.runtime_planned`):
+
+    python jobs/bench_runtime.py --stages 4 --microbatches 16 --policies 1f1b,zb-h1,gpipe,planned \
+        --scenario multimodal+lognormal --cap 1x --t-f 10 --iterations 8 --seeds 5
+
 The policies of one run share one pipeline, so they must share a placement: looped
 (gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zb-interleaved, bf, bfw, cpw and their ready-*)
 or V (zbv, dualpipev, ready-zbv, ready-dualpipev); a mix is refused before Ray starts.
@@ -53,7 +62,8 @@ With --rebalance each policy runs on its own pipeline of --layers layers a stage
 start, its iterations one after another, measured every --measure-every and moved by the rebalancer
 (docs/rebalancing.md); then on the best split for the scenario's true costs. It prints and writes per
 policy `rebalance`: the median iteration before the first move and after the last, the best split's,
-the moves and their seconds (`benchmarks.runtime_rebalance`):
+the moves and their seconds, and the wall-clock iteration with --rebalance over that of the same pipeline
+without it, the two taking turns (`benchmarks.runtime_rebalance`):
 
     python jobs/bench_runtime.py --scenario imbalance --layers 4 --rebalance --measure-every 1 \\
         --rebalance-window 5 --iterations 30 --policies 1f1b,bfw --json rebalance.json
@@ -78,7 +88,7 @@ if TYPE_CHECKING:
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineConfig, list[Trace], list[str]]:
     """The flags, the pipeline, the trace of each TP rank (one unless --rank-comm) and the policies."""
     from benchmarks import runtime
-    from rrfp_ray.train.config import PipelineConfig
+    from rrfp_ray.train.config import PLANNED, PipelineConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe = parser.add_argument_group("pipeline")
@@ -117,6 +127,13 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
     bench.add_argument(
         "--policies", default=None, help="comma-separated (default: 1f1b,bf,bfw; interleaved,bf,bfw for v > 1)"
     )
+    bench.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help=f"with {PLANNED} among --policies: seeds --variability-seed.. of the scenario, each a generated run of "
+        "--iterations iterations that every policy runs in turn",
+    )
     bench.add_argument("--payload-elems", type=int, default=4096, help="float32 elements per message")
     bench.add_argument("--iterations", type=int, default=5, help="per policy; the first is a warm-up when > 1")
     bench.add_argument(
@@ -141,6 +158,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, PipelineCo
 
 def main(argv: list[str] | None = None) -> dict:
     args, pipeline, traces, names = parse(argv)
+    from rrfp_ray.train.config import PLANNED
+
+    if PLANNED in names:
+        return planned(args=args, pipeline=pipeline, names=names)
     import ray
 
     from actors.driver import PipelineDriver
@@ -152,7 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
     trace = model.as_run(traces[0])  # what the stages sleep, for the simulator
     simulated = runtime.simulated_ms(pipeline=pipeline, trace=trace, names=names)
     log_level = configure_logging(args)
-    print(start_ray(num_cpus=max(2, pipeline.actors), log_level=log_level))
+    # with --rebalance, a second pipeline without it takes turns with the rebalanced ones (`runtime_rebalance`)
+    pipelines = 2 if pipeline.balance.rebalance else 1
+    print(start_ray(num_cpus=max(2, pipelines * pipeline.actors), log_level=log_level))
     workload = SyntheticWorkload(
         trace=traces[0],
         payload_elems=args.payload_elems,
@@ -198,14 +221,20 @@ def rebalanced(*, driver, pipeline: PipelineConfig, workload, names: list[str], 
     (`benchmarks.runtime_rebalance`)."""
     import ray
 
+    from actors.driver import PipelineDriver
     from actors.teardown import end_actors
     from benchmarks import runtime_rebalance
 
-    results = runtime_rebalance.run(
-        driver=driver, pipeline=pipeline, workload=workload, names=names, iterations=args.iterations
-    )
-    ray.get(driver.shutdown.remote())
-    end_actors([driver], timeout_s=30.0)
+    plain = PipelineDriver.remote(pipeline=pipeline.replaced(rebalance=False, measure_every=None), workload=workload)
+    try:
+        results = runtime_rebalance.run(
+            driver=driver, pipeline=pipeline, workload=workload, names=names, iterations=args.iterations, plain=plain
+        )
+        for each in (driver, plain):
+            ray.get(each.shutdown.remote())
+        end_actors([driver, plain], timeout_s=30.0)
+    finally:
+        ray.kill(plain)
     print(
         f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} "
         f"{args.layers} layers a stage at the start, measured every {pipeline.balance.measure_period}, "
@@ -213,6 +242,66 @@ def rebalanced(*, driver, pipeline: PipelineConfig, workload, names: list[str], 
     )
     print("\n".join(runtime_rebalance.table(results)))
     summary = {"policies": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.json}")
+    return summary
+
+
+def planned(*, args: argparse.Namespace, pipeline: PipelineConfig, names: list[str]) -> dict:
+    """`planned` beside the fixed schedules of --policies over --seeds generated runs of --iterations iterations
+    (`benchmarks.runtime_planned`)."""
+    import ray
+
+    from actors.driver import PipelineDriver
+    from actors.teardown import end_actors
+    from benchmarks import runtime, runtime_planned
+    from rrfp_ray.cli import variability
+    from rrfp_ray.runtime.synthetic import SyntheticWorkload
+    from rrfp_ray.sim.variability import generate_iterations
+    from rrfp_ray.train.config import PLANNED
+
+    config = variability(args, flags=runtime.VARIABILITY)
+    model = runtime.layer_model(args, pipeline=pipeline)
+
+    def traces_for(seed: int) -> tuple:
+        shape = {"stages": pipeline.stages, "microbatches": pipeline.microbatches, "chunks": pipeline.chunks}
+        return generate_iterations(
+            iterations=args.iterations, scenario=config["scenario"], **shape, seed=seed, t_f=config["t_f"],
+            **config["params"],
+        )  # fmt: skip
+
+    def workload_for(traces: tuple) -> SyntheticWorkload:
+        return SyntheticWorkload(
+            trace=traces[0],
+            iterations=traces,
+            payload_elems=args.payload_elems,
+            layers=args.layers,
+            layer_bytes=model.layer_bytes,
+            layer_split=model.split,
+        )
+
+    seeds = range(args.variability_seed, args.variability_seed + args.seeds)
+    fixed = [name for name in names if name != PLANNED and pipeline.resolved_policy(name).fixed]
+    print(start_ray(num_cpus=max(2, pipeline.actors), log_level=configure_logging(args)))
+    driver = PipelineDriver.remote(pipeline=pipeline, workload=workload_for(traces_for(seeds[0])))
+    try:
+        print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        results = runtime_planned.run(
+            driver=driver, pipeline=pipeline, names=names, seeds=seeds, traces_for=traces_for,
+            workload_for=workload_for,
+        )  # fmt: skip
+        ray.get(driver.shutdown.remote())
+        end_actors([driver], timeout_s=30.0)
+    finally:
+        ray.kill(driver)
+    summary = runtime_planned.summarize(results, fixed=fixed)
+    print(
+        f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} t_f={args.t_f:g} "
+        f"seeds {seeds.start}-{seeds.stop - 1}, {args.iterations} iterations a seed and policy"
+    )
+    print("\n".join(runtime_planned.lines(summary, names=names, fixed=fixed)))
+    summary["runs"] = results
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"wrote {args.json}")

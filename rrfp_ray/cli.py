@@ -235,6 +235,15 @@ def baseline_policy(*, chunks: int, placement: Placement = Placement.LOOPED) -> 
     return "1f1b" if chunks == 1 else "interleaved"
 
 
+def equal_memory_baselines(*, chunks: int, placement: Placement = Placement.LOOPED) -> tuple[str, ...]:
+    """The fixed schedules a run at cap 1x is compared with at equal activation memory: those holding 1F1B's
+    peak per stage, with the fused backward and with the split (1f1b and zb-h1; interleaved and zb-interleaved
+    when v > 1; zbv on the V placement). gpipe holds every microbatch in flight, so it is not among them."""
+    if placement is Placement.V:
+        return ("zbv",)
+    return ("1f1b", "zb-h1") if chunks == 1 else ("interleaved", "zb-interleaved")
+
+
 def one_placement(policies: Mapping[str, Policy]) -> Placement:
     """The placement every policy (name -> Policy) runs on; ValueError naming two that differ.
 
@@ -265,9 +274,10 @@ def median_report(reports: list):
     return sorted(reports, key=lambda r: r.makespan_ms)[len(reports) // 2]
 
 
-def write_pictures(*, out: Path, runs: dict[str, list]) -> bool:
+def write_pictures(*, out: Path, runs: dict[str, list], pair: tuple[str, str] | None = None) -> bool:
     """A Perfetto trace per run; with matplotlib (the `plots` extra), a pipeline diagram per run and one
-    comparison diagram for two runs, else one line saying the diagrams were skipped. Whether it drew them."""
+    comparison diagram of the runs `pair` names (default: the two runs when there are two), else one line
+    saying the diagrams were skipped. Whether it drew them."""
     from rrfp_ray.observe.diagram import compare_png, pipeline_png
     from rrfp_ray.observe.perfetto import write_trace
 
@@ -280,8 +290,10 @@ def write_pictures(*, out: Path, runs: dict[str, list]) -> bool:
         return False
     for name, reports in runs.items():
         pipeline_png(out / f"pipeline-{name}.png", median_report(reports))
-    if len(runs) == 2:
-        top, bottom = (median_report(reports) for reports in runs.values())
+    if pair is None and len(runs) == 2:
+        pair = (*runs,)
+    if pair is not None:
+        top, bottom = (median_report(runs[name]) for name in pair)
         compare_png(out / "compare.png", top, bottom)
     return True
 

@@ -38,7 +38,8 @@ def _submit(cluster: FakeCluster, name: str, *flags: str) -> str:
     job = [
         "python", "jobs/train_gpt.py", "--stages", "2", "--microbatches", "2",
         "--micro-batch-size", "2", "--seq-len", "16", "--block-size", "16", "--n-layer", "2", "--n-embd", "16",
-        "--n-head", "2", "--no-compare", "--val-every", "0", "--scenario", "none", "--log-level", "info",
+        "--n-head", "2", "--no-compare", "--policy", "bf", "--val-every", "0", "--scenario", "none",
+        "--log-level", "info",
         "--data", str(ROOT / "README.md"), "--stage-resources", json.dumps({STANDIN_RESOURCE: 1}),
         "--placement-timeout", "300", *flags,
     ]  # fmt: skip

@@ -55,7 +55,7 @@ CASES = [
     ("train_gpt", ["--out", "/proc/rrfp-out"], "argument --out: /proc/rrfp-out"),
     ("train_gpt", ["--checkpoint-every", "-2"], "--checkpoint-every"),
     ("train_gpt", ["--max-restarts", "-1"], "--max-restarts"),
-    ("train_gpt", ["--resume", "--compare"], "--compare trains the baseline"),
+    ("train_gpt", ["--resume", "--compare"], "--compare trains the fixed baselines"),
     ("train_gpt", ["--seq-len", "100"], "--seq-len 100 is over --block-size 64"),
     ("train_gpt", ["--arrange", "sideways"], "--arrange"),
     ("train_gpt", ["--policy", "planned", "--arrange", "packing"], "changes a per-microbatch mean loss"),

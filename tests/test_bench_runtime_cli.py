@@ -25,6 +25,9 @@ import bench_runtime
         (["--dp", "2", "--grad-layers", "0"], "--grad-layers must be >= 1"),
         (["--rebalance"], "--rebalance starts each policy evenly split: give it --layers 2 or more"),
         (["--rebalance", "--layers", "2", "--split", "3,2,2,1"], "and no --split"),
+        (["--policies", "1f1b,planned", "--dp", "2"], "planned on Ray replays a generated run of iterations"),
+        (["--policies", "1f1b,planned", "--tp", "2"], "planned on Ray replays a generated run of iterations"),
+        (["--policies", "1f1b,planned", "--seeds", "0"], "--seeds must be >= 1"),
         (
             ["--rebalance", "--layers", "2", "--chunks", "2"],
             "--rebalance moves layers between --stages of one chunk each: it needs --chunks 1",

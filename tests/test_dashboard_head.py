@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's: the head's `python` is the project's
 TINY = (
     "--iterations 3 --stages 2 --microbatches 4 --micro-batch-size 2 --seq-len 16 --n-layer 2 --n-embd 32 "
-    "--n-head 2 --block-size 16 --no-compare --t-f 1 --log-level info"
+    "--n-head 2 --block-size 16 --no-compare --policy bf --t-f 1 --log-level info"
 )
 JOB_S = 300.0
 AGENT_S = 120.0

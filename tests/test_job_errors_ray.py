@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     *("--stages", "2", "--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "16"),
     *("--seq-len", "16", "--micro-batch-size", "2", "--microbatches", "2", "--val-every", "0"),
-    *("--checkpoint-every", "2", "--no-compare", "--scenario", "none"),
+    *("--checkpoint-every", "2", "--no-compare", "--policy", "bf", "--scenario", "none"),
 ]
 
 

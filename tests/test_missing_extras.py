@@ -103,7 +103,7 @@ def test_every_job_starts_without_any_optional_extra():
 def test_train_gpt_without_matplotlib_and_tqdm_trains_writes_the_rest_and_exits_0(tmp_path):
     tiny = ["--stages", "2", "--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "16"]
     tiny += ["--seq-len", "16", "--micro-batch-size", "2", "--microbatches", "2", "--iterations", "2"]
-    tiny += ["--val-every", "0", "--no-compare", "--scenario", "none", "--out", str(tmp_path)]
+    tiny += ["--val-every", "0", "--no-compare", "--policy", "bf", "--scenario", "none", "--out", str(tmp_path)]
     done = _without(("matplotlib", "tqdm"), "train_gpt.py", *tiny)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -25,7 +25,7 @@ _RESIZE_AFTER_S = 20
 _MODEL = [
     "--stages", "1", "--micro-batch-size", "2", "--seq-len", "16", "--block-size", "16", "--n-layer", "2",
     "--n-embd", "16", "--n-head", "2", "--val-every", "0", "--scenario", "none", "--data", str(ROOT / "README.md"),
-    "--checkpoint-every", "1", "--iterations", "100000",  # the learning rate's schedule spans the iterations
+    "--policy", "bf", "--checkpoint-every", "1", "--iterations", "100000",  # the lr schedule spans the iterations
 ]  # fmt: skip
 _RESIZED = r"resized to P=1 T=1 D={dp} v=1 M={m} split \S+ at iteration (\d+)"
 

@@ -44,7 +44,12 @@ def test_data_path_without_text_is_named(tmp_path, capsys):
 
 def test_the_defaults_parse(capsys):
     _, run = train_gpt.parse([])
-    assert (run.pipeline.stages, run.pipeline.policy, run.train.iterations) == (4, "bf", 30)
+    assert (run.pipeline.stages, run.pipeline.policy, str(run.pipeline.cap), run.train.iterations) == (
+        4,
+        "planned",
+        "1x",
+        30,
+    )
 
 
 def test_a_hint_that_deadlocks_is_refused_with_the_grid(tmp_path, capsys):
@@ -236,3 +241,56 @@ def test_the_dp_line_prints_the_bytes_summed_and_received_and_their_share() -> N
         )
     ]
     assert state_lines({"policy": "bfw"}) == []  # no DP
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], ["1f1b", "zb-h1"]),
+        (["--policy", "zb-h1"], ["1f1b"]),
+        (["--chunks", "2", "--n-layer", "8"], ["interleaved", "zb-interleaved"]),
+        (["--checkpoint-every", "5"], []),
+    ],
+)
+def test_the_job_compares_with_the_fixed_schedules_at_equal_memory(flags, expected, tmp_path):
+    from rrfp_ray.recipes.gpt_cli import baselines_of
+
+    _, run = train_gpt.parse([*flags, "--out", str(tmp_path)])
+    assert baselines_of(run, compare=True) == expected
+    assert baselines_of(run, compare=False) == []
+
+
+def _reports(policy: str, *, losses: list[float], ms: float) -> list:
+    from rrfp_ray.observe.telemetry import IterationReport
+
+    return [
+        IterationReport(iteration=i, policy=policy, makespan_ms=ms, stages=[], loss=x) for i, x in enumerate(losses)
+    ]
+
+
+def test_the_closing_lines_name_the_faster_fixed_schedule_the_memory_and_whether_losses_agree():
+    from rrfp_ray.policy.arbiter import Cap
+    from rrfp_ray.recipes.gpt_run import compared, outcome_lines
+
+    def summary(policy: str, ms: float) -> dict:
+        return {"policy": policy, "loss_first": 5.0, "loss_last": 4.0, "iteration_ms_median": ms}
+
+    runs = {
+        "1f1b": _reports("1f1b", losses=[5.0, 4.0], ms=120.0),
+        "zb-h1": _reports("zb-h1", losses=[5.0, 4.0], ms=110.0),
+        "planned": _reports("planned", losses=[5.0 * (1 + 1e-7), 4.0 * (1 + 1e-3)], ms=100.0),
+    }
+    baselines = {"1f1b": summary("1f1b", 120.0), "zb-h1": summary("zb-h1", 110.0)}
+    own = summary("planned", 100.0) | {"val_loss_last": None, "tokens_per_s": 1000.0}
+    own |= compared(own, baselines=baselines, runs=runs, cap=Cap.parse("1x"))
+    assert own["baseline"]["policy"] == "zb-h1"
+    assert own["speedup_vs_baseline"] == pytest.approx(1.1)
+    lines = outcome_lines(own)
+    assert "speedup of planned over the faster fixed schedule, zb-h1, at equal activation memory (cap 1x" in lines[3]
+    assert lines[3].endswith(": 1.10x")
+    assert "by 1.0e-07 (equal within 1e-05" in lines[4] and "to 1.0e-03 at most over the run" in lines[4]
+    runs["planned"] = _reports("planned", losses=[5.1, 4.1], ms=100.0)
+    own |= compared(own, baselines=baselines, runs=runs, cap=Cap.parse("2x"))
+    lines = outcome_lines(own)
+    assert "with cap 2x (the fixed schedules hold 1x: not equal memory)" in lines[3]
+    assert "(DIFFERENT within 1e-05" in lines[4]

@@ -16,6 +16,7 @@ import statistics
 
 from pydantic import ValidationError
 
+from benchmarks.runtime_planned import planned_refusal
 from rrfp_ray.cli import (
     PIPELINE_FLAGS,
     Flag,
@@ -38,7 +39,7 @@ from rrfp_ray.runtime.synthetic import LayerModel
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.sim.simulator import TransportModel, layout_for, simulate
 from rrfp_ray.sim.trace import Trace
-from rrfp_ray.train.config import PipelineConfig
+from rrfp_ray.train.config import PLANNED, PipelineConfig
 
 SHAPE = (("stages", "P", 4), ("microbatches", "M", 16), ("chunks", "v", 1))  # flag, trace key, default
 PIPELINE = model_flags(  # the policy is each run's own
@@ -135,9 +136,11 @@ def checked(
     except ValueError as error:
         parser.error(str(error))
     try:
-        placement = one_placement({name: pipeline.resolved_policy(name) for name in names})
+        placement = one_placement({name: pipeline.resolved_policy(name) for name in names if name != PLANNED})
     except ValueError as error:
         parser.error(f"--policies: {error}")
+    if PLANNED in names and (refusal := planned_refusal(args, pipeline=pipeline, names=names)):
+        parser.error(refusal)
     baseline = baseline_policy(chunks=args.chunks, placement=placement)
     try:
         pipeline = pipeline_of(baseline)

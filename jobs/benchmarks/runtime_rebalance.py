@@ -11,7 +11,12 @@ the new split. Then the same pipeline runs on the best contiguous split for the 
 - `after_ms`: the median over the iterations after the last move, at least `AFTER` of them (the run goes
   on until it has them); `before_ms` without a move;
 - `balanced_ms`: the median over `AFTER` iterations on the best split;
-- `moves` (`rrfp_ray.train.rebalancing.Move`, as dicts) and `move_s`, their seconds in all.
+- `moves` (`rrfp_ray.train.rebalancing.Move`, as dicts) and `move_s`, their seconds in all;
+- with a `plain` driver (the same pipeline without --rebalance: no measuring, no rebalancer, the even
+  split throughout), whose iterations take turns with the rebalanced run's: `wall_ms` and `plain_wall_ms`,
+  the median wall-clock time of an iteration (the first left out) with and without --rebalance, the
+  rebalancer's decisions and moves included, and `with_over_without`, their ratio. Without an imbalance
+  it is what --rebalance costs; with one, below 1 is what it gains.
 """
 
 from __future__ import annotations
@@ -48,7 +53,13 @@ def balanced_split(*, trace: Trace, layers: int) -> tuple[int, ...]:
 
 
 def run(
-    *, driver: Any, pipeline: PipelineConfig, workload: SyntheticWorkload, names: list[str], iterations: int
+    *,
+    driver: Any,
+    pipeline: PipelineConfig,
+    workload: SyntheticWorkload,
+    names: list[str],
+    iterations: int,
+    plain: Any | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per policy, what `--rebalance` writes (see the module's docstring)."""
     import ray
@@ -67,11 +78,19 @@ def run(
         reshape(layer_split=even)
         rebalancing = Rebalancing(pipeline=pipeline, policy=policy, device="cpu", reshape=reshape)
         makespans: list[float] = []
+        walls: list[float] = []
+        plain_walls: list[float] = []
         k = 0
         while k < iterations or (rebalancing.moves and k - 1 - rebalancing.moves[-1].iteration < AFTER):
+            started = time.perf_counter()
             report = ray.get(driver.run_iteration.remote(iteration=k, policy=policy))
-            makespans.append(report.makespan_ms)
             rebalancing.after(report)
+            walls.append((time.perf_counter() - started) * 1e3)
+            makespans.append(report.makespan_ms)
+            if plain is not None:
+                started = time.perf_counter()
+                ray.get(plain.run_iteration.remote(iteration=k, policy=policy))
+                plain_walls.append((time.perf_counter() - started) * 1e3)
             k += 1
         moves = rebalancing.moves
         first = moves[0].iteration + 1 if moves else len(makespans)
@@ -93,6 +112,13 @@ def run(
                 "iterations": len(makespans),
             }
         }
+        if plain is not None:
+            wall, plain_wall = statistics.median(walls[1:]), statistics.median(plain_walls[1:])
+            out[name]["rebalance"] |= {
+                "wall_ms": wall,
+                "plain_wall_ms": plain_wall,
+                "with_over_without": wall / plain_wall,
+            }
     return out
 
 
@@ -109,4 +135,11 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             f"{r['after_ms'] / r['balanced_ms']:9.3f} {r['before_ms'] / r['after_ms']:6.3f} {len(r['moves']):5d} "
             f"{r['move_s']:6.2f}  {','.join(map(str, r['split']))} ({','.join(map(str, r['balanced_split']))})"
         )
+    for name, figures in results.items():
+        r = figures["rebalance"]
+        if "with_over_without" in r:
+            lines.append(
+                f"{name}: wall-clock iteration with --rebalance {r['wall_ms']:.1f} ms, without (the same pipeline, "
+                f"taking turns) {r['plain_wall_ms']:.1f} ms: with / without {r['with_over_without']:.4f}"
+            )
     return lines

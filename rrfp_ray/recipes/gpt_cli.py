@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from rrfp_ray.cli import (
     PIPELINE_FLAGS,
     Flag,
-    baseline_policy,
     config_error,
+    equal_memory_baselines,
     flag_names,
     flag_values,
     model_flags,
@@ -35,7 +35,10 @@ from rrfp_ray.train.sources import packing_refusal
 from rrfp_ray.train.workload import ModelWorkload
 
 PIPELINE = model_flags(
-    PipelineConfig, prefix="pipeline.", without=("buffer_limit", "link_timeout_s"), flags=PIPELINE_FLAGS
+    PipelineConfig,
+    prefix="pipeline.",
+    without=("buffer_limit", "link_timeout_s"),
+    flags=(*PIPELINE_FLAGS, Flag("policy", default=PLANNED), Flag("cap", default="1x")),
 )
 MODEL = model_flags(
     GPTConfig,
@@ -75,7 +78,8 @@ def run_config(
         parser.error(f"--gpu means --gpus-per-stage 1; it contradicts --gpus-per-stage {args.gpus_per_stage:g}")
     if args.compare and checkpoint_dir(args) is not None:
         parser.error(
-            "--compare trains the baseline and then the policy from the same initial weights; a run with checkpoints "
+            "--compare trains the fixed baselines and then the policy from the same initial weights; a run with "
+            "checkpoints "
             "(--checkpoint-dir, --checkpoint-every, --resume, --max-restarts) trains one policy: drop one of them"
         )
     if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
@@ -103,13 +107,15 @@ def run_config(
     return run
 
 
-def baseline_of(run: RunConfig, *, compare: bool) -> str | None:
-    """The fixed schedule --compare trains first (`baseline_policy`); None without --compare, when
-    the run's policy is that schedule, or with checkpoints (both runs would write them)."""
-    baseline = baseline_policy(chunks=run.pipeline.chunks, placement=run.pipeline.layout.placement)
-    if not compare or run.pipeline.policy == baseline or run.train.checkpoint_dir is not None:
-        return None
-    return baseline
+def baselines_of(run: RunConfig, *, compare: bool) -> list[str]:
+    """The fixed schedules --compare trains first, each from the same initial weights and data: those at the
+    activation memory of 1F1B (`equal_memory_baselines`) but the run's own policy; none without --compare
+    or with checkpoints (every run would write them)."""
+    if not compare or run.train.checkpoint_dir is not None:
+        return []
+    pipeline = run.pipeline
+    fixed = equal_memory_baselines(chunks=pipeline.chunks, placement=pipeline.layout.placement)
+    return [name for name in fixed if name != pipeline.policy]
 
 
 def gpus_per_stage(args: argparse.Namespace) -> float:

@@ -1,5 +1,5 @@
 """A GPT run as jobs/train_gpt.py reports it: one policy trained to the run's iterations with its
-per-iteration line and summary, its comparison with the fixed baseline, and the DP check."""
+per-iteration line and summary, its comparison with the fixed baselines, and the DP check."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
+from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.config import PLANNED
 
 Summary = dict[str, Any]
+LOSS_TOLERANCE = 1e-5  # relative: one iteration's loss under another order of the same float sums
 
 
 class PolicyRun:
@@ -141,14 +143,34 @@ def state_lines(summary: Summary) -> list[str]:
     return [line]
 
 
-def speedup_vs_baseline(summary: Summary) -> float:
-    """How many times faster the run's median iteration is than its baseline's (`summary["baseline"]`)."""
-    return summary["baseline"]["iteration_ms_median"] / summary["iteration_ms_median"]
+def compared(
+    summary: Summary, *, baselines: dict[str, Summary], runs: dict[str, list[IterationReport]], cap: Cap
+) -> Summary:
+    """What the closing lines say of a run (`summary`) trained after fixed schedules (`baselines`: name ->
+    summary) from the same initial weights and data: the faster of them (`baseline`), the speedup of the run's
+    median iteration over its, the run's cap, and the relative difference of an iteration's loss from that of
+    the same iteration under any of them (`runs`: name -> reports): the largest on the first iteration (the
+    same weights and data, float sums in another order) and over the run (where those differences compound
+    through the optimizer steps)."""
+    best = min(baselines.values(), key=lambda base: base["iteration_ms_median"])
+    own = [report.loss for report in runs[summary["policy"]]]
+    differences = [
+        [abs(a - b) / abs(b) for a, b in zip(own, (report.loss for report in runs[name]), strict=True)]
+        for name in baselines
+    ]
+    return {
+        "baselines": baselines,
+        "baseline": best,
+        "cap": str(cap),
+        "speedup_vs_baseline": best["iteration_ms_median"] / summary["iteration_ms_median"],
+        "first_rel_loss_diff_vs_baselines": max(each[0] for each in differences),
+        "max_rel_loss_diff_vs_baselines": max(max(each) for each in differences),
+    }
 
 
 def outcome_lines(summary: Summary) -> list[str]:
-    """The run's closing lines: its losses, median iteration and tokens/s; with a baseline, the
-    baseline's and the speedup (`summary["speedup_vs_baseline"]`)."""
+    """The run's closing lines: its losses, median iteration and tokens/s; after fixed baselines (`compared`),
+    theirs, the speedup over the faster at the run's cap, and whether the losses agree."""
     val = summary["val_loss_last"] or float("nan")
     own = (
         f"{summary['policy']}: loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f} (val {val:.3f}), "
@@ -156,12 +178,25 @@ def outcome_lines(summary: Summary) -> list[str]:
     )
     if "baseline" not in summary:
         return [own]
-    base = summary["baseline"]
+    fixed = [
+        f"fixed {name}: loss {base['loss_first']:.3f} -> {base['loss_last']:.3f}, median iteration "
+        f"{base['iteration_ms_median']:.1f} ms"
+        for name, base in summary["baselines"].items()
+    ]
+    if summary["cap"] == "1x":
+        memory = "at equal activation memory (cap 1x: no stage holds more in flight than the fixed schedules' peak)"
+    else:
+        memory = f"with cap {summary['cap']} (the fixed schedules hold 1x: not equal memory)"
+    first, worst = summary["first_rel_loss_diff_vs_baselines"], summary["max_rel_loss_diff_vs_baselines"]
     return [
         own,
-        f"{base['policy']}: loss {base['loss_first']:.3f} -> {base['loss_last']:.3f}, median iteration "
-        + f"{base['iteration_ms_median']:.1f} ms",
-        f"speedup of {summary['policy']} over fixed {base['policy']}: {summary['speedup_vs_baseline']:.2f}x",
+        *fixed,
+        f"speedup of {summary['policy']} over the faster fixed schedule, {summary['baseline']['policy']}, {memory}: "
+        f"{summary['speedup_vs_baseline']:.2f}x",
+        f"losses: the first iteration's (the same weights and data) differs from the fixed schedules' by {first:.1e} "
+        f"({'equal' if first < LOSS_TOLERANCE else 'DIFFERENT'} within {LOSS_TOLERANCE:g}: the same mathematics, "
+        f"float sums in another order); those differences compound through the optimizer steps to {worst:.1e} "
+        "at most over the run",
         *source_lines(summary),
     ]
 
@@ -173,8 +208,8 @@ def source_lines(summary: Summary) -> list[str]:
     op, slept = summary["op_ms_mean"], summary["injected_ms_mean"]
     return [
         f"where it comes from: an op took {op:.1f} ms on average, {slept:.1f} ms of it an injected sleep (the "
-        f"--scenario trace) and {op - slept:.1f} ms the model's own compute and the runtime; the readiness policy "
-        "gains by running other ready work around those sleeps, as it would around slow GPU kernels. "
+        f"--scenario trace) and {op - slept:.1f} ms the model's own compute and the runtime; a readiness or planned "
+        "policy gains by running other ready work around those sleeps, as it would around slow GPU kernels. "
         "--scenario none removes them."
     ]
 

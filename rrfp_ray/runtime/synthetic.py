@@ -1,5 +1,7 @@
 """Trace replay: each action sleeps its trace duration (standing in for GPU kernel time)
-and sends a real tensor of a configurable size. Under data parallelism each chunk holds a
+and sends a real tensor of a configurable size. Given a run of `iterations`, iteration k replays its own
+trace, and a microbatch slot sleeps the durations of the data microbatch the iteration's order puts
+there (the trace's rows are data microbatches, as its features are). Under data parallelism each chunk holds a
 synthetic gradient of `grad_elems` float32 elements in `grad_layers` tensors; a chunk's last
 weight-gradient op finalizes them one by one through its duration, the last layer first, as a
 real backward does.
@@ -64,10 +66,13 @@ class SyntheticWorkload:
     layers: int = 1  # layers per virtual stage (per stage when v = 1), in the even split the trace is for
     layer_bytes: int = 0  # real parameter bytes each layer holds
     layer_split: tuple[int, ...] | None = None  # layers per virtual stage; None: even
+    # a run of iterations of `trace`'s shape: iteration k replays iterations[k % their count] (empty: `trace` each time)
+    iterations: tuple[Trace, ...] = ()
 
     def executor(self, *, stage: int, layout: Layout) -> SleepExecutor:
         return SleepExecutor(
             trace=self.trace,
+            iterations=self.iterations,
             layout=layout,
             stage=stage,
             payload_elems=self.payload_elems,
@@ -162,6 +167,7 @@ class SleepExecutor:
         grad_elems: int = 0,
         grad_layers: int = 1,
         model: LayerModel | None = None,
+        iterations: tuple[Trace, ...] = (),
     ) -> None:
         if payload_elems < 1:
             raise ValueError(f"payload_elems must be >= 1, got {payload_elems}")
@@ -184,11 +190,15 @@ class SleepExecutor:
         self._shares = {c: len(even[vs]) for c, vs in vs_of.items()}  # the trace row's duration is this many layers'
         self._held = {c: held[vs] for c, vs in vs_of.items()}
         self._params = {i: torch.zeros(model.layer_bytes, dtype=torch.uint8) for r in self._held.values() for i in r}
-        self._run_trace = model.as_run(trace)
+        self._run_traces = tuple(model.as_run(t) for t in iterations or (trace,))
+        self._run_trace = self._run_traces[0]  # begin sets the iteration's
+        self._order: tuple[int, ...] | None = None  # begin sets it: the data microbatch of each slot
         self._watched: dict[int, list] | None = None  # measuring: chunk -> [microbatch, its F ms, its backward ms]
 
     def begin(self, *, args: IterationArgs) -> None:
         self._watched = {} if args.measure else None
+        self._run_trace = self._run_traces[args.iteration % len(self._run_traces)]
+        self._order = args.order
 
     def measure(self) -> Costs:
         """Each layer's forward and backward as this iteration's own ops measured them, slept on this
@@ -239,7 +249,8 @@ class SleepExecutor:
         start = time.time()
         if self._in_step is not None:
             start = self._in_step.start(action=action, now=start)
-        duration = self._run_trace.duration(action) / 1e3
+        data = action if self._order is None else replace(action, microbatch=self._order[action.microbatch])
+        duration = self._run_trace.duration(data) / 1e3
         layers = self._grads[action.chunk] if release is not None else []
         for index, layer in enumerate(layers):  # each layer's share of the op, then its gradient is final
             _sleep_until(start + duration * (index + 1) / len(layers))
