@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per scenario (default 5)")
     parser.add_argument("--iterations", type=counts, default=[6], help="iterations per run, one or one per P")
     parser.add_argument(
-        "--simulations", type=counts, default=[32], help="planner budget (simulated iterations), one or one per P"
+        "--simulations",
+        type=counts,
+        default=[128],
+        help="planner budget (simulated iterations), one or one per P (default 128)",
     )
     parser.add_argument("--samples", type=int, default=2, help="noise samples per candidate (default 2)")
     parser.add_argument(
