@@ -85,7 +85,8 @@ def neighbours(order: Order, *, rng: np.random.Generator, count: int) -> list[Or
             size = int(rng.integers(1, min(4, M - 1) + 1))
             start = int(rng.integers(0, M - size + 1))
             block, rest = moved[start : start + size], moved[:start] + moved[start + size :]
-            at = int(rng.integers(0, len(rest) + 1))
+            at = int(rng.integers(0, len(rest)))
+            at += at >= start  # anywhere but back in its place
             moved = rest[:at] + block + rest[at:]
         out.append(tuple(moved))
     return out
