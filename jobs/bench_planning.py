@@ -1,6 +1,6 @@
 """Planning ahead in the simulator: planned vs the best fixed schedule at cap 1x, decomposed, with the oracle.
 
-    python jobs/bench_planning.py --stages 8,16,32 --seeds 5 --iterations 6,6,4 --simulations 32,24,12
+    python jobs/bench_planning.py --stages 8,16,32 --seeds 5 --iterations 6,4,4 --simulations 128,16,8
 
 See `benchmarks.planning` for what each column is. Simulated, so deterministic: the numbers do not
 depend on the machine; only the run time does.
