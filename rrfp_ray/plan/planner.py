@@ -61,10 +61,10 @@ class Arrangement(enum.Enum):
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """`simulations`: the search budget in simulated iterations. The default, 128, buys a
-    better search than 32 (docs/results/planning.md compares them at P=8) for about 0.2 s of CPU per planned
-    P=8, M=32 iteration (`python jobs/bench_simulator.py` prints what one simulated iteration costs), well
-    inside an iteration that runs for seconds; `samples`: noise samples per candidate;
+    """`simulations`: the search budget in simulated iterations. The default, 128, is
+    a fraction of a second of CPU per plan at P=8, M=32 (`python jobs/bench_simulator.py` prints what one
+    simulated iteration costs), well inside an iteration that runs for seconds, and finds better plans than
+    32 (docs/results/planning.md compares the two at P=8); `samples`: noise samples per candidate;
     `time_limit_s`: a wall-clock limit that only stops a search early (None: none); `wait_s`: the
     longest an iteration waits for the plan made for it while the iteration before ran
     (`rrfp_ray.plan.ahead`) before it runs the last plan instead; `arrange`: what a plan arranges (packing only
