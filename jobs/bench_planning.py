@@ -1,6 +1,6 @@
 """Planning ahead in the simulator: planned vs the best fixed schedule at cap 1x, decomposed, with the oracle.
 
-    python jobs/bench_planning.py --stages 8,16,32 --seeds 5 --iterations 6,6,4 --simulations 32,24,12
+    python jobs/bench_planning.py --stages 8,16,32 --seeds 5 --iterations 6,4,4 --simulations 128,16,8
 
 See `benchmarks.planning` for what each column is. Simulated, so deterministic: the numbers do not
 depend on the machine; only the run time does.
@@ -23,10 +23,14 @@ from rrfp_ray.job import run_job
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=counts, default=[8, 16, 32], help="pipeline depths P (M = 4P)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per scenario (default 5)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per scenario (default 5)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--iterations", type=counts, default=[6], help="iterations per run, one or one per P")
     parser.add_argument(
-        "--simulations", type=counts, default=[32], help="planner budget (simulated iterations), one or one per P"
+        "--simulations",
+        type=counts,
+        default=[128],
+        help="planner budget (simulated iterations), one or one per P (default 128)",
     )
     parser.add_argument("--samples", type=int, default=2, help="noise samples per candidate (default 2)")
     parser.add_argument(
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"argument {flag}: give one value or one per --stages entry ({len(P)})")
     if args.seeds < 1 or args.samples < 1:
         parser.error("arguments --seeds and --samples must be >= 1")
+    if args.first_seed < 0:
+        parser.error("argument --first-seed: must be >= 0")
     known = {s.label: s for s in SCENARIOS}
     labels = args.scenarios.split(",") if args.scenarios else list(known)
     unknown = [label for label in labels if label not in known]
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                     simulations=simulations,
                     samples=args.samples,
                 )
-                for seed in range(args.seeds)
+                for seed in range(args.first_seed, args.first_seed + args.seeds)
             ]
             row = table({(label, stages): rows[(label, stages)]})[-1]
             print(f"{row}  <- done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ from rrfp_ray.plan.loop import LAG, Planning, run
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import score
-from rrfp_ray.plan.search import search
+from rrfp_ray.plan.search import neighbours, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
@@ -79,6 +79,32 @@ def test_the_budget_counts_simulated_candidates_and_a_larger_one_never_scores_wo
     assert scores == sorted(scores, reverse=True)
     with pytest.raises(ValueError, match="budget of 1"):
         search(samples=samples, hints=("bfw",), cap=CAP, simulations=1, seed=0)
+
+
+def one_move(order: tuple[int, ...], moved: tuple[int, ...]) -> bool:
+    """Whether `moved` is `order` with two slots swapped or one block of up to four moved elsewhere."""
+    M = len(order)
+    for i in range(M):
+        for j in range(i + 1, M):
+            swapped = list(order)
+            swapped[i], swapped[j] = swapped[j], swapped[i]
+            if tuple(swapped) == moved:
+                return True
+    for size in range(1, 5):
+        for start in range(M - size + 1):
+            block, rest = order[start : start + size], order[:start] + order[start + size :]
+            if any(rest[:at] + block + rest[at:] == moved for at in range(len(rest) + 1)):
+                return True
+    return False
+
+
+def test_the_local_search_moves_one_swap_or_one_block_at_a_time_under_its_seed():
+    order = (3, 0, 7, 1, 6, 2, 5, 4, 9, 8)
+    drawn = neighbours(order, rng=np.random.default_rng(4), count=200)
+    assert drawn == neighbours(order, rng=np.random.default_rng(4), count=200)
+    assert all(sorted(moved) == sorted(order) and one_move(order, moved) for moved in drawn)
+    assert len(set(drawn)) > 50  # swaps, single moves and block moves, far and near
+    assert neighbours((0, 1), rng=np.random.default_rng(0), count=3) == [(1, 0)] * 3
 
 
 def test_a_search_past_its_deadline_reports_no_plan():

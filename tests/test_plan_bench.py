@@ -38,6 +38,7 @@ def test_a_tiny_run_prints_and_writes_its_table(tmp_path: Path, capsys: pytest.C
         (["--stages", "8,16", "--iterations", "2,3,4"], "--iterations"),
         (["--scenarios", "bogus"], "--scenarios"),
         (["--simulations", "1", "--samples", "2"], "--simulations"),
+        (["--first-seed", "-1"], "--first-seed"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:

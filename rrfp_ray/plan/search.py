@@ -1,4 +1,8 @@
-"""The search for a plan: heuristic orders first, then the hint, then swaps, under a budget of simulations.
+"""The search for a plan: heuristic orders first, then the hint, then local moves, under a budget of simulations.
+
+The local search scores a batch of `NEIGHBOURS` random orders one move from the best so far (a swap of
+two slots, or a block of consecutive microbatches moved elsewhere) and moves to the batch's best when it
+is better, until the budget is spent.
 
 Every candidate is scored by `rrfp_ray.plan.scoring.score` over the same samples (common random
 numbers), so two candidates differ only by their plans. The budget counts simulated iterations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,6 +27,7 @@ from rrfp_ray.sim.trace import Trace
 log = logging.getLogger(__name__)
 
 Order = tuple[int, ...]
+NEIGHBOURS = 8  # orders scored together, in one batch, around the best so far
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,26 @@ def light_ends(rising: Sequence[int], *, front: float) -> Order:
     return tuple(head + tail[::-1])
 
 
+def neighbours(order: Order, *, rng: np.random.Generator, count: int) -> list[Order]:
+    """`count` random orders one move from `order`: a swap of two slots, or a block of one to four
+    consecutive microbatches moved elsewhere (one moved by one slot is an adjacent swap)."""
+    M, out = len(order), []
+    for _ in range(count):
+        moved = list(order)
+        if rng.random() < 0.5:
+            i, j = (int(x) for x in rng.choice(M, size=2, replace=False))
+            moved[i], moved[j] = moved[j], moved[i]
+        else:
+            size = int(rng.integers(1, min(4, M - 1) + 1))
+            start = int(rng.integers(0, M - size + 1))
+            block, rest = moved[start : start + size], moved[:start] + moved[start + size :]
+            at = int(rng.integers(0, len(rest)))
+            at += at >= start  # anywhere but back in its place
+            moved = rest[:at] + block + rest[at:]
+        out.append(tuple(moved))
+    return out
+
+
 def search(
     *,
     samples: Sequence[Trace],
@@ -105,16 +130,13 @@ def search(
         orders = heuristic_orders(samples) if reorder else [tuple(range(samples[0].microbatches))]
         if tried([Plan(order=order, hint=hints[0], cap=cap) for order in orders]):
             order = best[0].order
-            if tried([Plan(order=order, hint=hint, cap=cap) for hint in hints[1:]]):
+            if tried([Plan(order=order, hint=hint, cap=cap) for hint in hints[1:]]) and reorder:
                 rng = np.random.default_rng(seed)
                 M, misses = len(order), 0
-                while reorder and M > 1 and misses < 4 * M * M:
-                    i, j = (int(x) for x in rng.choice(M, size=2, replace=False))
-                    swapped = list(best[0].order)
-                    swapped[i], swapped[j] = swapped[j], swapped[i]
-                    plan = Plan(order=tuple(swapped), hint=best[0].hint, cap=cap)
-                    misses = misses + 1 if plan in seen else 0
-                    if not tried([plan]):
+                while M > 1 and misses < 4 * M * M:
+                    plans = [replace(best[0], order=o) for o in neighbours(best[0].order, rng=rng, count=NEIGHBOURS)]
+                    misses = misses + len(plans) if all(p in seen for p in plans) else 0
+                    if not tried(plans):
                         break
     except TimeoutError:
         log.warning("plan search stopped at its deadline after %d candidates; keeping the last plan", len(seen))

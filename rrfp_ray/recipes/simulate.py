@@ -127,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--iterations", type=count, default=1, help="iterations of the scenario to generate (default 1)"
     )
     parser.add_argument(
-        "--plan-simulations", type=count, default=32, help="planned: simulated iterations per plan search (default 32)"
+        "--plan-simulations",
+        type=count,
+        default=128,
+        help="planned: simulated iterations per plan search (default 128)",
     )
     parser.add_argument(
         "--plan-samples", type=count, default=2, help="planned: noise samples per candidate (default 2)"
