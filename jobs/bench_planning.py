@@ -1,6 +1,6 @@
 """Planning ahead in the simulator: planned vs the best fixed schedule at cap 1x, decomposed, with the oracle.
 
-    python jobs/bench_planning.py --stages 8,16,32 --seeds 5 --iterations 6,4,4 --simulations 128,16,8
+    python jobs/bench_planning.py --stages 8,16,32 --seeds 5 --iterations 6,4,4 --simulations 32,16,8
 
 See `benchmarks.planning` for what each column is. Simulated, so deterministic: the numbers do not
 depend on the machine; only the run time does.
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--simulations",
         type=counts,
-        default=[128],
-        help="planner budget (simulated iterations), one or one per P (default 128)",
+        default=[32],
+        help="planner budget (simulated iterations), one or one per P (default 32)",
     )
     parser.add_argument("--samples", type=int, default=2, help="noise samples per candidate (default 2)")
     parser.add_argument(

@@ -62,10 +62,10 @@ class Arrangement(enum.Enum):
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """`simulations`: the search budget in simulated iterations. The default, 128, is
-    a fraction of a second of CPU per plan at P=8, M=32 (`python jobs/bench_simulator.py` prints what one
-    simulated iteration costs), well inside an iteration that runs for seconds, and finds better plans than
-    32 (docs/results/planning.md compares the two at P=8); `samples`: noise samples per candidate;
+    """`simulations`: the search budget in simulated iterations. The default, 32, keeps a plan to tens of
+    milliseconds of CPU at P=8, M=32 (`python jobs/bench_simulator.py` prints what one simulated iteration costs),
+    which matters where the planner shares cores with the stages (the in-process fabric); 128 finds plans about
+    0.5% better there (docs/results/planning.md compares the two); `samples`: noise samples per candidate;
     `time_limit_s`: a wall-clock limit that only stops a search early (None: none); `wait_s`: the
     longest an iteration waits for the plan made for it while the iteration before ran
     (`rrfp_ray.plan.ahead`) before it runs the last plan instead; `arrange`: what a plan arranges (packing only
@@ -73,7 +73,7 @@ class PlannerConfig:
 
     hints: tuple[str, ...]
     cap: Cap
-    simulations: int = 128
+    simulations: int = 32
     samples: int = 2
     seed: int = 0
     window: int = 4

@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--plan-simulations",
         type=count,
-        default=128,
-        help="planned: simulated iterations per plan search (default 128)",
+        default=32,
+        help="planned: simulated iterations per plan search (default 32)",
     )
     parser.add_argument(
         "--plan-samples", type=count, default=2, help="planned: noise samples per candidate (default 2)"
