@@ -73,8 +73,11 @@ class MessageClock:
         self.waiting = False
         self._woken_for: list[float] = []  # release times of the messages delivered during the wait
 
-    def delivered(self, *, header: Header, received: float, into: Breakdown) -> None:
-        """`header`'s message is delivered; its frame came in at `received` (wall-clock seconds)."""
+    def delivered(self, *, header: Header, received: float, into: Breakdown, timed: bool = True) -> None:
+        """`header`'s message is delivered; its frame came in at `received` (wall-clock seconds). Not `timed`:
+        read by the compute thread after an op, at some unknown time after it came (no sample)."""
+        if not timed:
+            return
         into.add(Phase.TRANSIT, received - header.sent_at)
         if self.waiting:
             self._woken_for.append(header.released_at)

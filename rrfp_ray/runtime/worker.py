@@ -1,12 +1,14 @@
-"""The runtime side of one stage: a compute thread, one receive thread per inbound link,
-one send thread per outbound link (`rrfp_ray.runtime.links`); which thread uses which communicator
-and how tensors cross threads: `rrfp_ray.runtime.streams`.
+"""The runtime side of one stage: a compute thread, one send thread per outbound link
+(`rrfp_ray.runtime.links`), and one receive thread per inbound link whose channel the compute
+thread cannot poll (gloo, NCCL, in memory); which thread uses which communicator and how tensors
+cross threads: `rrfp_ray.runtime.streams`.
 
 The compute thread (the caller of `run_iteration`) arbitrates, executes, and hands each
-output to its link's send thread. Receive threads route each message into the arbiter's
-ready set and wake it. A receive thread takes a message only while the receive buffer has
-room, and delivers it only while it still has: a message received as another link's
-filled the last place waits on its own link, so the buffer never holds more than its limit.
+output to its link's send thread. It reads polled links (TCP) itself, before each decision and
+while it waits (`rrfp_ray.runtime.polled`). Receive threads route each message into the arbiter's
+ready set and wake it. A message is taken off its link only while the receive buffer has
+room, and a receive thread delivers it only while it still has: a message received as another
+link's filled the last place waits on its own link, so the buffer never holds more than its limit.
 Every wait is bounded by `timeout_s` and fails naming what it awaited.
 """
 
@@ -27,9 +29,11 @@ from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.links import LinkSender, wait_idle
+from rrfp_ray.runtime.polled import PolledLinks, polled
 from rrfp_ray.runtime.reduce import DPContext, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
+from rrfp_ray.runtime.tree import Tree
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.schedule.layout import Layout, Link, Message
@@ -67,9 +71,12 @@ class StageWorker:
         self._notified_at = 0.0  # perf_counter of the last arrival that woke the compute thread
         self._messages, self._cpu = MessageClock(), StageCpu()
         self._stopping = False
+        by_poll = {link: channel for link, channel in inbound.items() if polled(channel)}
+        self._polled = PolledLinks(channels=by_poll) if by_poll else None
         self._threads = [
             threading.Thread(target=self._receive_loop, args=(link, channel), name=f"recv {link}", daemon=True)
             for link, channel in inbound.items()
+            if link not in by_poll
         ]
         for thread in self._threads:
             thread.start()
@@ -222,6 +229,8 @@ class StageWorker:
             sender.close(timeout_s=self.timeout_s)
         for thread in self._threads:
             thread.join(timeout=self.timeout_s)
+        if self._polled is not None:
+            self._polled.close(handoff=self._handoff, timeout_s=self.timeout_s)
 
     def _now(self) -> float:
         return (time.perf_counter() - self._start) * 1e3
@@ -235,6 +244,7 @@ class StageWorker:
         arbitrating, woke = 0.0, None
         while True:
             self._raise_if_failed()
+            self._take_polled()
             began = time.perf_counter()
             chosen = arbiter.next_action()
             arbitrating += time.perf_counter() - began
@@ -250,7 +260,7 @@ class StageWorker:
                     f"iteration {self._iteration}: nothing eligible for {self.timeout_s:g} s; {arbiter.waiting_for()}"
                 )
             waited = time.perf_counter()
-            self._messages.wait(self._cond, timeout_s=left, into=self._breakdown)
+            self._await_arrival(timeout_s=left)
             woke = time.perf_counter() - self._notified_at if self._notified_at > waited else None
 
     def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
@@ -264,9 +274,10 @@ class StageWorker:
         while True:
             with self._cond:
                 self._raise_if_failed()
+                self._take_polled()
                 candidates = arbiter.candidates(agreement.tp.width)
                 if not candidates or not agreed:  # wait for an arrival (an arrival wakes it), then join the round
-                    self._cond.wait(timeout=agreement.tp.idle_s if not candidates else agreement.tp.poll_s)
+                    self._await_arrival(timeout_s=agreement.tp.idle_s if not candidates else agreement.tp.poll_s)
                     candidates = arbiter.candidates(agreement.tp.width)
             try:
                 action = agreement.round(candidates)
@@ -354,16 +365,57 @@ class StageWorker:
             with self._cond:
                 if not self._wait_to_deliver(link=link, header=header):
                     return
-                began = time.perf_counter()
-                self._inbox[header.message] = (payload, fence)
-                self._arbiter.on_arrival(header.message)
-                consumer = self._layout.consumer(header.message)
-                self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
+                self._deliver(header=header, payload=payload, fence=fence, arrived=arrived, received=received)
                 self._notified_at = time.perf_counter()
-                self._recv_busy += self._notified_at - began
-                self._breakdown.add(Phase.ARRIVAL, self._notified_at - arrived)
-                self._messages.delivered(header=header, received=received, into=self._breakdown)
                 self._cond.notify_all()
+            if self._polled is not None:  # the compute thread may wait in its poll
+                self._polled.wake()
+
+    def _deliver(
+        self, *, header: Header, payload: Tree | None, fence: Fence, arrived: float, received: float, timed: bool = True
+    ) -> None:
+        """Under the lock: a received message into the inbox and the arbiter's ready set."""
+        began = time.perf_counter()
+        self._inbox[header.message] = (payload, fence)
+        self._arbiter.on_arrival(header.message)
+        consumer = self._layout.consumer(header.message)
+        self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
+        done = time.perf_counter()
+        self._recv_busy += done - began
+        self._breakdown.add(Phase.ARRIVAL, done - arrived)
+        self._messages.delivered(header=header, received=received, into=self._breakdown, timed=timed)
+
+    def _await_arrival(self, *, timeout_s: float) -> None:
+        """Under the lock, on the compute thread: wait up to `timeout_s` for a message (or a failure)."""
+        if self._polled is None:
+            self._messages.wait(self._cond, timeout_s=timeout_s, into=self._breakdown)
+        else:  # the lock released meanwhile: a send thread reports its failure (and wakes the poll)
+            self._take_polled(timeout_s=timeout_s, timed=True, unlocked=_Unlocked(self._cond))
+
+    def _take_polled(self, *, timeout_s: float = 0.0, timed: bool = False, unlocked: _Unlocked | None = None) -> None:
+        """Under the lock, on the compute thread: what the polled links hold, while the iteration expects it and
+        the buffer has room. `timed`: waited for, so each message's phases are sampled (see `MessageClock`)."""
+        if self._polled is None:
+            return
+
+        def may_read(link: Link) -> bool:
+            return bool(self._expected.get(link)) and self._arbiter.has_room()
+
+        def deliver(link: Link, header: Header, payload: Tree | None, fence: Fence) -> None:
+            arrived, received = time.perf_counter(), time.time()
+            self._expected[link] -= 1
+            if header.is_stop or header.iteration != self._iteration:
+                what = "STOP" if header.is_stop else f"a message of iteration {header.iteration}"
+                raise PipelineError(f"{link}: {what} came during iteration {self._iteration}")
+            self._deliver(header=header, payload=payload, fence=fence, arrived=arrived, received=received, timed=timed)
+
+        try:
+            self._polled.take(
+                may_read=may_read, deliver=deliver, handoff=self._handoff, timeout_s=timeout_s, unlocked=unlocked
+            )
+        except (TimeoutError, ConnectionError, OSError, PipelineError) as error:
+            self._error = error  # a link that failed mid-message cannot recover
+            raise PipelineError(f"stage {self.stage}: {error}") from error
 
     def _wait_to_deliver(self, *, link: Link, header: Header) -> bool:
         """Under the lock: wait until the message's iteration runs and its receive buffer has room;
@@ -390,3 +442,18 @@ class StageWorker:
             if self._error is None:
                 self._error = error
             self._cond.notify_all()
+        if self._polled is not None:
+            self._polled.wake()
+
+
+class _Unlocked:
+    """The worker's lock released for a wait, taken back after."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self._cond = cond
+
+    def __enter__(self) -> None:
+        self._cond.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self._cond.acquire()
