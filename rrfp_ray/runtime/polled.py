@@ -17,8 +17,9 @@ import logging
 import math
 import os
 import select
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -77,23 +78,35 @@ class PolledLinks:
     def take(
         self,
         *,
-        may_read: Callable[[Link], bool],
-        deliver: Callable[[Link, Header, Tree | None, Fence], None],
+        expected: dict[Link, int],
+        has_room: Callable[[], bool],
+        iteration: int,
+        deliver: Callable[[Header, Tree | None, Fence], None],
         handoff: Handoff,
         timeout_s: float = 0.0,
         unlocked: AbstractContextManager[object] | None = None,
     ) -> None:
-        """Wait up to `timeout_s` (inside `unlocked`) for bytes on a link that `may_read`, then read such
-        links' messages, one a link in turn, while they hold some and `may_read` (asked again before each)."""
-        links = [link for link in self.links if may_read(link)]
+        """Wait up to `timeout_s` (inside `unlocked`) for bytes on a link that `expected` counts more messages of
+        while there is room (`has_room`), then read and `deliver` such links' messages, one a link in turn,
+        while they hold some (decrementing `expected`). A STOP or a message of another iteration fails."""
+
+        def wanted() -> list[Link]:
+            return [link for link in self.links if expected.get(link)] if has_room() else []
+
+        links = wanted()
         with unlocked or contextlib.nullcontext():
             ready = self.readable(links, timeout_s=timeout_s)
         while ready:
             for link in ready:
-                if may_read(link):
-                    header, payload, fence = self.read(link, handoff=handoff)
-                    deliver(link, header, payload, fence)
-            ready = self.readable([link for link in self.links if may_read(link)], timeout_s=0.0)
+                if not (expected[link] and has_room()):
+                    continue
+                header, payload, fence = self.read(link, handoff=handoff)
+                expected[link] -= 1
+                if header.is_stop or header.iteration != iteration:
+                    what = "STOP" if header.is_stop else f"a message of iteration {header.iteration}"
+                    raise ConnectionError(f"{link}: {what} came during iteration {iteration}")
+                deliver(header, payload, fence)
+            ready = self.readable(wanted(), timeout_s=0.0)
 
     def read(self, link: Link, *, handoff: Handoff) -> tuple[Header, Tree | None, Fence]:
         """One message of `link` (its first bytes are in: the rest comes within the channel's own deadline)."""
@@ -128,3 +141,13 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+@contextlib.contextmanager
+def unlocked(lock: threading.Condition) -> Iterator[None]:
+    """`lock` (held) released for a wait, taken back after."""
+    lock.release()
+    try:
+        yield
+    finally:
+        lock.acquire()

@@ -29,7 +29,7 @@ from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.links import LinkSender, wait_idle
-from rrfp_ray.runtime.polled import PolledLinks, polled
+from rrfp_ray.runtime.polled import PolledLinks, polled, unlocked
 from rrfp_ray.runtime.reduce import DPContext, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
@@ -390,30 +390,29 @@ class StageWorker:
         if self._polled is None:
             self._messages.wait(self._cond, timeout_s=timeout_s, into=self._breakdown)
         else:  # the lock released meanwhile: a send thread reports its failure (and wakes the poll)
-            self._take_polled(timeout_s=timeout_s, timed=True, unlocked=_Unlocked(self._cond))
+            self._take_polled(timeout_s=timeout_s, timed=True)
 
-    def _take_polled(self, *, timeout_s: float = 0.0, timed: bool = False, unlocked: _Unlocked | None = None) -> None:
+    def _take_polled(self, *, timeout_s: float = 0.0, timed: bool = False) -> None:
         """Under the lock, on the compute thread: what the polled links hold, while the iteration expects it and
         the buffer has room. `timed`: waited for, so each message's phases are sampled (see `MessageClock`)."""
         if self._polled is None:
             return
 
-        def may_read(link: Link) -> bool:
-            return bool(self._expected.get(link)) and self._arbiter.has_room()
-
-        def deliver(link: Link, header: Header, payload: Tree | None, fence: Fence) -> None:
+        def deliver(header: Header, payload: Tree | None, fence: Fence) -> None:
             arrived, received = time.perf_counter(), time.time()
-            self._expected[link] -= 1
-            if header.is_stop or header.iteration != self._iteration:
-                what = "STOP" if header.is_stop else f"a message of iteration {header.iteration}"
-                raise PipelineError(f"{link}: {what} came during iteration {self._iteration}")
             self._deliver(header=header, payload=payload, fence=fence, arrived=arrived, received=received, timed=timed)
 
         try:
             self._polled.take(
-                may_read=may_read, deliver=deliver, handoff=self._handoff, timeout_s=timeout_s, unlocked=unlocked
+                expected=self._expected,
+                has_room=self._arbiter.has_room,
+                iteration=self._iteration,
+                deliver=deliver,
+                handoff=self._handoff,
+                timeout_s=timeout_s,
+                unlocked=unlocked(self._cond) if timeout_s else None,
             )
-        except (TimeoutError, ConnectionError, OSError, PipelineError) as error:
+        except (TimeoutError, ConnectionError, OSError) as error:
             self._error = error  # a link that failed mid-message cannot recover
             raise PipelineError(f"stage {self.stage}: {error}") from error
 
@@ -444,16 +443,3 @@ class StageWorker:
             self._cond.notify_all()
         if self._polled is not None:
             self._polled.wake()
-
-
-class _Unlocked:
-    """The worker's lock released for a wait, taken back after."""
-
-    def __init__(self, cond: threading.Condition) -> None:
-        self._cond = cond
-
-    def __enter__(self) -> None:
-        self._cond.release()
-
-    def __exit__(self, *exc: object) -> None:
-        self._cond.acquire()
