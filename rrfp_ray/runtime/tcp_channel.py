@@ -2,8 +2,9 @@
 
 Each directed link is one TCP connection from its sender to its receiver, authenticated when it
 forms (`rrfp_ray.runtime.tcp_pair`; the link's name is bound into the proofs). A frame goes out
-with one `sendall` of the tensor's own buffer and comes in with `recv_into` the receiver's, so
-a message costs two system calls and the receive thread's wake-up, where a gloo pair's send
+with one `sendall` of the frame's own buffer and comes in with `recv_into` the receiver's, so
+a message costs two system calls and the receiving compute thread's wake-up from its `poll`
+(`fileno`, `rrfp_ray.runtime.polled`), where a gloo pair's send
 and receive pass through gloo's worker threads and wait for the peer to post its receive
 (`jobs/bench_runtime.py --backend tcp` against `--backend gloo` compares them on one trace).
 Unlike gloo, a send returns once the kernel holds the bytes, not once the receiver has taken them.
