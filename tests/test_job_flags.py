@@ -21,7 +21,6 @@ RECORD = ROOT / "tests" / "data" / "job_flags.json"
 # Job module -> how to build its parser: the function called with an empty argv, or None for `main()` without one.
 JOBS = {
     "bench_framing": "main",
-    "bench_hold": "main",
     "bench_measure": "parse",
     "bench_peers": "main",
     "bench_plan_wait": "main",

@@ -137,7 +137,6 @@ class Arbiter:
         cap: Cap,
         buffer_limit: int | None = None,
         memory: Memory | None = None,
-        grace: float = 0.0,  # how long an overtake waits for the hint's message (see `next_slot`)
     ) -> None:
         if buffer_limit is not None and buffer_limit < 1:
             raise ValueError(f"buffer_limit must be >= 1 message (or None: unbounded), got {buffer_limit}")
@@ -158,11 +157,6 @@ class Arbiter:
         self.bytes_fb = self.bytes_fw = 0.0  # with a memory: the bytes now held
         self.peak_bytes = 0.0
         self.buffer_limit = math.inf if buffer_limit is None else buffer_limit
-        if not grace >= 0:
-            raise ValueError(f"grace must be >= 0, got {grace}")
-        self.grace = 0.0 if policy.fixed else grace
-        self.hold_until = math.inf  # with a grace: when a held overtake may go (the caller decides again then)
-        self._held, self._held_since = -1, 0.0  # the hint slot an overtake waits for, since when
         self._total = slots.actions_per_stage
         self._picker = picker_for(policy=policy, index=index)
         self._pick = self._picker.pick
@@ -239,49 +233,20 @@ class Arbiter:
         if slot < self._block or self._done[slot - self._block]:  # a forward, or a backward whose F is done
             self._add(slot)
 
-    def next_action(self, now: float = 0.0) -> tuple[Action, bool] | None:
-        """Choose and start the next action; returns it and whether it overtook an earlier hint action
-        (`now`: see `next_slot`)."""
-        slot = self.next_slot(now)
+    def next_action(self) -> tuple[Action, bool] | None:
+        """Choose and start the next action; returns it and whether it overtook an earlier hint action."""
+        slot = self.next_slot()
         return None if slot < 0 else (self._slots.action(stage=self.stage, slot=slot), self._overtook[slot])
 
-    def next_slot(self, now: float = 0.0) -> int:
-        """Choose and start the next action; returns its slot, or -1 if none is eligible now.
-
-        With a `grace` (in the caller's clock, as `now`), an action that would overtake the first
-        unstarted hint action, while that one waits for nothing but its message, waits for the
-        message until `grace` after it first would have overtaken (`hold_until`); then it goes."""
-        picker = self._picker
-        state = None
-        if self.grace:
-            state, self.hold_until = picker.snapshot(), math.inf
+    def next_slot(self) -> int:
+        """Choose and start the next action; returns its slot, or -1 if none is eligible."""
         if self._gate_bytes:
             slot = self._pick(self._fits())
         else:
             slot = self._pick(self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
         if slot >= 0:
-            if state is not None and self._holds(slot, now=now):
-                picker.restore(state)
-                self._add(slot)
-                return -1
             self._commit(slot)
         return slot
-
-    def _holds(self, slot: int, *, now: float) -> bool:
-        """Whether `slot` overtakes a hint action whose message is due within the grace (see `next_slot`)."""
-        first = self._unstarted_hint
-        hint = self._started_by[first]
-        if self._hint_pos[slot] <= first or hint == self._slots.outside or not self._needs_message[hint]:
-            return False
-        if self._arrived[hint] or (hint >= self._block and not self._done[hint - self._block]):
-            return False  # it is ready, or waits for more than its message
-        if self._held != hint:
-            self._held, self._held_since = hint, now
-        until = self._held_since + self.grace
-        if now >= until:
-            return False
-        self.hold_until = until
-        return True
 
     def candidates(self, k: int) -> list[Action]:
         """Up to `k` eligible actions, best first (the first is what `next_action` would start); starts none."""

@@ -14,7 +14,6 @@ has spent that long on the last.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,25 +37,16 @@ class TransportModel:
     """`message_ms`: from the end of a message's sending op (plus its trace latency) to its
     consuming action being ready, on a free link (measured by `jobs/bench_runtime.py`).
     `send_ms`: how long a message holds its link, for a sender that does not wait for the
-    receiver (at most `message_ms`); None: until the receiver has taken it. `hold_messages`: how many
-    message costs a ready policy holds an overtake for the first unstarted hint action's message
-    (`Arbiter`'s grace; 0: it overtakes at once)."""
+    receiver (at most `message_ms`); None: until the receiver has taken it."""
 
     message_ms: float
     send_ms: float | None = None
-    hold_messages: float = 0.0
-
-    @property
-    def hold_ms(self) -> float:
-        return self.hold_messages * self.message_ms
 
     def __post_init__(self) -> None:
         if not self.message_ms >= 0:
             raise ValueError(f"message_ms must be >= 0, got {self.message_ms}")
         if self.send_ms is not None and not 0 <= self.send_ms <= self.message_ms:
             raise ValueError(f"send_ms must be between 0 and message_ms = {self.message_ms}, got {self.send_ms}")
-        if not self.hold_messages >= 0:
-            raise ValueError(f"hold_messages must be >= 0, got {self.hold_messages}")
 
 
 def layout_for(*, policy: Policy, trace: Trace) -> Layout:
@@ -146,15 +136,7 @@ class _Run:
         self.case, self.slots, self.durations = case, slots, timings[0]
         memory = memories(cap=case.cap, policy=case.policy, trace=case.trace, layout=layout, limits=case.byte_limits)
         self.arbiters = [
-            Arbiter(
-                layout=layout,
-                stage=s,
-                policy=case.policy,
-                cap=case.cap,
-                buffer_limit=case.buffer_limit,
-                memory=m,
-                grace=0.0 if case.transport is None else case.transport.hold_ms,
-            )
+            Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
         self.ready_at = [0.0] * slots.ops
@@ -182,8 +164,7 @@ class _Run:
         busy = [False] * len(arbiters)
         # The clock: the times of pending items in a heap and, per time, its items in the order they
         # were scheduled. An item is an op `op` done, a delivery into op `ops + op`, or, with a
-        # transport's `send_ms`, the sender done with link `2 * ops + link`, or stage `wake + stage` to decide
-        # again when an overtake it held may go (`Arbiter.hold_until`).
+        # transport's `send_ms`, the sender done with link `2 * ops + link`.
         times: list[float] = []
         due: dict[float, list[int]] = {}
 
@@ -213,8 +194,6 @@ class _Run:
             if outgoing[link]:
                 carry(link, now)
 
-        wake = 2 * ops + len(slots.links)
-        woken_at = [-1.0] * len(arbiters)  # per stage, the wake already scheduled
         now = 0.0
         touched = list(range(len(arbiters)))
         while True:
@@ -223,12 +202,8 @@ class _Run:
             for stage in touched:
                 if busy[stage]:
                     continue
-                slot = next_slot[stage](now)
+                slot = next_slot[stage]()
                 if slot < 0:
-                    until = arbiters[stage].hold_until
-                    if until != math.inf and woken_at[stage] != until:
-                        woken_at[stage] = until
-                        schedule(until, wake + stage)
                     continue
                 op = stage * S + slot
                 if record:
@@ -302,10 +277,8 @@ class _Run:
                         waiting[stage].setdefault(link, deque()).append(consumer)
                     if not busy[stage]:  # a busy stage decides when its op is done
                         touched.append(stage)
-                elif item < wake:  # a sender is done with its link
+                else:  # a sender is done with its link
                     free(item - 2 * ops, now)
-                elif not busy[stage := item - wake]:
-                    touched.append(stage)
             del due[now]
 
     def report(self, *, iteration: int) -> IterationReport:
