@@ -4,6 +4,7 @@ channel, only a holder of the secret connects, and two stage workers over TCP cl
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.tcp_channel import TcpChannel, TcpLinks
@@ -179,3 +181,69 @@ def test_two_stage_workers_over_tcp_run_an_iteration_and_close_without_waiting_o
     for end in ends.values():
         end.close()
     assert not [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def _workers(*, microbatches: int, timeout_s: float) -> tuple[list[StageWorker], dict[int, TcpLinks], Layout]:
+    layout = Layout(stages=2, chunks=1, microbatches=microbatches)
+    secret = Secret.generate()
+    ends = {
+        s: TcpLinks(
+            inbound=[link for link in layout.links() if link.dst == s],
+            host=HOST,
+            secret=secret,
+            timeout_s=10,
+            link_timeout_s=10,
+        )
+        for s in range(2)
+    }
+    addresses = {link: address for end in ends.values() for link, address in end.addresses.items()}
+    channels = _connect(
+        ends, {s: {link: addresses[link] for link in layout.links() if link.src == s} for s in range(2)}
+    )
+    workers = [
+        StageWorker(stage=s, inbound=channels[s][0], outbound=channels[s][1], timeout_s=timeout_s) for s in range(2)
+    ]
+    return workers, ends, layout
+
+
+def test_tcp_links_are_read_by_the_compute_thread_within_the_buffer_bound() -> None:
+    before = {t.name for t in threading.enumerate()}
+    workers, ends, layout = _workers(microbatches=6, timeout_s=60)
+    assert not [t for t in threading.enumerate() if t.name.startswith("recv") and t.name not in before]
+    policy = make_policy(name="bf", stages=2, chunks=1, microbatches=6)
+    workload = SyntheticWorkload(
+        trace=generate(scenario="lognormal", stages=2, microbatches=6, chunks=1, seed=3, t_f=1.0, sigma=0.6),
+        payload_elems=64,
+    )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [
+            pool.submit(
+                w.run_iteration,
+                args=IterationArgs(iteration=0, layout=layout, policy=policy, cap=Cap.parse("inf"), buffer_limit=1),
+                executor=workload.executor(stage=w.stage, layout=layout),
+            )
+            for w in workers
+        ]
+        stats = [run.result(timeout=60)[1] for run in runs]
+        for future in [pool.submit(w.close) for w in workers]:
+            future.result(timeout=30)
+    assert max(s.peak_buffered for s in stats) == 1
+    for end in ends.values():
+        end.close()
+
+
+def test_a_neighbour_gone_mid_iteration_fails_the_polling_stage_at_once_naming_the_link() -> None:
+    workers, ends, layout = _workers(microbatches=2, timeout_s=60)
+    policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
+    workload = SyntheticWorkload(
+        trace=generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0), payload_elems=64
+    )
+    ends[0].close()  # stage 0 never runs: its connections close under stage 1's poll
+    began = time.monotonic()
+    with pytest.raises(PipelineError, match=r"stage 1: channel activations 0->1: connection"):
+        workers[1].run_iteration(
+            args=IterationArgs(iteration=0, layout=layout, policy=policy, cap=Cap.parse("1x")),
+            executor=workload.executor(stage=1, layout=layout),
+        )
+    assert time.monotonic() - began < 10  # not its 60 s timeout
+    ends[1].close()

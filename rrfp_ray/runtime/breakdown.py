@@ -22,7 +22,7 @@ class Phase(enum.Enum):
     ARBITRATION = "arbitration"  # the compute thread choosing its next op (arbiter calls)
     HANDOFF = "compute->send"  # an output posted by the compute thread until its link's send thread takes it
     SEND = "send"  # the send thread's transfer of one message (header, description, payload)
-    TRANSIT = "send->received"  # a frame leaving until the receive thread has it (the stages share a clock)
+    TRANSIT = "send->received"  # a frame stamped until the receiving thread has it (the stages share a clock)
     ARRIVAL = "arrival->ready"  # a message's header received until its action is marked ready
     WAKEUP = "compute wake-up"  # an arrival's notify until the waiting compute thread runs again
     # one message: the sending compute thread's hand-off (plus the latency injected on its link) until the receiving
@@ -73,8 +73,11 @@ class MessageClock:
         self.waiting = False
         self._woken_for: list[float] = []  # release times of the messages delivered during the wait
 
-    def delivered(self, *, header: Header, received: float, into: Breakdown) -> None:
-        """`header`'s message is delivered; its frame came in at `received` (wall-clock seconds)."""
+    def delivered(self, *, header: Header, received: float, into: Breakdown, timed: bool = True) -> None:
+        """`header`'s message is delivered; its frame came in at `received` (wall-clock seconds). Not `timed`:
+        read by the compute thread after an op, at some unknown time after it came (no sample)."""
+        if not timed:
+            return
         into.add(Phase.TRANSIT, received - header.sent_at)
         if self.waiting:
             self._woken_for.append(header.released_at)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 class Role(enum.Enum):
     COMPUTE = "compute"  # the compute thread, less its ops' own work
     SEND = "send"  # the link send threads
-    RECEIVE = "receive"  # the link receive threads
+    RECEIVE = "receive"  # the link receive threads (none for links the compute thread polls)
     OTHER = "other"  # every other thread of the process (the host framework's), less the idle baseline
 
 

@@ -77,7 +77,7 @@ class LinkSender:
             frames = self._writer.frames(header=header, payload=payload)
             while frames:
                 wrote = self._channel.try_send(frames[0])
-                if wrote < frames[0].numel():
+                if wrote < len(frames[0]):
                     frames[0] = frames[0][wrote:]
                     return frames
                 frames.pop(0)

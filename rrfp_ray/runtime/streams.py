@@ -1,7 +1,8 @@
 """Handing tensors between a stage's threads when they live on a GPU, and which thread uses which communicator.
 
 One thread per communicator: every link's channel is used by one thread only (one send thread
-per outbound link, one receive thread per inbound link; each link is its own 2-rank group),
+per outbound link, one receive thread per inbound link, or the compute thread for a TCP link it
+polls, `rrfp_ray.runtime.polled`; each link is its own 2-rank group),
 the TP group, the tie groups and the all-stages group (the executor's all-reduces, tied
 gradients, the gradient norm) by the compute thread, a DP group by the stage's reduction thread. Two threads issuing ops
 on one NCCL communicator can order them differently on the two ranks, which hangs both;

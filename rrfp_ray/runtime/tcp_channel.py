@@ -2,8 +2,9 @@
 
 Each directed link is one TCP connection from its sender to its receiver, authenticated when it
 forms (`rrfp_ray.runtime.tcp_pair`; the link's name is bound into the proofs). A frame goes out
-with one `sendall` of the tensor's own buffer and comes in with `recv_into` the receiver's, so
-a message costs two system calls and the receive thread's wake-up, where a gloo pair's send
+with one `sendall` of the frame's own buffer and comes in with `recv_into` the receiver's, so
+a message costs two system calls and the receiving compute thread's wake-up from its `poll`
+(`fileno`, `rrfp_ray.runtime.polled`), where a gloo pair's send
 and receive pass through gloo's worker threads and wait for the peer to post its receive
 (`jobs/bench_runtime.py --backend tcp` against `--backend gloo` compares them on one trace).
 Unlike gloo, a send returns once the kernel holds the bytes, not once the receiver has taken them.
@@ -20,6 +21,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from rrfp_ray.runtime.tcp_pair import Listener, Member, Secret, block_with_deadline, dial, read_into
@@ -36,11 +38,12 @@ class TcpChannel:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.name = name
         self.device = "cpu"
+        self.takes_arrays = True  # host frames come as their numpy arrays, no tensor around them
         self.timeout_s = timeout_s
         self._sock = sock
         block_with_deadline(sock, timeout_s=timeout_s)
 
-    def send(self, tensor: torch.Tensor) -> None:
+    def send(self, tensor: torch.Tensor | np.ndarray) -> None:
         try:
             self._sock.sendall(_buffer(tensor))
         except (TimeoutError, BlockingIOError):
@@ -48,7 +51,7 @@ class TcpChannel:
         except OSError as error:
             raise ConnectionError(f"channel {self.name}: send failed (the receiver is gone?): {error}") from error
 
-    def try_send(self, tensor: torch.Tensor) -> int:
+    def try_send(self, tensor: torch.Tensor | np.ndarray) -> int:
         """What of the frame the kernel takes at once (`MSG_DONTWAIT`): a full socket buffer waits for nothing."""
         try:
             return self._sock.send(_buffer(tensor), socket.MSG_DONTWAIT)
@@ -57,10 +60,14 @@ class TcpChannel:
         except OSError as error:
             raise ConnectionError(f"channel {self.name}: send failed (the receiver is gone?): {error}") from error
 
-    def recv(self, tensor: torch.Tensor) -> None:
+    def recv(self, tensor: torch.Tensor | np.ndarray) -> None:
         """Fill `tensor` in place; TimeoutError naming the channel if nothing comes in time, ConnectionError if
         the sender is gone."""
         read_into(self._sock, _buffer(tensor), who=f"channel {self.name}", what="a frame", timeout_s=self.timeout_s)
+
+    def fileno(self) -> int:
+        """The socket's descriptor, for a `poll` (`rrfp_ray.runtime.polled`)."""
+        return self._sock.fileno()
 
     def close(self) -> None:
         """Close the connection; a thread blocked in `recv` on it returns with a ConnectionError."""
@@ -134,8 +141,10 @@ class TcpLinks:
         return channel
 
 
-def _buffer(tensor: torch.Tensor) -> memoryview:
-    """The bytes of a frame (a contiguous uint8 CPU tensor), shared with it."""
+def _buffer(tensor: torch.Tensor | np.ndarray) -> memoryview:
+    """The bytes of a frame (a contiguous uint8 CPU tensor, or a host frame's array), shared with it."""
+    if type(tensor) is np.ndarray and tensor.dtype == np.uint8 and tensor.flags.c_contiguous:
+        return memoryview(tensor)
     if tensor.device.type != "cpu" or tensor.dtype != torch.uint8 or not tensor.is_contiguous():
         raise ValueError(
             f"a TCP channel carries frames, contiguous uint8 CPU tensors; got a {tensor.dtype} one on {tensor.device}"

@@ -20,13 +20,13 @@ import enum
 import json
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from rrfp_ray.runtime.frames import HEADER_BYTES, HEADER_LEN, Frames, frames_for
+from rrfp_ray.runtime.frames import HEADER_BYTES, HEADER_LEN, Buffer, Frames, HostFrames, frames_for
 from rrfp_ray.runtime.tree import LEAF, Structure, Tree, flatten, unflatten
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout, Link, Message
@@ -165,12 +165,13 @@ class MessageWriter:
         self.channel = channel
         self._frames = frames or frames_for(channel.device)
         self._frame_bytes = HEADER_BYTES  # what the receiver posts for the next message
+        self._out = _carrier(channel, self._frames)
 
     def send(self, *, header: Header, payload: Tree | None) -> None:
         for frame in self.frames(header=header, payload=payload):
             self.channel.send(frame)
 
-    def frames(self, *, header: Header, payload: Tree | None) -> list[torch.Tensor]:
+    def frames(self, *, header: Header, payload: Tree | None) -> list[torch.Tensor | Buffer]:
         """The frames of one message, to go out in order on this writer's channel (the caller sends them)."""
         frames = self._frames
         described = b"" if header.is_stop else header.description()
@@ -187,10 +188,11 @@ class MessageWriter:
         for tensor, size in zip(tensors, sections[1:]):
             frames.put_tensor(body, offset, tensor)
             offset += size
+        out = self._out
         if inline or header.is_stop:
-            return [frames.tensor(frame)]
+            return [out(frame)]
         self._frame_bytes = HEADER_BYTES + body_bytes
-        return [frames.tensor(frame), frames.tensor(body)] if body_bytes else [frames.tensor(frame)]
+        return [out(frame), out(body)] if body_bytes else [out(frame)]
 
 
 class MessageReader:
@@ -200,11 +202,12 @@ class MessageReader:
         self.channel = channel
         self._frames = frames or frames_for(channel.device)
         self._frame_bytes = HEADER_BYTES
+        self._out = _carrier(channel, self._frames)
 
     def recv(self) -> tuple[Header, Tree | None]:
         frames = self._frames
         frame = frames.empty(self._frame_bytes)
-        self.channel.recv(frames.tensor(frame))
+        self.channel.recv(self._out(frame))
         fields = frames.header(frame)
         if fields[0] == _STOP:
             return Header(message=None), None
@@ -214,7 +217,7 @@ class MessageReader:
         else:
             body = frames.empty(body_bytes)
             if body_bytes:
-                self.channel.recv(frames.tensor(body))
+                self.channel.recv(self._out(body))
             self._frame_bytes = HEADER_BYTES + body_bytes
         described = frames.bytes(body, 0, described_bytes) if described_bytes else b""
         header = Header.decode(fields, description=described)
@@ -224,6 +227,18 @@ class MessageReader:
             leaves.append(tensor.requires_grad_() if leaf.requires_grad else tensor)
             offset += _aligned(leaf.dtype.itemsize * tensor.numel())
         return header, unflatten(header.structure, leaves)
+
+
+def _carrier(channel: Channel, frames: Frames) -> Callable[[Buffer], torch.Tensor | Buffer]:
+    """What a frame's buffer goes to `channel` as: the host array itself where the channel takes arrays
+    (`takes_arrays`: TCP, which writes and reads their bytes), else the tensor over it."""
+    if getattr(channel, "takes_arrays", False) and isinstance(frames, HostFrames):
+        return _same
+    return frames.tensor
+
+
+def _same(buffer: Buffer) -> Buffer:
+    return buffer
 
 
 def _aligned(size: int) -> int:

@@ -1,12 +1,15 @@
-"""The runtime side of one stage: a compute thread, one receive thread per inbound link,
-one send thread per outbound link (`rrfp_ray.runtime.links`); which thread uses which communicator
-and how tensors cross threads: `rrfp_ray.runtime.streams`.
+"""The runtime side of one stage: a compute thread, one send thread per outbound link
+(`rrfp_ray.runtime.links`), and one receive thread per inbound link whose channel the compute
+thread cannot poll (gloo, NCCL, in memory); which thread uses which communicator and how tensors
+cross threads: `rrfp_ray.runtime.streams`.
 
 The compute thread (the caller of `run_iteration`) arbitrates, executes, and hands each
-output to its link's send thread. Receive threads route each message into the arbiter's
-ready set and wake it. A receive thread takes a message only while the receive buffer has
-room, and delivers it only while it still has: a message received as another link's
-filled the last place waits on its own link, so the buffer never holds more than its limit.
+output to its link's send thread. It reads polled links (TCP) itself, before each decision and
+while it waits (`rrfp_ray.runtime.polled`; the whole inbound side: `rrfp_ray.runtime.receiving`).
+Receive threads route each message into the arbiter's ready set and wake it. A message is taken
+off its link only while the receive buffer has room, and a receive thread delivers it only while
+it still has: a message received as another link's filled the last place waits on its own link,
+so the buffer never holds more than its limit.
 Every wait is bounded by `timeout_s` and fails naming what it awaited.
 """
 
@@ -27,15 +30,17 @@ from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Executor
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.links import LinkSender, wait_idle
+from rrfp_ray.runtime.polled import PolledLinks, polled
+from rrfp_ray.runtime.receiving import StageReceiving
 from rrfp_ray.runtime.reduce import DPContext, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
-from rrfp_ray.runtime.transport import Channel, Header, MessageReader
+from rrfp_ray.runtime.transport import Channel, Header
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.schedule.layout import Layout, Link, Message
 
 
-class StageWorker:
+class StageWorker(StageReceiving):
     def __init__(
         self,
         *,
@@ -67,9 +72,12 @@ class StageWorker:
         self._notified_at = 0.0  # perf_counter of the last arrival that woke the compute thread
         self._messages, self._cpu = MessageClock(), StageCpu()
         self._stopping = False
+        by_poll = {link: channel for link, channel in inbound.items() if polled(channel)}
+        self._polled = PolledLinks(channels=by_poll) if by_poll else None
         self._threads = [
             threading.Thread(target=self._receive_loop, args=(link, channel), name=f"recv {link}", daemon=True)
             for link, channel in inbound.items()
+            if link not in by_poll
         ]
         for thread in self._threads:
             thread.start()
@@ -222,9 +230,8 @@ class StageWorker:
             sender.close(timeout_s=self.timeout_s)
         for thread in self._threads:
             thread.join(timeout=self.timeout_s)
-
-    def _now(self) -> float:
-        return (time.perf_counter() - self._start) * 1e3
+        if self._polled is not None:
+            self._polled.close(handoff=self._handoff, timeout_s=self.timeout_s)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -235,6 +242,7 @@ class StageWorker:
         arbitrating, woke = 0.0, None
         while True:
             self._raise_if_failed()
+            self._take_polled()
             began = time.perf_counter()
             chosen = arbiter.next_action()
             arbitrating += time.perf_counter() - began
@@ -250,7 +258,7 @@ class StageWorker:
                     f"iteration {self._iteration}: nothing eligible for {self.timeout_s:g} s; {arbiter.waiting_for()}"
                 )
             waited = time.perf_counter()
-            self._messages.wait(self._cond, timeout_s=left, into=self._breakdown)
+            self._await_arrival(timeout_s=left)
             woke = time.perf_counter() - self._notified_at if self._notified_at > waited else None
 
     def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
@@ -264,9 +272,10 @@ class StageWorker:
         while True:
             with self._cond:
                 self._raise_if_failed()
+                self._take_polled()
                 candidates = arbiter.candidates(agreement.tp.width)
                 if not candidates or not agreed:  # wait for an arrival (an arrival wakes it), then join the round
-                    self._cond.wait(timeout=agreement.tp.idle_s if not candidates else agreement.tp.poll_s)
+                    self._await_arrival(timeout_s=agreement.tp.idle_s if not candidates else agreement.tp.poll_s)
                     candidates = arbiter.candidates(agreement.tp.width)
             try:
                 action = agreement.round(candidates)
@@ -324,69 +333,3 @@ class StageWorker:
             self._raise_if_failed()
         if late is not None:
             raise PipelineError(f"stage {self.stage}: outgoing messages on {late} not sent within {self.timeout_s:g} s")
-
-    def _receive_loop(self, link: Link, channel: Channel) -> None:
-        reader = MessageReader(channel=channel)
-        clock = self._cpu.receiver()
-        while True:
-            clock.mark()
-            with self._cond:
-                # only what the running iteration expects (or STOP): an idle link never times out
-                while not self._stopping and not (
-                    self._expected.get(link) and self._arbiter is not None and self._arbiter.has_room()
-                ):
-                    self._cond.wait(timeout=self.timeout_s)
-                if not self._stopping:
-                    self._expected[link] -= 1
-            clock.mark()
-            try:
-                header, payload, fence = self._handoff.receive(reader=reader)
-            except TimeoutError as error:
-                if not self._stopping:
-                    self._fail(error)  # a link silent past its own timeout is closed (gloo) and cannot recover
-                return
-            except BaseException as error:
-                self._fail(error)
-                return
-            if header.is_stop:
-                return
-            arrived, received = time.perf_counter(), time.time()
-            with self._cond:
-                if not self._wait_to_deliver(link=link, header=header):
-                    return
-                began = time.perf_counter()
-                self._inbox[header.message] = (payload, fence)
-                self._arbiter.on_arrival(header.message)
-                consumer = self._layout.consumer(header.message)
-                self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
-                self._notified_at = time.perf_counter()
-                self._recv_busy += self._notified_at - began
-                self._breakdown.add(Phase.ARRIVAL, self._notified_at - arrived)
-                self._messages.delivered(header=header, received=received, into=self._breakdown)
-                self._cond.notify_all()
-
-    def _wait_to_deliver(self, *, link: Link, header: Header) -> bool:
-        """Under the lock: wait until the message's iteration runs and its receive buffer has room;
-        False (the error recorded) if that takes past the timeout or the worker stops."""
-        deadline = time.monotonic() + self.timeout_s
-        while self._arbiter is None or header.iteration != self._iteration or not self._arbiter.has_room():
-            left = deadline - time.monotonic()
-            if self._stopping or left <= 0:
-                if self._arbiter is not None and header.iteration == self._iteration:
-                    why = f"the receive buffer stayed full ({self._arbiter.buffer_limit} messages)"
-                else:
-                    why = f"this stage ran iteration {self._iteration}, which did not change"
-                self._error = PipelineError(
-                    f"{link}: message {header.message} of iteration "
-                    f"{header.iteration} came while {why} for {self.timeout_s:g} s"
-                )
-                self._cond.notify_all()
-                return False
-            self._cond.wait(timeout=left)
-        return True
-
-    def _fail(self, error: BaseException) -> None:
-        with self._cond:
-            if self._error is None:
-                self._error = error
-            self._cond.notify_all()
