@@ -3,9 +3,10 @@ and caps each plan against the reference list of its own backward."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import Samples, planned_limits, score
@@ -13,7 +14,7 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.memory import limits_for
 from rrfp_ray.sim.simulator import layout_for
-from rrfp_ray.sim.variability import generate, generate_iterations
+from rrfp_ray.sim.variability import generate
 
 CAP = Cap.parse("1x")
 SHAPE = {"stages": 4, "chunks": 1, "microbatches": 8}
@@ -53,12 +54,15 @@ def test_samples_pair_each_split_draw_with_a_full_one():
 
 
 def test_each_backward_is_learned_before_it_is_assumed():
-    """Iteration 0 runs a split backward, iteration 1 (planned before 0's telemetry came) a full one."""
-    traces = generate_iterations(iterations=4, scenario="multimodal+lognormal", **SHAPE, seed=3)
+    """Iteration 0 runs a split backward, iteration 1 (planned before 0's telemetry came) a full one; a planner told
+    that a full backward is I + W (the simulated loop's) searches every hint from the start."""
+    trace = generate(scenario="multimodal+lognormal", **SHAPE, seed=3)
     config = PlannerConfig(hints=default_hints(chunks=1), cap=CAP, simulations=12, samples=2)
-    plans = [plan for plan, _ in run(planning=Planning.PLANNED, traces=traces, config=config)]
-    splits = [make_policy(name=plan.hint, **SHAPE).split for plan in plans]
-    assert splits[:2] == [True, False]
+    planner = Planner(config=config, **SHAPE)
+    plans = [planner.plan(iteration=k, features=trace.features) for k in (0, 1)]
+    assert [make_policy(name=plan.hint, **SHAPE).split for plan in plans] == [True, False]
+    assert Planner(config=replace(config, learn_backwards=False), **SHAPE).hints() == config.hints
+    assert Planner(config=config, **SHAPE).hints() != config.hints
 
 
 @pytest.mark.parametrize(("split", "reference"), [(True, "zb-h1"), (False, "1f1b")])

@@ -143,14 +143,17 @@ class CostModel:
 
     def kind_fit(self, *, block: int, kind: Kind, features: Sequence[float] | None) -> Fit:
         """The fit of one op kind: measured, else derived (I and W halves of a measured full B, B = I + W),
-        else the prior. A full backward's own fit is kept apart from I + W: on some devices it costs less."""
+        else the prior (for B, its halves' priors). A full backward's own fit is kept apart from I + W: on some
+        devices it costs less."""
         own = self.fit((block, kind.value))
         if own is not None:
             return own
         if kind in (Kind.I, Kind.W) and (full := self.fit((block, Kind.B.value))) is not None:
             return Fit(intercept=full.intercept / 2, slope=full.slope / 2, sigma=full.sigma)
-        if kind is Kind.B and None not in (parts := (self.fit((block, "I")), self.fit((block, "W")))):
-            return parts[0] + parts[1]
+        if kind is Kind.B:  # until measured, a full backward costs what its halves do
+            return self.kind_fit(block=block, kind=Kind.I, features=features) + self.kind_fit(
+                block=block, kind=Kind.W, features=features
+            )
         return prior(features)
 
     def activation_bytes(self, *, block: int, features: Sequence[float] | None, count: int) -> list[float] | None:

@@ -34,9 +34,10 @@ class Planning(enum.Enum):
 
 
 def config_for(*, planning: Planning, base: PlannerConfig, chunks: int) -> PlannerConfig:
-    """`base` with the hints this planning chooses among."""
+    """`base` with the hints this planning chooses among. A simulated full backward costs I + W by the trace's
+    definition, so the planner has no backward to learn by running it."""
     fixed = planning is Planning.PLANNED_FIXED
-    return replace(base, hints=default_hints(chunks=chunks, fixed_only=fixed))
+    return replace(base, hints=default_hints(chunks=chunks, fixed_only=fixed), learn_backwards=False)
 
 
 def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -> list[tuple[Plan, IterationReport]]:

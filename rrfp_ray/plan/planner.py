@@ -69,7 +69,10 @@ class PlannerConfig:
     `time_limit_s`: a wall-clock limit that only stops a search early (None: none); `wait_s`: the
     longest an iteration waits for the plan made for it while the iteration before ran
     (`rrfp_ray.plan.ahead`) before it runs the last plan instead; `arrange`: what a plan arranges (packing only
-    where the iteration's samples are shown; without ordering, each plan runs the microbatches in their order)."""
+    where the iteration's samples are shown; without ordering, each plan runs the microbatches in their order);
+    `learn_backwards`: run each backward (split, full) once before assuming its cost, since on a device a full
+    backward can cost less than its split halves; off where a full backward is I + W by definition (a simulated
+    trace), so nothing is there to learn."""
 
     hints: tuple[str, ...]
     cap: Cap
@@ -80,6 +83,7 @@ class PlannerConfig:
     time_limit_s: float | None = None
     wait_s: float = 1.0
     arrange: Arrangement = Arrangement.BOTH
+    learn_backwards: bool = True
 
     def __post_init__(self) -> None:
         if not self.hints:
@@ -104,6 +108,7 @@ class PlannerConfig:
             "time_limit_s": self.time_limit_s,
             "wait_s": self.wait_s,
             "arrange": self.arrange.value,
+            "learn_backwards": self.learn_backwards,
         }
 
     @classmethod
@@ -206,7 +211,10 @@ class Planner:
     def hints(self) -> tuple[str, ...]:
         """The hints to search now. A backward (split or full) among the hints whose costs the model has not
         observed, nor is about to (the last plan's), is learned before it is assumed: the search keeps to the
-        hints of the first such, so the early iterations run each backward once, deterministically."""
+        hints of the first such, so the early iterations run each backward once, deterministically (unless the
+        config's `learn_backwards` is off)."""
+        if not self.config.learn_backwards:
+            return self.config.hints
         splits = {hint: policy_for(name=hint, **self.shape).split for hint in self.config.hints}
         pending = None if self.planned is None else splits[self.last.hint]
         for split in dict.fromkeys(splits.values()):
