@@ -203,7 +203,11 @@ class _Run:
         now = 0.0
         touched = list(range(len(arbiters)))
         while True:
-            if len(touched) > 1:
+            if len(touched) == 2:  # the common instant: an op done and the stage its message made ready
+                first, second = touched
+                if first >= second:
+                    touched = (first,) if first == second else (second, first)
+            elif len(touched) > 2:
                 touched = sorted(set(touched))
             for stage in touched:  # all idle: a stage is touched only while it is
                 slot = next_slot[stage]()
