@@ -21,6 +21,7 @@ from rrfp_ray.schedule.layout import Layout, Link, Message
 
 ROWS = 3  # F, the backward (I or B), W
 FREES_FB, FREES_FW = 1, 2  # `Slots.frees`: what an action's end takes off its stage's in-flight counts
+DONE, DELIVERY, LINK_FREE = 0, 1, 2  # the kinds of the simulator's events (`Slots.completions`)
 _ROW = {Kind.F: 0, Kind.I: 1, Kind.B: 1, Kind.W: 2}
 
 
@@ -112,6 +113,26 @@ class Slots:
     def op_slot(self) -> list[int]:
         """Per op, its slot on its stage."""
         return list(range(self.per_stage)) * self.layout.stages
+
+    @functools.cached_property
+    def deliveries(self) -> list[tuple[int, int, int, int, int] | None]:
+        """Per op, the simulator's event of the delivery that makes it ready: ``(DELIVERY, stage, slot,
+        op, link)``; None for an op that waits for no message."""
+        return [
+            (DELIVERY, stage, slot, op, self.link[op]) if self.needs_message[op] else None
+            for op, (stage, slot) in enumerate(zip(self.op_stage, self.op_slot))
+        ]
+
+    @functools.cached_property
+    def completions(self) -> list[tuple[int, int, int, tuple[int, int, int, int, int] | None]]:
+        """Per op, the simulator's event of its end: ``(DONE, stage, slot, delivery)``, with the
+        `deliveries` entry of the op its message makes ready (None if it sends none). One lookup
+        brings all that the end of an op needs."""
+        deliveries = self.deliveries
+        return [
+            (DONE, stage, slot, None if consumer < 0 else deliveries[consumer])
+            for stage, slot, consumer in zip(self.op_stage, self.op_slot, self.sends)
+        ]
 
     @functools.cached_property
     def texts(self) -> list[str]:

@@ -24,7 +24,7 @@ from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.layout import Layout
-from rrfp_ray.schedule.slots import Slots, slots_of
+from rrfp_ray.schedule.slots import DELIVERY, DONE, LINK_FREE, Slots, slots_of
 from rrfp_ray.sim.memory import Limits, memories
 from rrfp_ray.sim.trace import Trace
 
@@ -159,42 +159,41 @@ class _Run:
     def _run(self, *, latencies: list[float | None], record: bool) -> float:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
         starts, ends, arbiters, transport = self.starts, self.ends, self.arbiters, self.case.transport
-        S, ops = slots.per_stage, slots.ops
-        sends, link_of = slots.sends, slots.link
-        stage_of, slot_of = slots.op_stage, slots.op_slot
+        S, completions = slots.per_stage, slots.completions
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
         on_arrival = [a.on_arrival_slot for a in arbiters]
         bounded = self.case.buffer_limit is not None
         # per receiving stage, per link: deliveries held while its receive buffer is full
-        waiting: list[dict[int, deque[int]]] = [{} for _ in arbiters]
+        waiting: list[dict[int, deque[tuple[int, int, int, int, int]]]] = [{} for _ in arbiters]
         busy = [False] * len(arbiters)
-        # The clock: the times of pending items in a heap and, per time, its items in the order they
-        # were scheduled. An item is an op `op` done, a delivery into op `ops + op`, or, with a
-        # transport's `send_ms`, the sender done with link `2 * ops + link`.
+        # The clock: the times of pending events in a heap and, per time, its events in the order they
+        # were scheduled. An event is a tuple whose first item is its kind: an op done (`Slots.completions`),
+        # a delivery (`Slots.deliveries`) or, with a transport's `send_ms`, the sender done with a link.
         times: list[float] = []
-        due: dict[float, list[int]] = {}
+        due: dict[float, list[tuple]] = {}
 
-        def schedule(time: float, item: int) -> None:
-            items = due.get(time)
-            if items is None:
-                due[time] = [item]
+        def schedule(time: float, event: tuple) -> None:
+            events = due.get(time)
+            if events is None:
+                due[time] = [event]
                 heappush(times, time)
             else:
-                items.append(item)
+                events.append(event)
 
         # with a transport: per link, its messages by release time, and whether it carries one
-        outgoing: list[list[tuple[float, int, int]]] = [[] for _ in slots.links]
+        outgoing: list[list[tuple[float, int, tuple[int, int, int, int, int]]]] = [[] for _ in slots.links]
         carrying = [False] * len(slots.links)
+        link_free = [(LINK_FREE, link) for link in range(len(slots.links))]
         frees_on_take = transport is not None and transport.send_ms is None
         sent = 0  # messages queued on links so far: orders messages released at one time
 
         def carry(link: int, now: float) -> None:
-            release, _, consumer = heappop(outgoing[link])
+            release, _, delivery = heappop(outgoing[link])
             carrying[link] = True
-            schedule(max(now, release) + transport.message_ms, ops + consumer)
+            schedule(max(now, release) + transport.message_ms, delivery)
             if transport.send_ms is not None:
-                schedule(max(now, release) + transport.send_ms, 2 * ops + link)
+                schedule(max(now, release) + transport.send_ms, link_free[link])
 
         def free(link: int, now: float) -> None:
             carrying[link] = False
@@ -204,7 +203,11 @@ class _Run:
         now = 0.0
         touched = list(range(len(arbiters)))
         while True:
-            if len(touched) > 1:
+            if len(touched) == 2:  # the common instant: an op done and the stage its message made ready
+                first, second = touched
+                if first >= second:
+                    touched = (first,) if first == second else (second, first)
+            elif len(touched) > 2:
                 touched = sorted(set(touched))
             for stage in touched:  # all idle: a stage is touched only while it is
                 slot = next_slot[stage]()
@@ -216,74 +219,76 @@ class _Run:
                 if record:
                     starts[stage].append(now)
                     ends[stage].append(end)
-                if (items := due.get(end)) is None:
-                    due[end] = [op]
+                if (events := due.get(end)) is None:
+                    due[end] = [completions[op]]
                     heappush(times, end)
                 else:
-                    items.append(op)
+                    events.append(completions[op])
                 if bounded and waiting[stage]:
                     arbiter = arbiters[stage]
                     for queue in waiting[stage].values():
                         while queue and arbiter.has_room():
-                            consumer = queue.popleft()
-                            on_arrival[stage](consumer - stage * S)
+                            _, _, slot, consumer, link = queue.popleft()
+                            on_arrival[stage](slot)
                             if record:
                                 ready_at[consumer] = now
                             if frees_on_take:
-                                free(link_of[consumer], now)
+                                free(link, now)
             if not times:
                 return now
             now = heappop(times)
             touched = []
-            # Items scheduled at `now` while these run join this list (`due[now]` stays until they are
+            # Events scheduled at `now` while these run join this list (`due[now]` stays until they are
             # done), so that all of the instant is applied before any stage decides.
             current = due[now]
-            for item in current:
-                if item < ops:  # an op is done
-                    stage = stage_of[item]
+            for event in current:
+                kind = event[0]
+                if kind == DONE:
+                    _, stage, slot, delivery = event
                     busy[stage] = False
                     touched.append(stage)
-                    on_done[stage](slot_of[item])
-                    consumer = sends[item]
-                    if consumer < 0:
+                    on_done[stage](slot)
+                    if delivery is None:
                         continue
-                    if transport is None or (link := link_of[consumer]) < 0:
+                    _, receiver, slot, consumer, link = delivery
+                    if transport is None or link < 0:
                         latency = latencies[consumer]
                         if latency is not None and (arrival := now + latency) != now:
-                            schedule(arrival, ops + consumer)
+                            if (events := due.get(arrival)) is None:
+                                due[arrival] = [delivery]
+                                heappush(times, arrival)
+                            else:
+                                events.append(delivery)
                         elif bounded:
-                            current.append(ops + consumer)
+                            current.append(delivery)
                         else:  # unbounded, the arrivals of one instant commute with all else in it: take it now
-                            receiver = stage_of[consumer]
-                            on_arrival[receiver](slot_of[consumer])
+                            on_arrival[receiver](slot)
                             if record:
                                 ready_at[consumer] = now
                             if not busy[receiver]:
                                 touched.append(receiver)
                     else:
                         latency = latencies[consumer]
-                        heappush(outgoing[link], (now if latency is None else now + latency, sent, consumer))
+                        heappush(outgoing[link], (now if latency is None else now + latency, sent, delivery))
                         sent += 1
                         if not carrying[link]:
                             carry(link, now)
-                elif item < 2 * ops:  # a delivery
-                    consumer = item - ops
-                    stage = stage_of[consumer]
-                    link = link_of[consumer]
+                elif kind == DELIVERY:
+                    _, stage, slot, consumer, link = event
                     # A stage with room has nothing waiting: every pick drains its links right away.
                     # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
                     if not bounded or link < 0 or arbiters[stage].has_room():
-                        on_arrival[stage](slot_of[consumer])
+                        on_arrival[stage](slot)
                         if record:
                             ready_at[consumer] = now
                         if frees_on_take and link >= 0:
                             free(link, now)
                     else:
-                        waiting[stage].setdefault(link, deque()).append(consumer)
+                        waiting[stage].setdefault(link, deque()).append(event)
                     if not busy[stage]:  # a busy stage decides when its op is done
                         touched.append(stage)
                 else:  # a sender is done with its link
-                    free(item - 2 * ops, now)
+                    free(event[1], now)
             del due[now]
 
     def report(self, *, iteration: int) -> IterationReport:
