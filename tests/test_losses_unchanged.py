@@ -112,8 +112,8 @@ def _export(tmp_path: Path) -> Path:
     archive = tmp_path / "base.tar"
     subprocess.run(["git", "archive", "-o", str(archive), BASE], cwd=ROOT, check=True, timeout=60)
     tree = tmp_path / "base"
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
+    with tarfile.open(archive) as tar:  # extraction filters came with Python 3.11.4
+        tar.extractall(tree, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return tree
 
 
