@@ -139,29 +139,13 @@ def test_a_proof_for_one_link_is_refused_by_another_links_listener(caplog) -> No
 
 
 def test_two_stage_workers_over_tcp_run_an_iteration_and_close_without_waiting_out_the_timeout() -> None:
-    layout = Layout(stages=2, chunks=1, microbatches=4)
     policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=4)
     workload = SyntheticWorkload(
         trace=generate(scenario="none", stages=2, microbatches=4, chunks=1, seed=1, t_f=1.0), payload_elems=64
     )
-    secret = Secret.generate()
-    ends = {
-        s: TcpLinks(
-            inbound=[link for link in layout.links() if link.dst == s],
-            host=HOST,
-            secret=secret,
-            timeout_s=10,
-            link_timeout_s=10,
-        )
-        for s in range(2)
-    }
     before = set(threading.enumerate())
-    addresses = {link: address for end in ends.values() for link, address in end.addresses.items()}
-    channels = _connect(
-        ends, {s: {link: addresses[link] for link in layout.links() if link.src == s} for s in range(2)}
-    )
     # a close that sat out its 60 s timeout would fail the result() wait, or leave threads alive below
-    workers = [StageWorker(stage=s, inbound=channels[s][0], outbound=channels[s][1], timeout_s=60) for s in range(2)]
+    workers, ends, layout = _workers(microbatches=4, timeout_s=60)
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = [
             pool.submit(
