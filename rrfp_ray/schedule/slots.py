@@ -124,13 +124,14 @@ class Slots:
         ]
 
     @functools.cached_property
-    def completions(self) -> list[tuple[int, int, int, tuple[int, int, int, int, int] | None]]:
-        """Per op, the simulator's event of its end: ``(DONE, stage, slot, delivery)``, with the
-        `deliveries` entry of the op its message makes ready (None if it sends none). One lookup
-        brings all that the end of an op needs."""
+    def completions(self) -> list[tuple[int, int, int, int, int, int, int]]:
+        """Per op, the simulator's event of its end: ``(DONE, stage, slot, receiver, receiver's slot, consumer,
+        link)``, the last four those of the delivery of its message (`deliveries`; receiver -1: it sends none).
+        One lookup of one flat tuple brings all that the end of an op needs."""
+        no_message = (-1, -1, -1, -1)
         deliveries = self.deliveries
         return [
-            (DONE, stage, slot, None if consumer < 0 else deliveries[consumer])
+            (DONE, stage, slot, *(no_message if consumer < 0 else deliveries[consumer][1:]))
             for stage, slot, consumer in zip(self.op_stage, self.op_slot, self.sends)
         ]
 
