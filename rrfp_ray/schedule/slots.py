@@ -15,6 +15,7 @@ per consumer op the link its message takes (`link`, -1 for the V's local turn). 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.layout import Layout, Link, Message
@@ -153,6 +154,19 @@ class Slots:
         row, chunk, microbatch = self.decode(slot)
         kind = Kind.F if row == 0 else Kind.B
         return Message(kind=kind, virtual_stage=self.virtual_stage[stage][chunk], microbatch=microbatch)
+
+
+_INTS: list[int] = []
+
+
+def interned(values: Iterable[int]) -> list[int]:
+    """`values`, each number >= 0 as the one int object that every such list holds for it: per-stage tables of
+    the hot paths then share their numbers' memory instead of each stage reading its own copies."""
+    values = list(values)
+    if (top := max(values, default=-1)) >= len(_INTS):
+        _INTS.extend(range(len(_INTS), top + 1))
+    ints = _INTS
+    return [ints[v] if v >= 0 else v for v in values]
 
 
 @functools.lru_cache(maxsize=16)
