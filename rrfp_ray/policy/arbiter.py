@@ -239,9 +239,8 @@ class Arbiter:
             raise ValueError(f"stage {self.stage}: delivery {message} belongs to stage {consumer.stage}")
         self.on_arrival_slot(self._slot(consumer))
 
-    def on_arrival_slot(self, slot: int) -> bool:
-        """The delivery that `slot`'s action waits for has arrived; returns whether that made its action ready
-        (if not, what `next_slot` would return is unchanged)."""
+    def on_arrival_slot(self, slot: int) -> None:
+        """The delivery that `slot`'s action waits for has arrived."""
         state = self._state
         if state[slot] & _ARRIVED:
             message = self._slots.message(self._base + slot)
@@ -252,8 +251,6 @@ class Arbiter:
             self.peak_buffered = buffered
         if slot < self._block or state[slot - self._block] & _DONE:  # a forward, or a backward whose F is done
             heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
-            return True
-        return False
 
     def next_action(self) -> tuple[Action, bool] | None:
         """Choose and start the next action; returns it and whether it overtook an earlier hint action."""

@@ -261,10 +261,11 @@ class _Run:
                         elif bounded:
                             current.append(deliveries[consumer])
                         else:  # unbounded, the arrivals of one instant commute with all else in it: take it now
-                            if on_arrival[receiver](taken) and not busy[receiver]:
-                                touched.append(receiver)
+                            on_arrival[receiver](taken)
                             if record:
                                 ready_at[consumer] = now
+                            if not busy[receiver]:
+                                touched.append(receiver)
                     else:
                         latency = latencies[consumer]
                         delivery = deliveries[consumer]
@@ -277,15 +278,15 @@ class _Run:
                     # A stage with room has nothing waiting: every pick drains its links right away.
                     # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
                     if not bounded or link < 0 or arbiters[stage].has_room():
-                        # a busy stage decides when its op is done; an idle one when this made an action ready
-                        if on_arrival[stage](slot) and not busy[stage]:
-                            touched.append(stage)
+                        on_arrival[stage](slot)
                         if record:
                             ready_at[consumer] = now
                         if frees_on_take and link >= 0:
                             free(link, now)
                     else:
                         waiting[stage].setdefault(link, deque()).append(event)
+                    if not busy[stage]:  # a busy stage decides when its op is done
+                        touched.append(stage)
                 else:  # a sender is done with its link
                     free(event[1], now)
             del due[now]
