@@ -115,11 +115,12 @@ def main() -> None:
 def speed_table(*, shapes: list[list[int]], baseline: str) -> str:
     """Markdown: CPU ms per iteration and ops/s here, and the baseline's in the same run (see the module's
     docstring)."""
+    load = os.getloadavg()[0]
     theirs = time_baseline(revision=baseline, shapes=shapes) if baseline else {}
     lines = [
         f"Speed ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs; "
         "lognormal, v=1, cap 1x; CPU ms, best of several calls; "
-        f"baseline {baseline or 'none'}, timed in the same run):",
+        f"baseline {baseline or 'none'}, timed in the same run; 1-minute load {load:.1f} before it):",
         "",
         "| P | M | policy | ops | simulate ms | ops/s | "
         "simulate_many ms | ops/s | baseline ms | speed-up | same makespan |",

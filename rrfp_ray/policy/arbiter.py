@@ -86,6 +86,10 @@ class Cap:
 
 
 _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under it
+# An arbiter's state of each slot, bits of one int: the delivery its action waits for has arrived, or it waits
+# for none (`_NO_MESSAGE`, set from the start); it has started; it is done.
+_ARRIVED, _NO_MESSAGE, _STARTED, _DONE = 1, 2, 4, 8
+_INPUT = _ARRIVED | _NO_MESSAGE
 
 
 @dataclass(frozen=True)
@@ -164,9 +168,9 @@ class Arbiter:
         # the picker's ready set, which `_add` and the hot paths push slots onto (`rrfp_ray.policy.pickers`)
         self._heaps, self._heap_of, self._key_of = self._picker.heaps, self._picker.heap_of, self._picker.key_of
         size = slots.per_stage
-        self._done = [False] * size
-        self._started = [False] * size
-        self._arrived = [False] * size  # the delivery an action waits for has arrived
+        self._base = stage * size  # the stage's first op
+        needs_message = slots.needs_message[self._base : self._base + size]
+        self._state = [0 if needs else _NO_MESSAGE for needs in needs_message]
         # Which started actions overtook an earlier hint action is worked out when asked (`_catch_up`),
         # from the start order: `_replayed` starts are in `_overtook`, with `_seen` what they started.
         self._begun: list[int] = []
@@ -176,8 +180,6 @@ class Arbiter:
         self._hint_pos = index.position
         # `outside` ends the list: never started, it stops the scan for the first unstarted hint action
         self._started_by = [*index.started_by, slots.outside]
-        self._base = stage * size  # the stage's first op
-        self._needs_message = slots.needs_message[self._base : self._base + size]
         self._block = slots.block  # slots per row: F, then the backward, then W
         self._admissions = slots.microbatches  # the first slots of a row are its chunk-0 actions
         self._follower, self._frees = slots.local_follower, slots.frees
@@ -189,7 +191,7 @@ class Arbiter:
         self.peak_inflight = 0
         self.peak_buffered = 0
         for slot in range(slots.block):  # forwards: the only actions without a local need
-            if not self._needs_message[slot]:
+            if not needs_message[slot]:
                 self._add(slot)
 
     def _add(self, slot: int) -> None:
@@ -239,15 +241,15 @@ class Arbiter:
 
     def on_arrival_slot(self, slot: int) -> None:
         """The delivery that `slot`'s action waits for has arrived."""
-        arrived = self._arrived
-        if arrived[slot]:
+        state = self._state
+        if state[slot] & _ARRIVED:
             message = self._slots.message(self._base + slot)
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        arrived[slot] = True
+        state[slot] |= _ARRIVED
         buffered = self.buffered = self.buffered + 1
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered
-        if slot < self._block or self._done[slot - self._block]:  # a forward, or a backward whose F is done
+        if slot < self._block or state[slot - self._block] & _DONE:  # a forward, or a backward whose F is done
             heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
 
     def next_action(self) -> tuple[Action, bool] | None:
@@ -263,10 +265,11 @@ class Arbiter:
             slot = self._pick(self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
         if slot < 0:
             return -1
-        self._started[slot] = True
+        state = self._state
         self._begun.append(slot)
-        if self._arrived[slot]:  # it consumes its buffered delivery
+        if (before := state[slot]) & _ARRIVED:  # it consumes its buffered delivery
             self.buffered -= 1
+        state[slot] = before | _STARTED
         if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
             self.inflight_fb += 1
             inflight = self.inflight_fw = self.inflight_fw + 1
@@ -335,11 +338,11 @@ class Arbiter:
 
     def on_done_slot(self, slot: int) -> None:
         """Mark the action of `slot` done (what it sends: `Slots.sends`)."""
-        done = self._done
-        if done[slot] or not self._started[slot]:
+        state = self._state
+        if (before := state[slot]) & (_STARTED | _DONE) != _STARTED:
             action = self._slots.action(stage=self.stage, slot=slot)
             raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
-        done[slot] = True
+        state[slot] = before | _DONE
         self._done_count += 1
         frees = self._frees[slot]
         if frees:
@@ -354,7 +357,7 @@ class Arbiter:
                 if frees & FREES_FW:
                     self.bytes_fw -= held
         follower = self._follower[slot]
-        if follower >= 0 and (self._arrived[follower] or not self._needs_message[follower]):
+        if follower >= 0 and state[follower] & _INPUT:
             heappush(self._heaps[self._heap_of[follower]], self._key_of[follower])
 
     def waiting_for(self) -> str:
@@ -364,7 +367,7 @@ class Arbiter:
         pending = [
             action
             for action, slot in zip(hint[self._unstarted_hint :], self._started_by[self._unstarted_hint :])
-            if not self._started[slot]
+            if not self._state[slot] & _STARTED
         ][:3]
         parts = []
         for action in pending:
@@ -372,9 +375,9 @@ class Arbiter:
                 parts.append(f"{action} (not an action of this stage's layout)")
                 continue
             local, message = self.layout.local_need(action), self.layout.message_need(action)
-            if local is not None and not self._done[self._slot(local)]:
+            if local is not None and not self._state[self._slot(local)] & _DONE:
                 parts.append(f"{action} (needs {local} done here)")
-            elif message is not None and not self._arrived[self._slot(action)]:
+            elif message is not None and not self._state[self._slot(action)] & _ARRIVED:
                 parts.append(f"{action} (needs {self.layout.link(message)} for microbatch {message.microbatch})")
             else:
                 parts.append(f"{action} (ready; held by the policy or the in-flight cap)")

@@ -41,7 +41,7 @@ from rrfp_ray.policy.policy import Policy, Rule
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.generators import peak_inflight, peak_inflight_fb
 from rrfp_ray.schedule.layout import Layout
-from rrfp_ray.schedule.slots import Slots, slots_of
+from rrfp_ray.schedule.slots import Slots, interned, slots_of
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,13 @@ def _index(*, policy: Policy, slots: Slots, stage: int) -> HintIndex:
     started_by = [slot - block if unsplit and 2 * block <= slot < outside else slot for slot in order]
     listed = slots.actions_per_stage
     missing = next((slot for slot in range(listed) if position[slot] < 0), None)
+    order = interned(order)
     return HintIndex(
         slots=slots,
         stage=stage,
         order=order,
-        position=position,
-        started_by=started_by,
+        position=interned(position),
+        started_by=interned(started_by),
         missing=None if missing is None else slots.action(stage=stage, slot=missing),
         peak_fb=peak_inflight_fb(policy.order, stage=stage),
         peak_fw=peak_inflight(policy.order, stage=stage),
@@ -128,7 +129,7 @@ def _first_places(*, order: list[int], slots: Slots) -> tuple[list[int], list[in
     for place, slot in reversed(list(enumerate(order))):
         heap_of[slot], key_of[slot] = 0, place
     heap_of[slots.outside], key_of[slots.outside] = 1, 0
-    return heap_of, key_of
+    return heap_of, interned(key_of)
 
 
 class FixedPicker(_Heaps):

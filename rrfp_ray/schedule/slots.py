@@ -15,6 +15,7 @@ per consumer op the link its message takes (`link`, -1 for the V's local turn). 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.layout import Layout, Link, Message
@@ -124,13 +125,14 @@ class Slots:
         ]
 
     @functools.cached_property
-    def completions(self) -> list[tuple[int, int, int, tuple[int, int, int, int, int] | None]]:
-        """Per op, the simulator's event of its end: ``(DONE, stage, slot, delivery)``, with the
-        `deliveries` entry of the op its message makes ready (None if it sends none). One lookup
-        brings all that the end of an op needs."""
+    def completions(self) -> list[tuple[int, int, int, int, int, int, int]]:
+        """Per op, the simulator's event of its end: ``(DONE, stage, slot, receiver, receiver's slot, consumer,
+        link)``, the last four those of the delivery of its message (`deliveries`; receiver -1: it sends none).
+        One lookup of one flat tuple brings all that the end of an op needs."""
+        no_message = (-1, -1, -1, -1)
         deliveries = self.deliveries
         return [
-            (DONE, stage, slot, None if consumer < 0 else deliveries[consumer])
+            (DONE, stage, slot, *(no_message if consumer < 0 else deliveries[consumer][1:]))
             for stage, slot, consumer in zip(self.op_stage, self.op_slot, self.sends)
         ]
 
@@ -152,6 +154,19 @@ class Slots:
         row, chunk, microbatch = self.decode(slot)
         kind = Kind.F if row == 0 else Kind.B
         return Message(kind=kind, virtual_stage=self.virtual_stage[stage][chunk], microbatch=microbatch)
+
+
+_INTS: list[int] = []
+
+
+def interned(values: Iterable[int]) -> list[int]:
+    """`values`, each number >= 0 as the one int object that every such list holds for it: per-stage tables of
+    the hot paths then share their numbers' memory instead of each stage reading its own copies."""
+    values = list(values)
+    if (top := max(values, default=-1)) >= len(_INTS):
+        _INTS.extend(range(len(_INTS), top + 1))
+    ints = _INTS
+    return [ints[v] if v >= 0 else v for v in values]
 
 
 @functools.lru_cache(maxsize=16)

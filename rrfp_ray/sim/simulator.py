@@ -159,7 +159,7 @@ class _Run:
     def _run(self, *, latencies: list[float | None], record: bool) -> float:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
         starts, ends, arbiters, transport = self.starts, self.ends, self.arbiters, self.case.transport
-        S, completions = slots.per_stage, slots.completions
+        S, completions, deliveries = slots.per_stage, slots.completions, slots.deliveries
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
         on_arrival = [a.on_arrival_slot for a in arbiters]
@@ -244,31 +244,31 @@ class _Run:
             for event in current:
                 kind = event[0]
                 if kind == DONE:
-                    _, stage, slot, delivery = event
+                    _, stage, slot, receiver, taken, consumer, link = event
                     busy[stage] = False
                     touched.append(stage)
                     on_done[stage](slot)
-                    if delivery is None:
+                    if receiver < 0:
                         continue
-                    _, receiver, slot, consumer, link = delivery
                     if transport is None or link < 0:
                         latency = latencies[consumer]
                         if latency is not None and (arrival := now + latency) != now:
                             if (events := due.get(arrival)) is None:
-                                due[arrival] = [delivery]
+                                due[arrival] = [deliveries[consumer]]
                                 heappush(times, arrival)
                             else:
-                                events.append(delivery)
+                                events.append(deliveries[consumer])
                         elif bounded:
-                            current.append(delivery)
+                            current.append(deliveries[consumer])
                         else:  # unbounded, the arrivals of one instant commute with all else in it: take it now
-                            on_arrival[receiver](slot)
+                            on_arrival[receiver](taken)
                             if record:
                                 ready_at[consumer] = now
                             if not busy[receiver]:
                                 touched.append(receiver)
                     else:
                         latency = latencies[consumer]
+                        delivery = deliveries[consumer]
                         heappush(outgoing[link], (now if latency is None else now + latency, sent, delivery))
                         sent += 1
                         if not carrying[link]:
