@@ -79,3 +79,15 @@ def test_every_default_hint_holds_no_more_microbatches_than_the_reference_of_the
             for stage in range(stages):
                 own, allowed = (peak_bytes(p.order[stage], held=ones, release=release) for p in (policy, reference))
                 assert own <= allowed, (name, stage, release)
+
+
+@pytest.mark.parametrize("planning", [Planning.PLANNED, Planning.ORACLE])
+def test_a_packing_plan_holds_no_more_bytes_than_zb_h1_on_the_batch_as_given(planning: Planning):
+    traces = generate_iterations(iterations=4, scenario="varlen+lognormal", **SHAPE, seed=5, docs=3)
+    config = PlannerConfig(hints=default_hints(chunks=1), cap=Cap.parse("1x"), simulations=10, samples=2)
+    zb = make_policy(name="zb-h1", **SHAPE)
+    for trace, (plan, report) in zip(traces, run(planning=planning, traces=traces, config=config)):
+        assert plan.packing is not None
+        fixed = simulate(policy=zb, trace=trace, cap=Cap.parse("1x"))
+        for stats, reference in zip(report.stages, fixed.stages):
+            assert stats.peak_bytes <= reference.peak_bytes + 1, plan
