@@ -9,7 +9,7 @@ import pytest
 
 from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import PlannerConfig, default_hints
-from rrfp_ray.plan.scoring import planned_limits
+from rrfp_ray.plan.scoring import planned_limits, reference_for
 from rrfp_ray.policy.arbiter import Cap, peak_bytes
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Kind
@@ -64,3 +64,30 @@ def test_plans_never_go_past_the_cap(planning: Planning):
         split = make_policy(name=plan.hint, **SHAPE).split
         for stats, (fb, fw) in zip(report.stages, planned_limits(cap=plan.cap, trace=trace, split=split)):
             assert stats.peak_bytes <= (fw if split else fb) * (1 + 1e-9) + 1, plan
+
+
+@pytest.mark.parametrize("stages", [4, 8])
+def test_every_default_hint_holds_no_more_microbatches_than_the_reference_of_the_cap(stages: int):
+    """Without bytes in the trace the arbiter caps a list at a multiple of its own peak in microbatches, so a hint
+    whose list holds more than the reference's (zb-h1 split, 1f1b full) would run with more memory than `Kx` says."""
+    shape = {"stages": stages, "chunks": 1, "microbatches": 4 * stages}
+    ones = [1.0] * shape["microbatches"]
+    for name in default_hints(chunks=1):
+        policy = make_policy(name=name, **shape)
+        reference = reference_for(split=policy.split, **shape)
+        for release in ((Kind.I, Kind.B), (Kind.W,) if policy.split else (Kind.B,)):
+            for stage in range(stages):
+                own, allowed = (peak_bytes(p.order[stage], held=ones, release=release) for p in (policy, reference))
+                assert own <= allowed, (name, stage, release)
+
+
+@pytest.mark.parametrize("planning", [Planning.PLANNED, Planning.ORACLE])
+def test_a_packing_plan_holds_no_more_bytes_than_zb_h1_on_the_batch_as_given(planning: Planning):
+    traces = generate_iterations(iterations=4, scenario="varlen+lognormal", **SHAPE, seed=5, docs=3)
+    config = PlannerConfig(hints=default_hints(chunks=1), cap=Cap.parse("1x"), simulations=10, samples=2)
+    zb = make_policy(name="zb-h1", **SHAPE)
+    for trace, (plan, report) in zip(traces, run(planning=planning, traces=traces, config=config)):
+        assert plan.packing is not None
+        fixed = simulate(policy=zb, trace=trace, cap=Cap.parse("1x"))
+        for stats, reference in zip(report.stages, fixed.stages):
+            assert stats.peak_bytes <= reference.peak_bytes + 1, plan

@@ -4,7 +4,8 @@
 `planned-fixed` does the same with fixed schedules only as hints (what the order alone buys);
 `oracle` searches each iteration with its true durations (the ceiling of the same search).
 Where a trace records its samples, every plan first packs them (`rrfp_ray.plan.packing`). Memory
-is that of the reference list on the iteration's data, as packed, in its own order (`planned_limits`).
+is that of the reference list on the iteration's data as the source gave it (before any packing), in its own
+order (`planned_limits`): the bytes a fixed schedule holds on the same batch.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -
         policy = plan.validate(**shape)
         data = trace if plan.packing is None else trace.repacked(plan.packing)
         ran.append(data)
-        limits = planned_limits(cap=plan.cap, trace=data, split=policy.split)
+        limits = planned_limits(cap=plan.cap, trace=trace, split=policy.split)
         report = simulate(
             policy=policy, trace=data.reordered(plan.order), cap=plan.cap, iteration=k, byte_limits=limits
         )

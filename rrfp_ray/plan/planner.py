@@ -185,13 +185,16 @@ class Planner:
         (per microbatch, its samples' cost features) and an arrangement that packs, the plan packs them first
         by their predicted costs (`sample_costs`) and orders the packed ones."""
         config = self.config
-        packing = None
+        packing, given = None, features
         if samples is not None and config.arrange.packs:
             costs = self.sample_costs(samples=samples, features=features)
             packing, features = packed(samples=samples, costs=costs, microbatches=self.shape["microbatches"])
+        predicted = self.predicted(iteration=iteration, features=features)
+        held = None if packing is None else self.predicted_bytes(features=given)
         deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
         found = search(
-            samples=self.predicted(iteration=iteration, features=features),
+            samples=predicted,
+            basis=None if held is None else replace(predicted[0], activation_bytes=held),
             hints=self.hints(),
             cap=config.cap,
             simulations=config.simulations,
@@ -288,7 +291,7 @@ def packed(
 
 def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
     """The best plan the same search finds with the iteration's true durations (the ceiling), after packing
-    the samples by their features where `config.arrange` packs."""
+    the samples by their features where `config.arrange` packs (the cap measured on the data before packing)."""
     packing = None
     if trace.samples is not None and config.arrange.packs:
         costs = [x for row in trace.samples for x in row]
@@ -296,6 +299,7 @@ def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
     data = trace if packing is None else trace.repacked(packing)
     found = search(
         samples=[data],
+        basis=None if packing is None else trace,
         hints=config.hints,
         cap=config.cap,
         simulations=config.simulations,

@@ -5,7 +5,9 @@ builds its per-policy and per-layout tables once for the whole batch. Memory is 
 samples carry them: a plan's cap `Kx` is K x the peak bytes per stage of `reference_for` its hint's
 backward (zb-h1 for a split one, 1f1b for a full one, with one chunk per stage) on the data in its own
 order, whatever the plan's order, so every plan of an iteration and backward gets the same memory; a
-plan whose fixed hint would hold more scores inf (the planner never plans past the cap).
+plan whose fixed hint would hold more scores inf (the planner never plans past the cap). Where a plan packs the
+samples anew, its memory is measured on the data as the source gave it (`basis`), so a packing can neither
+raise nor lower the cap: a plan runs with the bytes a fixed schedule holds on the same batch.
 
 A full backward need not cost what its two halves cost apart (on a CPU it often costs less), so the
 predicted iterations may come as :class:`Samples`: the split backward's costs, and beside them the
@@ -74,9 +76,10 @@ def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:
     return True
 
 
-def score(*, plans: Sequence[Plan], samples: Sequence[Trace]) -> list[float]:
+def score(*, plans: Sequence[Plan], samples: Sequence[Trace], basis: Trace | None = None) -> list[float]:
     """Per plan, the mean simulated makespan (ms) over `samples` (data-indexed traces of one shape; `Samples`
-    for a full backward's own costs); inf for a plan past its cap."""
+    for a full backward's own costs); inf for a plan past its cap. `basis`: the data before packing, whose
+    activation bytes in its own order set the cap (None: each sample's own)."""
     first = samples[0]
     shape = {"stages": first.stages, "chunks": first.chunks, "microbatches": first.microbatches}
     limits: dict[tuple[Cap, bool], list[Limits | None]] = {}
@@ -86,7 +89,9 @@ def score(*, plans: Sequence[Plan], samples: Sequence[Trace]) -> list[float]:
         own = family(samples, split=policy.split)
         key = (plan.cap, policy.split)
         if key not in limits:
-            limits[key] = [planned_limits(cap=plan.cap, trace=t, split=policy.split) for t in own]
+            limits[key] = [
+                planned_limits(cap=plan.cap, trace=t if basis is None else basis, split=policy.split) for t in own
+            ]
         runs = [t.reordered(plan.order) for t in own]
         fits.append(all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[key])))
         if fits[-1]:

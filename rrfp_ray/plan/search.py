@@ -101,10 +101,11 @@ def search(
     seed: int,
     deadline: float | None = None,
     reorder: bool = True,
+    basis: Trace | None = None,
 ) -> Found | None:
     """The best plan found within `simulations` simulated iterations; None when `deadline`
     (a `time.monotonic()` instant) passed first. `reorder` False: the hints and the cap only, the data
-    microbatches in their order."""
+    microbatches in their order. `basis`: the data before packing, on which the cap is measured (`score`)."""
     if not hints:
         raise ValueError("the search needs at least one hint")
     cost = len(samples)
@@ -120,7 +121,7 @@ def search(
         if new and room > 0:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
-            for plan, value in zip(new[:room], score(plans=new[:room], samples=samples)):
+            for plan, value in zip(new[:room], score(plans=new[:room], samples=samples, basis=basis)):
                 seen[plan] = value
                 if not best or value < seen[best[0]]:
                     best[:] = [plan]
