@@ -1,5 +1,6 @@
 """Print what one message costs in the framing: host frames against frames built with torch ops,
-on one thread (alone and beside a busy Python thread) and between two processes over TCP
+on one thread (alone and beside a busy Python thread), between two processes over TCP, and the
+CPU time of one message over TCP on one thread after a 2 ms sleep
 (jobs/benchmarks/framing.py says what each figure includes).
 
     python jobs/bench_framing.py [--payload-elems 4096,262144] [--messages 2000] [--repeats 3]
@@ -12,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.framing import FRAMES, in_thread, ping_pong
+from benchmarks.framing import FRAMES, after_sleep, in_thread, ping_pong
 from rrfp_ray.job import run_job
 
 
@@ -29,8 +30,13 @@ def main(argv: list[str] | None = None) -> None:
     if any(size < 1 for size in sizes) or args.messages < 1 or args.repeats < 1:
         parser.error("--payload-elems, --messages and --repeats must be >= 1")
     torch.set_num_threads(1)
-    print(f"us per message, median of {args.repeats} run(s): frame, send and read back")
-    print(f"{'payload':>10} {'frames':>10} {'one thread':>11} {'beside busy':>12} {'2 processes':>12}")
+    print(
+        f"us per message, median of {args.repeats} run(s): frame, send and read back (CPU after sleep: thread CPU time)"
+    )
+    print(
+        f"{'payload':>10} {'frames':>10} {'one thread':>11} {'beside busy':>12} {'2 processes':>12} "
+        f"{'CPU after sleep':>16}"
+    )
     for size in sizes:
         for frames in FRAMES:
             busy_messages = max(1, args.messages // 10)
@@ -50,7 +56,13 @@ def main(argv: list[str] | None = None) -> None:
                 args.repeats,
                 lambda frames=frames, size=size: ping_pong(frames=frames, payload_elems=size, messages=args.messages),
             )
-            print(f"{size * 4 // 1024:>7} KB {frames:>10} {alone:>11.1f} {busy:>12.1f} {apart:>12.1f}")
+            cold = _median(
+                args.repeats,
+                lambda frames=frames, size=size, busy_messages=busy_messages: after_sleep(
+                    frames=frames, payload_elems=size, messages=busy_messages
+                ),
+            )
+            print(f"{size * 4 // 1024:>7} KB {frames:>10} {alone:>11.1f} {busy:>12.1f} {apart:>12.1f} {cold:>16.1f}")
 
 
 def _median(repeats: int, measure: Callable[[], float]) -> float:

@@ -6,7 +6,10 @@ path), what `jobs/bench_framing.py` prints:
   beside one busy Python thread (a stage's compute thread between two ops, or another link's
   thread, holds the GIL the same way);
 - `ping_pong`: half a round trip between two processes over a TCP link, as a stage's send and
-  receive threads make it (no Ray).
+  receive threads make it (no Ray);
+- `after_sleep`: the thread CPU time to frame, write and read back one message over a TCP link on
+  one thread, each message after a 2 ms sleep, as a stage's compute thread sends and reads between
+  ops that leave the core idle (code and data are then colder than in a loop of messages).
 """
 
 from __future__ import annotations
@@ -75,6 +78,33 @@ def ping_pong(*, frames: str, payload_elems: int, messages: int) -> float:
     finally:
         channel.close()
         echo.join(timeout=_TIMEOUT_S)
+
+
+def after_sleep(*, frames: str, payload_elems: int, messages: int, sleep_s: float = 0.002) -> float:
+    """CPU microseconds (thread clock) per message framed, written and read back over TCP on one thread,
+    each after `sleep_s` of sleep."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        server.settimeout(_TIMEOUT_S)
+        accepted, _ = server.accept()
+    sending = TcpChannel(name="bench out", sock=client, timeout_s=_TIMEOUT_S)
+    receiving = TcpChannel(name="bench in", sock=accepted, timeout_s=_TIMEOUT_S)
+    writer = MessageWriter(channel=sending, frames=FRAMES[frames])
+    reader = MessageReader(channel=receiving, frames=FRAMES[frames])
+    payload = torch.randn(payload_elems)
+    spent = 0.0
+    try:
+        for index in range(messages + 20):
+            time.sleep(sleep_s)
+            began = time.thread_time()
+            writer.send(header=Header.for_payload(message=_MESSAGE, iteration=0, payload=payload), payload=payload)
+            reader.recv()
+            if index >= 20:
+                spent += time.thread_time() - began
+        return spent / messages * 1e6
+    finally:
+        sending.close()
+        receiving.close()
 
 
 def _echo(*, port: int, frames: str, messages: int) -> None:

@@ -19,7 +19,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -48,7 +48,7 @@ class PolledLinks:
 
     def __init__(self, *, channels: Mapping[Link, PolledChannel]) -> None:
         self._readers = {link: MessageReader(channel=channel) for link, channel in channels.items()}
-        self.links = frozenset(channels)
+        self.links = tuple(channels)
         self._fd = {link: channel.fileno() for link, channel in channels.items()}
         self._link_of = {fd: link for link, fd in self._fd.items()}
         self._wake_r, self._wake_w = os.pipe()
@@ -56,16 +56,17 @@ class PolledLinks:
         os.set_blocking(self._wake_w, False)
         self._poll = select.poll()
         self._poll.register(self._wake_r, select.POLLIN)
-        self._watched: set[Link] = set()
+        self._watched: list[Link] = []  # the links the poll object holds, as `readable` last got them
 
-    def readable(self, links: Iterable[Link], *, timeout_s: float) -> list[Link]:
+    def readable(self, links: list[Link], *, timeout_s: float) -> list[Link]:
         """Those of `links` with bytes to read, waiting up to `timeout_s` (0: a look) for one, or for `wake`."""
-        wanted = set(links)
-        for link in self._watched - wanted:
-            self._poll.unregister(self._fd[link])
-        for link in wanted - self._watched:
-            self._poll.register(self._fd[link], _READABLE)
-        self._watched = wanted
+        if links != self._watched:
+            wanted, watched = set(links), set(self._watched)
+            for link in watched - wanted:
+                self._poll.unregister(self._fd[link])
+            for link in wanted - watched:
+                self._poll.register(self._fd[link], _READABLE)
+            self._watched = links
         ready = self._poll.poll(math.ceil(timeout_s * 1e3) if timeout_s > 0 else 0)
         links_ready = []
         for fd, _ in ready:
@@ -94,8 +95,11 @@ class PolledLinks:
             return [link for link in self.links if expected.get(link)] if has_room() else []
 
         links = wanted()
-        with unlocked or contextlib.nullcontext():
-            ready = self.readable(links, timeout_s=timeout_s)
+        if unlocked is None:
+            ready = self.readable(links, timeout_s=timeout_s) if links or timeout_s else []
+        else:
+            with unlocked:
+                ready = self.readable(links, timeout_s=timeout_s)
         while ready:
             for link in ready:
                 if not (expected[link] and has_room()):
@@ -106,7 +110,8 @@ class PolledLinks:
                     what = "STOP" if header.is_stop else f"a message of iteration {header.iteration}"
                     raise ConnectionError(f"{link}: {what} came during iteration {iteration}")
                 deliver(header, payload, fence)
-            ready = self.readable(wanted(), timeout_s=0.0)
+            links = wanted()
+            ready = self.readable(links, timeout_s=0.0) if links else []
 
     def read(self, link: Link, *, handoff: Handoff) -> tuple[Header, Tree | None, Fence]:
         """One message of `link` (its first bytes are in: the rest comes within the channel's own deadline)."""

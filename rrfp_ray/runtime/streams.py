@@ -87,6 +87,9 @@ class Handoff:
 
     def receive(self, *, reader: MessageReader) -> tuple[Header, Tree | None, Fence]:
         """On a receive thread: the next message, filled on this thread's side stream, and its fence."""
+        if reader.on_host:  # no stream to enter
+            header, payload = reader.recv()
+            return header, payload, None if payload is None else self.received(payload)
         with self.receiving(reader.channel.device):
             header, payload = reader.recv()
             return header, payload, None if payload is None else self.received(payload)
@@ -109,6 +112,8 @@ class Handoff:
 
 def _record(tree: Tree) -> Fence:
     """An event on the current stream of `tree`'s GPU, or None for CPU tensors."""
+    if isinstance(tree, torch.Tensor) and not tree.is_cuda:
+        return None
     cuda = [t for t in flatten(tree)[0] if t.is_cuda]
     if not cuda:
         return None

@@ -39,6 +39,8 @@ class TcpChannel:
         self.name = name
         self.device = "cpu"
         self.takes_arrays = True  # host frames come as their numpy arrays, no tensor around them
+        self.copies_on_send = True  # a send returns once the kernel holds the bytes: the frame may be reused
+        self._who = f"channel {name}"
         self.timeout_s = timeout_s
         self._sock = sock
         block_with_deadline(sock, timeout_s=timeout_s)
@@ -63,7 +65,7 @@ class TcpChannel:
     def recv(self, tensor: torch.Tensor | np.ndarray) -> None:
         """Fill `tensor` in place; TimeoutError naming the channel if nothing comes in time, ConnectionError if
         the sender is gone."""
-        read_into(self._sock, _buffer(tensor), who=f"channel {self.name}", what="a frame", timeout_s=self.timeout_s)
+        read_into(self._sock, _buffer(tensor), who=self._who, what="a frame", timeout_s=self.timeout_s)
 
     def fileno(self) -> int:
         """The socket's descriptor, for a `poll` (`rrfp_ray.runtime.polled`)."""

@@ -50,6 +50,8 @@ DTYPES = (
     torch.int16,
 )
 
+_DTYPE_CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
+
 
 class LinkTransport(enum.Enum):
     """What carries the links: `auto` is NCCL where CUDA and cupy are present, else TCP
@@ -90,7 +92,7 @@ class Leaf:
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> Leaf:
-        if tensor.dtype not in DTYPES:
+        if tensor.dtype not in _DTYPE_CODE:
             raise ValueError(f"a {tensor.dtype} tensor cannot cross a stage boundary; dtypes: {DTYPES}")
         return cls(dtype=tensor.dtype, shape=tuple(tensor.shape), requires_grad=tensor.requires_grad)
 
@@ -113,41 +115,57 @@ class Header:
 
     def fields(self, *, described: bytes, body_bytes: int) -> list[int]:
         """The header's int64 fields, stamped with the time they are made."""
-        if self.message is None:
-            return [_STOP] + [0] * (HEADER_LEN - 1)
         m = self.message
-        sent_us = round(time.time() * 1e6)
-        fields = [
+        if m is None:
+            return [_STOP] + [0] * (HEADER_LEN - 1)
+        leaf = self.leaves[0] if not described else _DESCRIBED
+        shape = leaf.shape
+        return [
             _KIND_CODE[m.kind],
             m.virtual_stage,
             m.microbatch,
             self.iteration,
             len(described),
             body_bytes,
-            sent_us,
+            round(time.time() * 1e6),
             round(self.released_at * 1e6),
+            _DTYPE_CODE[leaf.dtype],
+            len(shape),
+            int(leaf.requires_grad),
+            *shape,
+            *_ZEROS[len(shape) :],
         ]
-        leaf = self.leaves[0] if not described else Leaf(dtype=torch.float32, shape=())
-        fields += [DTYPES.index(leaf.dtype), len(leaf.shape), int(leaf.requires_grad)]
-        return fields + list(leaf.shape) + [0] * (MAX_DIMS - len(leaf.shape))
 
     @classmethod
     def decode(cls, fields: Sequence[int], *, description: bytes = b"") -> Header:
         code, vs, mb, iteration, _, _, sent_us, released_us, dtype, ndim, grad, *shape = fields
         if code == _STOP:
-            return cls(message=None)
-        kind = Kind.F if code == _KIND_CODE[Kind.F] else Kind.B
-        message = Message(kind=kind, virtual_stage=vs, microbatch=mb)
-        times = {"sent_at": sent_us / 1e6, "released_at": released_us / 1e6}
+            return _STOP_HEADER
+        message = Message(kind=_CODE_KIND[code], virtual_stage=vs, microbatch=mb)
         if not description:
             leaf = Leaf(dtype=DTYPES[dtype], shape=tuple(shape[:ndim]), requires_grad=bool(grad))
-            return cls(message=message, iteration=iteration, leaves=(leaf,), **times)
+            return cls(
+                message=message,
+                iteration=iteration,
+                leaves=(leaf,),
+                sent_at=sent_us / 1e6,
+                released_at=released_us / 1e6,
+            )
         spec = json.loads(description)
         leaves = tuple(Leaf(dtype=DTYPES[d], shape=tuple(s), requires_grad=bool(g)) for d, g, s in spec["leaves"])
-        return cls(message=message, iteration=iteration, structure=spec["tree"], leaves=leaves, **times)
+        return cls(
+            message=message,
+            iteration=iteration,
+            structure=spec["tree"],
+            leaves=leaves,
+            sent_at=sent_us / 1e6,
+            released_at=released_us / 1e6,
+        )
 
     @classmethod
     def for_payload(cls, *, message: Message, iteration: int, payload: Tree, released_at: float = 0.0) -> Header:
+        if isinstance(payload, torch.Tensor):  # a lone tensor: the common case, without walking a tree
+            return cls(message=message, iteration=iteration, leaves=(Leaf.of(payload),), released_at=released_at)
         tensors, structure = flatten(payload)
         leaves = tuple(Leaf.of(t) for t in tensors)
         return cls(message=message, iteration=iteration, structure=structure, leaves=leaves, released_at=released_at)
@@ -157,15 +175,28 @@ class Header:
         return self.message is None
 
 
+_STOP_HEADER = Header(message=None)
+_DESCRIBED = Leaf(dtype=torch.float32, shape=())  # the header's leaf fields of a described message
+_ZEROS = (0,) * MAX_DIMS
+_CODE_KIND = {code: kind for kind, code in _KIND_CODE.items()}
+
+
 class MessageWriter:
     """The sending end of a channel's framing; one thread uses it. `frames`: how frames are built
-    (by default as the channel's device needs)."""
+    (by default as the channel's device needs).
+
+    Over a channel that has taken a frame's bytes once its send returns (`copies_on_send`: TCP, whose
+    kernel holds a copy), a host frame of the link's steady size is built in one buffer, reused
+    message after message; a caller that leaves part of a frame to send later (`rrfp_ray.runtime.links`)
+    sends it before it asks for the next message's frames."""
 
     def __init__(self, *, channel: Channel, frames: Frames | None = None) -> None:
         self.channel = channel
         self._frames = frames or frames_for(channel.device)
         self._frame_bytes = HEADER_BYTES  # what the receiver posts for the next message
         self._out = _carrier(channel, self._frames)
+        self._reuse = getattr(channel, "copies_on_send", False) and isinstance(self._frames, HostFrames)
+        self._frame: Buffer | None = None  # the reused frame (`_reuse`), of `_frame_bytes`
 
     def send(self, *, header: Header, payload: Tree | None) -> None:
         for frame in self.frames(header=header, payload=payload):
@@ -175,12 +206,17 @@ class MessageWriter:
         """The frames of one message, to go out in order on this writer's channel (the caller sends them)."""
         frames = self._frames
         described = b"" if header.is_stop else header.description()
-        tensors = [] if payload is None else flatten(payload)[0]
+        if payload is None:
+            tensors = []
+        elif isinstance(payload, torch.Tensor):
+            tensors = [payload]
+        else:
+            tensors = flatten(payload)[0]
         sections = [_aligned(len(described))] + [_aligned(t.numel() * t.element_size()) for t in tensors]
         body_bytes = sum(sections)
-        frame = frames.empty(self._frame_bytes)
-        frames.put_header(frame, header.fields(described=described, body_bytes=body_bytes))
         inline = HEADER_BYTES + body_bytes == self._frame_bytes
+        frame = self._frame if inline and self._frame is not None else frames.empty(self._frame_bytes)
+        frames.put_header(frame, header.fields(described=described, body_bytes=body_bytes))
         body = frames.tail(frame, HEADER_BYTES) if inline else frames.empty(body_bytes)
         if described:
             frames.put_bytes(body, 0, described)
@@ -190,8 +226,11 @@ class MessageWriter:
             offset += size
         out = self._out
         if inline or header.is_stop:
+            if inline and self._reuse:
+                self._frame = frame
             return [out(frame)]
         self._frame_bytes = HEADER_BYTES + body_bytes
+        self._frame = None
         return [out(frame), out(body)] if body_bytes else [out(frame)]
 
 
@@ -203,6 +242,7 @@ class MessageReader:
         self._frames = frames or frames_for(channel.device)
         self._frame_bytes = HEADER_BYTES
         self._out = _carrier(channel, self._frames)
+        self.on_host = torch.device(channel.device).type == "cpu"  # no stream to receive on
 
     def recv(self) -> tuple[Header, Tree | None]:
         frames = self._frames
@@ -210,7 +250,7 @@ class MessageReader:
         self.channel.recv(self._out(frame))
         fields = frames.header(frame)
         if fields[0] == _STOP:
-            return Header(message=None), None
+            return _STOP_HEADER, None
         described_bytes, body_bytes = fields[4], fields[5]
         if HEADER_BYTES + body_bytes == self._frame_bytes:
             body = frames.tail(frame, HEADER_BYTES)
@@ -219,8 +259,12 @@ class MessageReader:
             if body_bytes:
                 self.channel.recv(self._out(body))
             self._frame_bytes = HEADER_BYTES + body_bytes
-        described = frames.bytes(body, 0, described_bytes) if described_bytes else b""
-        header = Header.decode(fields, description=described)
+        if not described_bytes:  # a lone tensor, described by the header alone
+            header = Header.decode(fields)
+            leaf = header.leaves[0]
+            tensor = frames.view(body, 0, dtype=leaf.dtype, shape=leaf.shape)
+            return header, tensor.requires_grad_() if leaf.requires_grad else tensor
+        header = Header.decode(fields, description=frames.bytes(body, 0, described_bytes))
         leaves, offset = [], _aligned(described_bytes)
         for leaf in header.leaves:
             tensor = frames.view(body, offset, dtype=leaf.dtype, shape=leaf.shape)

@@ -239,10 +239,11 @@ class StageWorker(StageReceiving):
 
     def _wait_for_action(self, arbiter: Arbiter) -> tuple[Action, bool]:
         deadline = time.monotonic() + self.timeout_s
-        arbitrating, woke = 0.0, None
+        arbitrating, woke, looked = 0.0, None, False
         while True:
             self._raise_if_failed()
-            self._take_polled()
+            if not looked:  # after a wait, its own last look stands
+                self._take_polled()
             began = time.perf_counter()
             chosen = arbiter.next_action()
             arbitrating += time.perf_counter() - began
@@ -259,6 +260,7 @@ class StageWorker(StageReceiving):
                 )
             waited = time.perf_counter()
             self._await_arrival(timeout_s=left)
+            looked = True
             woke = time.perf_counter() - self._notified_at if self._notified_at > waited else None
 
     def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
