@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=int, default=2, help="P: the layers cut evenly into this many (default 2)")
     parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument("--micro-batch-size", type=int, default=8, help="samples per microbatch (default 8)")
+    parser.add_argument(
+        "--micro-batch-size", type=int, default=2, help="samples per microbatch (default 2, as a VLM's pipeline runs)"
+    )
     parser.add_argument("--iterations", type=int, default=24, help="iterations of data timed (default 24)")
     parser.add_argument("--seed", type=int, default=0, help="model init and data (default 0)")
     parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")

@@ -25,9 +25,11 @@ def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.Capture
         assert f"| {name} |" in text
     assert "target planned >= 1.05x the best fixed:" in text and "target replayed within 5%:" in text
     assert "best fixed packed:" in text and "| planned (both) |" in text and "| 1f1b packed |" in text
+    assert "exact-duration oracle over the best fixed" in text
     result = json.loads(data.read_text())
     assert set(result["medians_ms"]) == set(POLICIES) and all(len(v) == 1 for v in result["medians_ms"].values())
     assert result["encoder_p95_p5"] >= 1.0 and result["planning_ms"] > 0
+    assert result["oracle_over_best_fixed"] > 0
     # replayed / measured is a measurement (a first, unwarmed iteration runs well above its ops): only its form here
     assert set(result["replayed_over_measured"]) == set(POLICIES)
     assert all(r is None or 0 < r < float("inf") for r in result["replayed_over_measured"].values())
