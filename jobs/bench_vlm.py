@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--image-tail", type=float, default=1.5, help="P(n images) ~ (n + 1) ** -tail (default 1.5: half text-only)"
     )
-    parser.add_argument("--image-size", type=int, default=24, help="pixels a side of an image (default 24)")
+    parser.add_argument(
+        "--image-size", type=int, default=48, help="pixels a side of an image (default 48: 144 patches of 4 pixels)"
+    )
     parser.add_argument("--ray", action="store_true", help="one Ray actor a stage (default: threads of this process)")
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)

@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="model init and data (default 0)")
     parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")
     parser.add_argument("--image-tail", type=float, default=1.5, help="P(n images) ~ (n + 1) ** -tail (default 1.5)")
-    parser.add_argument("--image-size", type=int, default=24, help="pixels a side of an image (default 24)")
+    parser.add_argument(
+        "--image-size", type=int, default=48, help="pixels a side of an image (default 48: 144 patches of 4 pixels)"
+    )
     args = parser.parse_args(argv)
     for flag in ("stages", "microbatches", "micro_batch_size", "iterations"):
         if getattr(args, flag) < 1:
