@@ -18,16 +18,18 @@ import bench_vlm_costs
 
 def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "vlm.json"
-    args = ["--seeds", "1", "--iterations", "2", "--warmup", "0", "--microbatches", "4", "--micro-batch-size", "2"]
+    args = ["--seeds", "1", "--iterations", "2", "--warmup", "0", "--microbatches", "4", "--image-size", "24"]
     bench_vlm.main([*args, "--max-images", "4", "--json", str(data)])
     text = capsys.readouterr().out
     for name in POLICIES:
         assert f"| {name} |" in text
     assert "target planned >= 1.05x the best fixed:" in text and "target replayed within 5%:" in text
     assert "best fixed packed:" in text and "| planned (both) |" in text and "| 1f1b packed |" in text
+    assert "exact-duration oracle over the best fixed" in text
     result = json.loads(data.read_text())
     assert set(result["medians_ms"]) == set(POLICIES) and all(len(v) == 1 for v in result["medians_ms"].values())
     assert result["encoder_p95_p5"] >= 1.0 and result["planning_ms"] > 0
+    assert result["oracle_over_best_fixed"] > 0
     # replayed / measured is a measurement (a first, unwarmed iteration runs well above its ops): only its form here
     assert set(result["replayed_over_measured"]) == set(POLICIES)
     assert all(r is None or 0 < r < float("inf") for r in result["replayed_over_measured"].values())
@@ -41,7 +43,9 @@ def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: py
 
 
 def test_costs_are_measured_per_stage_with_and_without_packing(capsys: pytest.CaptureFixture[str]) -> None:
-    result = bench_vlm_costs.main(["--iterations", "1", "--microbatches", "4", "--micro-batch-size", "4"])
+    result = bench_vlm_costs.main(
+        ["--iterations", "1", "--microbatches", "4", "--micro-batch-size", "4", "--image-size", "24"]
+    )
     assert set(result) == {"own", "packed"} and all(len(stages) == 2 for stages in result.values())
     assert all(c["ms_per_iteration"] > 0 and c["max_min"] >= c["p95_p5"] >= 1 for s in result.values() for c in s)
     assert "packed:" in capsys.readouterr().out

@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing, pack
-from rrfp_ray.plan.planner import Arrangement
+from rrfp_ray.plan.planner import HINTS, Arrangement
+from rrfp_ray.plan.plans import Plan
+from rrfp_ray.plan.scoring import Samples, score
+from rrfp_ray.plan.search import search
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Kind, parse_action
-from rrfp_ray.sim.replay import replay
+from rrfp_ray.sim.replay import measured_trace, replay
 from rrfp_ray.train.api import Trainer
 
 FIXED = ("1f1b", "zb-h1")
@@ -154,6 +157,34 @@ def replay_ratio(runs: PolicyRuns, *, trainer: Trainer) -> float | None:
             )
             ratios.append(replay(report, policy=policy, layout=pipeline.layout, cap=pipeline.cap).ratio)
     return statistics.median(ratios) if ratios else None
+
+
+def ceiling(runs: Mapping[str, PolicyRuns], *, trainer: Trainer, simulations: int = 600) -> list[float]:
+    """Per seed: what planning could win with the true durations. Each timed iteration's measured op times, under
+    1f1b (a full backward) and zb-h1 (a split one) on the same data, are one exact prediction; the best plan for
+    it (`search` over every order and hint, `simulations` simulated iterations) against the better of the two fixed
+    schedules, both simulated on those traces: the best fixed median over the oracle's median (one chunk a stage)."""
+    pipeline = trainer.pipeline
+    shape = {"stages": pipeline.stages, "chunks": pipeline.chunks, "microbatches": pipeline.microbatches}
+    full, split = (make_policy(name=name, **shape) for name in FIXED)
+    identity = tuple(range(pipeline.microbatches))
+    fixed = [Plan(order=identity, hint=name, cap=pipeline.cap) for name in FIXED]
+    out = []
+    for full_seed, split_seed in zip(runs[FIXED[0]].reports, runs[FIXED[1]].reports):
+        best, oracle = {name: [] for name in FIXED}, []
+        for a, b in zip(full_seed, split_seed):
+            if a.iteration != b.iteration:
+                raise ValueError(f"iteration {a.iteration} under {FIXED[0]} met {b.iteration} under {FIXED[1]}")
+            traces = Samples(
+                [measured_trace(b, layout=split.layout_over(pipeline.layout))],
+                unsplit=[measured_trace(a, layout=full.layout_over(pipeline.layout))],
+            )
+            for name, ms in zip(FIXED, score(plans=fixed, samples=traces)):
+                best[name].append(ms)
+            found = search(samples=traces, hints=HINTS, cap=pipeline.cap, simulations=simulations, seed=a.iteration)
+            oracle.append(found.score_ms)
+        out.append(min(statistics.median(v) for v in best.values()) / statistics.median(oracle))
+    return out
 
 
 def table(runs: Mapping[str, PolicyRuns], *, trainer: Trainer) -> list[str]:
