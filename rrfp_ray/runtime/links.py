@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -26,6 +27,7 @@ import torch
 from rrfp_ray.runtime.breakdown import Breakdown, Phase
 from rrfp_ray.runtime.cpu import ThreadClock
 from rrfp_ray.runtime.streams import Fence, Handoff
+from rrfp_ray.runtime.timers import tighten_timer_slack
 from rrfp_ray.runtime.transport import Channel, Header, MessageWriter
 from rrfp_ray.runtime.tree import Tree
 from rrfp_ray.schedule.layout import Link
@@ -59,16 +61,19 @@ class LinkSender:
     def post(self, *, header: Header, payload: Tree, release: float, fence: Fence = None) -> None:
         """Queue a message; it leaves at `release` (perf_counter seconds) or later, once `fence` is passed;
         written at once from this thread where it can be (see the module's doc)."""
+        written = False
         with self._cond:
             rest = None
             if self._direct and fence is None and not self._queue and not self._sending and _small(header):
                 taken = time.perf_counter()
                 if release <= taken:
                     rest = self._write_now(header=header, payload=payload, release=release, taken=taken)
-                    if not rest:
-                        return
-            heapq.heappush(self._queue, (release, next(self._seq), header, payload, fence, rest))
-            self._cond.notify()
+                    written = not rest  # all of it went (or the failure is reported)
+            if not written:
+                heapq.heappush(self._queue, (release, next(self._seq), header, payload, fence, rest))
+                self._cond.notify()
+        if written:
+            os.sched_yield()  # the receiver the write woke may wait on this core for it: it runs now
 
     def _write_now(self, *, header: Header, payload: Tree, release: float, taken: float) -> _Frames:
         """Under the lock, on the posting thread: the message's frames, written as far as they go without
@@ -117,6 +122,7 @@ class LinkSender:
         self._thread.join(timeout=timeout_s)
 
     def _loop(self) -> None:
+        tighten_timer_slack()
         while True:
             self.clock.mark()
             with self._cond:

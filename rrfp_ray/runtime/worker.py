@@ -34,6 +34,7 @@ from rrfp_ray.runtime.polled import PolledLinks, polled
 from rrfp_ray.runtime.receiving import StageReceiving
 from rrfp_ray.runtime.reduce import DPContext, ReduceStats
 from rrfp_ray.runtime.streams import Fence, Handoff
+from rrfp_ray.runtime.timers import tighten_timer_slack
 from rrfp_ray.runtime.transport import Channel, Header
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.grad_ready import reduce_order
@@ -108,6 +109,7 @@ class StageWorker(StageReceiving):
         With `args.measure`, the executor's `measure` follows the step, on this thread: the stats carry
         its layer costs and probe (outside the stage's wall time)."""
         iteration, layout, policy = args.iteration, args.layout, args.policy
+        tighten_timer_slack()
         arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit)
         with self._cond:
             self._raise_if_failed()
