@@ -23,7 +23,10 @@ def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.Capture
     text = capsys.readouterr().out
     for name in POLICIES:
         assert f"| {name} |" in text
-    assert "target planned >= 1.05x the best fixed:" in text and "target replayed within 5%:" in text
+    assert (
+        "target planned >= 1.05x the best fixed at equal peak activation bytes:" in text
+        and "target replayed within 5%:" in text
+    )
     assert "best fixed packed:" in text and "| planned (both) |" in text and "| 1f1b packed |" in text
     assert "exact-duration oracle over the best fixed" in text
     result = json.loads(data.read_text())
