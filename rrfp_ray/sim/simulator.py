@@ -14,6 +14,7 @@ has spent that long on the last.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,11 +145,13 @@ class _Run:
             Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
-        self.ready_at = [0.0] * slots.ops if record else []  # with `record`, per op: when its delivery arrived
+        # Times are kept as C doubles (`array`): the floats of the loop are freed and reused, not held.
+        # With `record`, per op: when its delivery arrived
+        self.ready_at = array("d", bytes(8 * slots.ops)) if record else array("d")
         # per stage, with `record`: the start and end times of its ops in the order they started
         # (`Arbiter.started_slots`)
-        self.starts: list[list[float]] = [[] for _ in self.arbiters]
-        self.ends: list[list[float]] = [[] for _ in self.arbiters]
+        self.starts = [array("d") for _ in self.arbiters]
+        self.ends = [array("d") for _ in self.arbiters]
         self.makespan_ms = self._run(latencies=timings[1], record=record)
         stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
         if stuck:
@@ -164,6 +167,7 @@ class _Run:
         on_done = [a.on_done_slot for a in arbiters]
         on_arrival = [a.on_arrival_slot for a in arbiters]
         bounded = self.case.buffer_limit is not None
+        delayed = latencies.count(None) < len(latencies)  # False: every delivery is due at once
         # per receiving stage, per link: deliveries held while its receive buffer is full
         waiting: list[dict[int, deque[tuple[int, int, int, int, int]]]] = [{} for _ in arbiters]
         busy = [False] * len(arbiters)
@@ -203,11 +207,11 @@ class _Run:
         now = 0.0
         touched = list(range(len(arbiters)))
         while True:
-            if len(touched) == 2:  # the common instant: an op done and the stage its message made ready
+            if (count := len(touched)) == 2:  # the common instant: an op done and the stage its message made ready
                 first, second = touched
                 if first >= second:
                     touched = (first,) if first == second else (second, first)
-            elif len(touched) > 2:
+            elif count > 2:
                 touched = sorted(set(touched))
             for stage in touched:  # all idle: a stage is touched only while it is
                 slot = next_slot[stage]()
@@ -251,8 +255,11 @@ class _Run:
                     if receiver < 0:
                         continue
                     if transport is None or link < 0:
-                        latency = latencies[consumer]
-                        if latency is not None and (arrival := now + latency) != now:
+                        if (
+                            delayed
+                            and (latency := latencies[consumer]) is not None
+                            and (arrival := now + latency) != now
+                        ):
                             if (events := due.get(arrival)) is None:
                                 due[arrival] = [deliveries[consumer]]
                                 heappush(times, arrival)
@@ -312,7 +319,7 @@ class _Run:
         )
 
     def _events(self) -> list[OpEvent]:
-        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
+        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at[:]
         # an op is ready when its delivery has arrived and the op before it on its stage is done
         for stage, arbiter in enumerate(self.arbiters):
             base = stage * self.slots.per_stage
