@@ -18,7 +18,7 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 from operator import sub
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
@@ -205,6 +205,8 @@ class _Run:
                 carry(link, now)
 
         now = 0.0
+        # `now` stays the heap's root while its instant is applied and decided; the first new time replaces it
+        times.append(now)
         touched = list(range(len(arbiters)))
         while True:
             if (count := len(touched)) == 2:  # the common instant: an op done and the stage its message made ready
@@ -213,6 +215,7 @@ class _Run:
                     touched = (first,) if first == second else (second, first)
             elif count > 2:
                 touched = sorted(set(touched))
+            root = True  # `times[0]` is `now`
             for stage in touched:  # all idle: a stage is touched only while it is
                 slot = next_slot[stage]()
                 if slot < 0:
@@ -225,7 +228,11 @@ class _Run:
                     ends[stage].append(end)
                 if (events := due.get(end)) is None:
                     due[end] = [completions[op]]
-                    heappush(times, end)
+                    if root:
+                        heapreplace(times, end)
+                        root = False
+                    else:
+                        heappush(times, end)
                 else:
                     events.append(completions[op])
                 if bounded and waiting[stage]:
@@ -238,9 +245,11 @@ class _Run:
                                 ready_at[consumer] = now
                             if frees_on_take:
                                 free(link, now)
+            if root:
+                heappop(times)
             if not times:
                 return now
-            now = heappop(times)
+            now = times[0]
             touched = []
             # Events scheduled at `now` while these run join this list (`due[now]` stays until they are
             # done), so that all of the instant is applied before any stage decides.
