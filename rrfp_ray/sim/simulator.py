@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush, heapreplace
-from operator import sub
+from operator import add, itemgetter, sub
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
@@ -145,13 +145,10 @@ class _Run:
             Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
-        # Times are kept as C doubles (`array`): the floats of the loop are freed and reused, not held.
-        # With `record`, per op: when its delivery arrived
+        # With `record`, per op: when its delivery arrived, and when it started (an end is its start plus
+        # its duration, as the loop adds them). Kept as C doubles: the loop's floats are freed, not held.
         self.ready_at = array("d", bytes(8 * slots.ops)) if record else array("d")
-        # per stage, with `record`: the start and end times of its ops in the order they started
-        # (`Arbiter.started_slots`)
-        self.starts = [array("d") for _ in self.arbiters]
-        self.ends = [array("d") for _ in self.arbiters]
+        self.started_at = array("d", bytes(8 * slots.ops)) if record else array("d")
         self.makespan_ms = self._run(latencies=timings[1], record=record)
         stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
         if stuck:
@@ -161,7 +158,7 @@ class _Run:
 
     def _run(self, *, latencies: list[float | None], record: bool) -> float:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
-        starts, ends, arbiters, transport = self.starts, self.ends, self.arbiters, self.case.transport
+        started_at, arbiters, transport = self.started_at, self.arbiters, self.case.transport
         S, completions, deliveries = slots.per_stage, slots.completions, slots.deliveries
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
@@ -224,8 +221,7 @@ class _Run:
                 busy[stage] = True
                 end = now + durations[op]
                 if record:
-                    starts[stage].append(now)
-                    ends[stage].append(end)
+                    started_at[op] = now
                 if (events := due.get(end)) is None:
                     due[end] = [completions[op]]
                     if root:
@@ -307,12 +303,25 @@ class _Run:
                     free(event[1], now)
             del due[now]
 
+    def _times(self, stage: int) -> tuple[Sequence[float], list[float]]:
+        """The start and end times of `stage`'s ops in the order they started (`Arbiter.started_slots`)."""
+        begun, size = self.arbiters[stage].started_slots, self.slots.per_stage
+        ops = slice(stage * size, (stage + 1) * size)
+        starts, durations = self.started_at[ops], self.durations[ops]
+        if len(begun) > 1:
+            pick = itemgetter(*begun)
+            starts, durations = pick(starts), pick(durations)
+        else:
+            starts, durations = [starts[slot] for slot in begun], [durations[slot] for slot in begun]
+        return starts, list(map(add, starts, durations))
+
     def report(self, *, iteration: int) -> IterationReport:
         stats = []
         for stage, arbiter in enumerate(self.arbiters):
+            starts, ends = self._times(stage)
             s = totals_stats(
                 stage=stage,
-                compute_ms=sum(map(sub, self.ends[stage], self.starts[stage])),
+                compute_ms=sum(map(sub, ends, starts)),
                 overtakes=arbiter.overtakes,
                 wall_ms=self.makespan_ms,
             )
@@ -330,9 +339,10 @@ class _Run:
     def _events(self) -> list[OpEvent]:
         texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at[:]
         # an op is ready when its delivery has arrived and the op before it on its stage is done
+        times = [self._times(stage) for stage in range(len(self.arbiters))]
         for stage, arbiter in enumerate(self.arbiters):
             base = stage * self.slots.per_stage
-            for slot, end in zip(arbiter.started_slots, self.ends[stage]):
+            for slot, end in zip(arbiter.started_slots, times[stage][1]):
                 after = follower[base + slot]
                 if after >= 0 and ready_at[after] < end:
                     ready_at[after] = end
@@ -344,6 +354,6 @@ class _Run:
                 OpEvent(
                     stage, texts[base + slot], start, end, ready_at[base + slot], hint_position(slot), overtook(slot)
                 )
-                for slot, start, end in zip(arbiter.started_slots, self.starts[stage], self.ends[stage])
+                for slot, start, end in zip(arbiter.started_slots, *times[stage])
             ]
         return events
