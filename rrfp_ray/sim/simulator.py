@@ -14,7 +14,6 @@ has spent that long on the last.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -146,9 +145,9 @@ class _Run:
             for s, m in enumerate(memory)
         ]
         # With `record`, per op: when its delivery arrived, and when it started (an end is its start plus
-        # its duration, as the loop adds them). Kept as C doubles: the loop's floats are freed, not held.
-        self.ready_at = array("d", bytes(8 * slots.ops)) if record else array("d")
-        self.started_at = array("d", bytes(8 * slots.ops)) if record else array("d")
+        # its duration, as the loop adds them)
+        self.ready_at = [0.0] * slots.ops if record else []
+        self.started_at = [0.0] * slots.ops if record else []
         self.makespan_ms = self._run(latencies=timings[1], record=record)
         stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
         if stuck:
@@ -337,7 +336,7 @@ class _Run:
         )
 
     def _events(self) -> list[OpEvent]:
-        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at[:]
+        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
         # an op is ready when its delivery has arrived and the op before it on its stage is done
         times = [self._times(stage) for stage in range(len(self.arbiters))]
         for stage, arbiter in enumerate(self.arbiters):
