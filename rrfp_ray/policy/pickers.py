@@ -123,31 +123,37 @@ class _Heaps:
         heappush(self.heaps[self.heap_of[slot]], self.key_of[slot])
 
 
+_BUCKETS = 16  # `FixedPicker`'s heaps: ready slots spread by place, so that each heap stays small
+
+
 def _first_places(*, order: list[int], slots: Slots) -> tuple[list[int], list[int]]:
-    """Per slot: 0 and its first place in `order`, or 1 and 0 if it has none (`FixedPicker`'s tables)."""
-    heap_of, key_of = [1] * slots.per_stage, [0] * slots.per_stage
+    """Per slot: the heap of its first place in `order` (place mod `_BUCKETS`) and that place, or a
+    heap never read and 0 if it has none (`FixedPicker`'s tables)."""
+    heap_of, key_of = [_BUCKETS] * slots.per_stage, [0] * slots.per_stage
     for place, slot in reversed(list(enumerate(order))):
-        heap_of[slot], key_of[slot] = 0, place
-    heap_of[slots.outside], key_of[slots.outside] = 1, 0
-    return heap_of, interned(key_of)
+        heap_of[slot], key_of[slot] = place % _BUCKETS, place
+    heap_of[slots.outside], key_of[slots.outside] = _BUCKETS, 0
+    return interned(heap_of), interned(key_of)
 
 
 class FixedPicker(_Heaps):
     """Only the next action of the list may run; caps do not apply (the list is its own cap).
 
-    Ready slots wait under their first place in the list; a slot not in it, in a heap never read."""
+    Ready slots wait under their first place in the list, in the heap of that place mod `_BUCKETS`
+    (forwards that arrive long before their place pile up: spread, each pop sifts a small heap);
+    a slot not in the list, in a heap never read."""
 
     def __init__(self, *, index: HintIndex) -> None:
         self._order = index.order
         self._next = 0
         self.heap_of, self.key_of = index.first_places
-        self._ready: list[int] = []
-        self.heaps = (self._ready, [])
+        self.heaps = tuple([] for _ in range(_BUCKETS + 1))
 
     def pick(self, admit: bool) -> int:
-        ready = self._ready
-        if ready and ready[0] == self._next:
-            self._next += 1
+        place = self._next
+        ready = self.heaps[place % _BUCKETS]
+        if ready and ready[0] == place:
+            self._next = place + 1
             return self._order[heappop(ready)]
         return -1
 
@@ -159,8 +165,7 @@ class FixedPicker(_Heaps):
 
     def copy(self) -> FixedPicker:
         other = copy.copy(self)
-        other._ready = self._ready.copy()
-        other.heaps = (other._ready, [])
+        other.heaps = tuple(heap.copy() for heap in self.heaps)
         return other
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from heapq import heappop, heappush
-from operator import sub
+from heapq import heappop, heappush, heapreplace
+from operator import add, itemgetter, sub
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
@@ -144,11 +144,10 @@ class _Run:
             Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
-        self.ready_at = [0.0] * slots.ops if record else []  # with `record`, per op: when its delivery arrived
-        # per stage, with `record`: the start and end times of its ops in the order they started
-        # (`Arbiter.started_slots`)
-        self.starts: list[list[float]] = [[] for _ in self.arbiters]
-        self.ends: list[list[float]] = [[] for _ in self.arbiters]
+        # With `record`, per op: when its delivery arrived, and when it started (an end is its start plus
+        # its duration, as the loop adds them)
+        self.ready_at = [0.0] * slots.ops if record else []
+        self.started_at = [0.0] * slots.ops if record else []
         self.makespan_ms = self._run(latencies=timings[1], record=record)
         stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
         if stuck:
@@ -158,12 +157,13 @@ class _Run:
 
     def _run(self, *, latencies: list[float | None], record: bool) -> float:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
-        starts, ends, arbiters, transport = self.starts, self.ends, self.arbiters, self.case.transport
+        started_at, arbiters, transport = self.started_at, self.arbiters, self.case.transport
         S, completions, deliveries = slots.per_stage, slots.completions, slots.deliveries
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
         on_arrival = [a.on_arrival_slot for a in arbiters]
         bounded = self.case.buffer_limit is not None
+        delayed = latencies.count(None) < len(latencies)  # False: every delivery is due at once
         # per receiving stage, per link: deliveries held while its receive buffer is full
         waiting: list[dict[int, deque[tuple[int, int, int, int, int]]]] = [{} for _ in arbiters]
         busy = [False] * len(arbiters)
@@ -201,14 +201,17 @@ class _Run:
                 carry(link, now)
 
         now = 0.0
+        # `now` stays the heap's root while its instant is applied and decided; the first new time replaces it
+        times.append(now)
         touched = list(range(len(arbiters)))
         while True:
-            if len(touched) == 2:  # the common instant: an op done and the stage its message made ready
+            if (count := len(touched)) == 2:  # the common instant: an op done and the stage its message made ready
                 first, second = touched
                 if first >= second:
                     touched = (first,) if first == second else (second, first)
-            elif len(touched) > 2:
+            elif count > 2:
                 touched = sorted(set(touched))
+            root = True  # `times[0]` is `now`
             for stage in touched:  # all idle: a stage is touched only while it is
                 slot = next_slot[stage]()
                 if slot < 0:
@@ -217,11 +220,14 @@ class _Run:
                 busy[stage] = True
                 end = now + durations[op]
                 if record:
-                    starts[stage].append(now)
-                    ends[stage].append(end)
+                    started_at[op] = now
                 if (events := due.get(end)) is None:
                     due[end] = [completions[op]]
-                    heappush(times, end)
+                    if root:
+                        heapreplace(times, end)
+                        root = False
+                    else:
+                        heappush(times, end)
                 else:
                     events.append(completions[op])
                 if bounded and waiting[stage]:
@@ -234,9 +240,11 @@ class _Run:
                                 ready_at[consumer] = now
                             if frees_on_take:
                                 free(link, now)
+            if root:
+                heappop(times)
             if not times:
                 return now
-            now = heappop(times)
+            now = times[0]
             touched = []
             # Events scheduled at `now` while these run join this list (`due[now]` stays until they are
             # done), so that all of the instant is applied before any stage decides.
@@ -251,8 +259,11 @@ class _Run:
                     if receiver < 0:
                         continue
                     if transport is None or link < 0:
-                        latency = latencies[consumer]
-                        if latency is not None and (arrival := now + latency) != now:
+                        if (
+                            delayed
+                            and (latency := latencies[consumer]) is not None
+                            and (arrival := now + latency) != now
+                        ):
                             if (events := due.get(arrival)) is None:
                                 due[arrival] = [deliveries[consumer]]
                                 heappush(times, arrival)
@@ -291,12 +302,25 @@ class _Run:
                     free(event[1], now)
             del due[now]
 
+    def _times(self, stage: int) -> tuple[Sequence[float], list[float]]:
+        """The start and end times of `stage`'s ops in the order they started (`Arbiter.started_slots`)."""
+        begun, size = self.arbiters[stage].started_slots, self.slots.per_stage
+        ops = slice(stage * size, (stage + 1) * size)
+        starts, durations = self.started_at[ops], self.durations[ops]
+        if len(begun) > 1:
+            pick = itemgetter(*begun)
+            starts, durations = pick(starts), pick(durations)
+        else:
+            starts, durations = [starts[slot] for slot in begun], [durations[slot] for slot in begun]
+        return starts, list(map(add, starts, durations))
+
     def report(self, *, iteration: int) -> IterationReport:
         stats = []
         for stage, arbiter in enumerate(self.arbiters):
+            starts, ends = self._times(stage)
             s = totals_stats(
                 stage=stage,
-                compute_ms=sum(map(sub, self.ends[stage], self.starts[stage])),
+                compute_ms=sum(map(sub, ends, starts)),
                 overtakes=arbiter.overtakes,
                 wall_ms=self.makespan_ms,
             )
@@ -314,9 +338,10 @@ class _Run:
     def _events(self) -> list[OpEvent]:
         texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
         # an op is ready when its delivery has arrived and the op before it on its stage is done
+        times = [self._times(stage) for stage in range(len(self.arbiters))]
         for stage, arbiter in enumerate(self.arbiters):
             base = stage * self.slots.per_stage
-            for slot, end in zip(arbiter.started_slots, self.ends[stage]):
+            for slot, end in zip(arbiter.started_slots, times[stage][1]):
                 after = follower[base + slot]
                 if after >= 0 and ready_at[after] < end:
                     ready_at[after] = end
@@ -328,6 +353,6 @@ class _Run:
                 OpEvent(
                     stage, texts[base + slot], start, end, ready_at[base + slot], hint_position(slot), overtook(slot)
                 )
-                for slot, start, end in zip(arbiter.started_slots, self.starts[stage], self.ends[stage])
+                for slot, start, end in zip(arbiter.started_slots, *times[stage])
             ]
         return events
