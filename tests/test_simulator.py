@@ -409,13 +409,30 @@ def test_bf_bound_rejects_chunks_and_comm() -> None:
 
 def min_buffer(*, policy: Policy, trace: Trace, cap: Cap) -> int:
     """The rule in rrfp_ray/policy/arbiter.py: 1 + the largest cap drop into a stage whose chunk 0 waits for
-    gradients."""
+    gradients; under a byte gate, a stage's cap is the most microbatches its F->B limit admits (the lightest
+    first) upstream, and 1 at the stage itself (one heavy microbatch may fill it)."""
     layout = layout_for(policy=policy, trace=trace)
-    caps = [Arbiter(layout=layout, stage=s, policy=policy, cap=cap).cap_fb for s in range(layout.stages)]
+    gates = memories(cap=cap, policy=policy, trace=trace, layout=layout, limits=None)
+    counts = [Arbiter(layout=layout, stage=s, policy=policy, cap=cap).cap_fb for s in range(layout.stages)]
+    most = [count if gate is None else _most_admitted(gate.held, gate.limit_fb) for count, gate in zip(counts, gates)]
+    least = [count if gate is None else 1 for count, gate in zip(counts, gates)]
     drops = [
-        caps[s - 1] - caps[s] for s in range(1, layout.stages) if s < layout.virtual_stages - 1 and caps[s] < math.inf
+        most[s - 1] - least[s] for s in range(1, layout.stages) if s < layout.virtual_stages - 1 and least[s] < math.inf
     ]
     return 1 + int(max([0, *drops]))
+
+
+def _most_admitted(held: tuple[float, ...], limit: float) -> float:
+    """How many microbatches fit under `limit` at once, the lightest first (at least 1: an empty stage admits)."""
+    if limit == math.inf:
+        return math.inf
+    total, count = 0.0, 0
+    for size in sorted(held):
+        total += size
+        if total > limit * (1 + 1e-9):
+            break
+        count += 1
+    return max(count, 1)
 
 
 READY_NAMES = ("ready-gpipe", "ready-1f1b", "ready-zb-h1", "ready-interleaved", *RULES)

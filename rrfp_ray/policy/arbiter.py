@@ -23,7 +23,9 @@ ready-*) never deadlock when
     buffer_limit >= 1 + max(0, max over stages s >= 1 of cap(s-1) - cap(s)),
 
 cap(s) being stage s's `cap_fb`, skipping a stage whose chunk 0 is the last virtual stage
-(v = 1, s = P-1: its B needs no gradient) and stages without a cap. That is 1 for `inf` and
+(v = 1, s = P-1: its B needs no gradient) and stages without a cap. Under a byte gate (`Memory`),
+cap(s-1) is the most microbatches stage s-1's F->B limit admits at once (the lightest first) and
+cap(s) is 1 (one heavy microbatch may fill stage s). That is 1 for `inf` and
 count caps (`4`); over 1f1b / zb-h1 (caps P-s at 1x) 2 at 1x and 3 at 2x (1 when P = 2);
 over interleaved at P=4, M=16, 3 at 1x and 5 at 2x for v=2 (caps 8,8,7,5 at 1x), 1 for v=3
 (caps all 8). Where the rule asks for more than 1, one less deadlocks on some trace
