@@ -30,6 +30,7 @@ from benchmarks.vlm import (
     PLANNED,
     POLICIES,
     PolicyRuns,
+    add_data_flags,
     best_of,
     best_readiness,
     ceiling,
@@ -49,19 +50,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=int, default=2, help="P (default 2)")
     parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument(
-        "--micro-batch-size", type=int, default=2, help="samples per microbatch (default 2, as a VLM's pipeline runs)"
-    )
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1: model init and data (default 5)")
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations per policy and seed")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
-    parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")
-    parser.add_argument(
-        "--image-tail", type=float, default=1.5, help="P(n images) ~ (n + 1) ** -tail (default 1.5: half text-only)"
-    )
-    parser.add_argument(
-        "--image-size", type=int, default=48, help="pixels a side of an image (default 48: 144 patches of 4 pixels)"
-    )
+    add_data_flags(parser)
     parser.add_argument("--ray", action="store_true", help="one Ray actor a stage (default: threads of this process)")
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ import argparse
 import statistics
 import time
 
+from benchmarks.vlm import add_data_flags
 from rrfp_ray.job import run_job
 
 
@@ -23,16 +24,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=int, default=2, help="P: the layers cut evenly into this many (default 2)")
     parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument(
-        "--micro-batch-size", type=int, default=2, help="samples per microbatch (default 2, as a VLM's pipeline runs)"
-    )
     parser.add_argument("--iterations", type=int, default=24, help="iterations of data timed (default 24)")
     parser.add_argument("--seed", type=int, default=0, help="model init and data (default 0)")
-    parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")
-    parser.add_argument("--image-tail", type=float, default=1.5, help="P(n images) ~ (n + 1) ** -tail (default 1.5)")
-    parser.add_argument(
-        "--image-size", type=int, default=48, help="pixels a side of an image (default 48: 144 patches of 4 pixels)"
-    )
+    add_data_flags(parser)
     args = parser.parse_args(argv)
     for flag in ("stages", "microbatches", "micro_batch_size", "iterations"):
         if getattr(args, flag) < 1:

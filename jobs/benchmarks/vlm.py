@@ -21,6 +21,7 @@ list; the peak activation bytes each measured are printed beside it (over 1F1B's
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -38,10 +39,25 @@ from rrfp_ray.sim.replay import measured_trace, replay
 from rrfp_ray.train.api import Trainer
 
 FIXED = ("1f1b", "zb-h1")
+
 READINESS = ("bf", "bfw", "cpw")
 PLANNED = {f"planned ({a.value})": a for a in Arrangement}  # a row per arrangement
 PACKED = {f"{name} packed": name for name in FIXED}  # a fixed schedule on packed microbatches
 POLICIES = (*FIXED, *READINESS, *PLANNED, *PACKED)
+
+
+def add_data_flags(parser: argparse.ArgumentParser) -> None:
+    """The VLM benchmarks' data: samples a microbatch, and the images' count per sample, tail and size."""
+    parser.add_argument(
+        "--micro-batch-size", type=int, default=2, help="samples per microbatch (default 2, as a VLM's pipeline runs)"
+    )
+    parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")
+    parser.add_argument(
+        "--image-tail", type=float, default=1.5, help="P(n images) ~ (n + 1) ** -tail (default 1.5: half text-only)"
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=48, help="pixels a side of an image (default 48: 144 patches of 4 pixels)"
+    )
 
 
 def features_packing(trainer: Trainer) -> Packing:
