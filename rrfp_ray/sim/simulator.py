@@ -14,6 +14,7 @@ has spent that long on the last.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -302,8 +303,12 @@ class _Run:
                     free(event[1], now)
             del due[now]
 
+    @functools.cached_property
+    def _stage_times(self) -> list[tuple[Sequence[float], list[float]]]:
+        """Per stage, the start and end times of its ops in the order they started (`Arbiter.started_slots`)."""
+        return [self._times(stage) for stage in range(len(self.arbiters))]
+
     def _times(self, stage: int) -> tuple[Sequence[float], list[float]]:
-        """The start and end times of `stage`'s ops in the order they started (`Arbiter.started_slots`)."""
         begun, size = self.arbiters[stage].started_slots, self.slots.per_stage
         ops = slice(stage * size, (stage + 1) * size)
         starts, durations = self.started_at[ops], self.durations[ops]
@@ -317,7 +322,7 @@ class _Run:
     def report(self, *, iteration: int) -> IterationReport:
         stats = []
         for stage, arbiter in enumerate(self.arbiters):
-            starts, ends = self._times(stage)
+            starts, ends = self._stage_times[stage]
             s = totals_stats(
                 stage=stage,
                 compute_ms=sum(map(sub, ends, starts)),
@@ -338,7 +343,7 @@ class _Run:
     def _events(self) -> list[OpEvent]:
         texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
         # an op is ready when its delivery has arrived and the op before it on its stage is done
-        times = [self._times(stage) for stage in range(len(self.arbiters))]
+        times = self._stage_times
         for stage, arbiter in enumerate(self.arbiters):
             base = stage * self.slots.per_stage
             for slot, end in zip(arbiter.started_slots, times[stage][1]):
