@@ -110,7 +110,10 @@ class StageWorker(StageReceiving):
         its layer costs and probe (outside the stage's wall time)."""
         iteration, layout, policy = args.iteration, args.layout, args.policy
         tighten_timer_slack()
-        arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit)
+        memory = None if args.memory is None else args.memory[self.stage]
+        arbiter = Arbiter(
+            layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit, memory=memory
+        )
         with self._cond:
             self._raise_if_failed()
             self._arbiter, self._layout, self._iteration = arbiter, layout, iteration
@@ -196,6 +199,8 @@ class StageWorker(StageReceiving):
             stats.loss, stats.peak_bytes, stats.optim_bytes = step.loss, step.peak_bytes, step.optim_bytes
             stats.skipped_step = step.skipped
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
+        if step is None and memory is not None:  # no measured peak: the bytes the gate counted held
+            stats.peak_bytes = round(arbiter.peak_bytes)
         stats.started_at = started_at
         stats.cpu = cpu.to_dict()
         with self._cond:
