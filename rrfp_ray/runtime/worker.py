@@ -198,6 +198,10 @@ class StageWorker(StageReceiving):
         if step is not None:
             stats.loss, stats.peak_bytes, stats.optim_bytes = step.loss, step.peak_bytes, step.optim_bytes
             stats.skipped_step = step.skipped
+            if step.kept:
+                stats.activation_bytes = [[0] * layout.microbatches for _ in range(layout.chunks)]
+                for chunk, slot, nbytes in step.kept:
+                    stats.activation_bytes[chunk][slot] = nbytes
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
         if step is None and memory is not None:  # no measured peak: the bytes the gate counted held
             stats.peak_bytes = round(arbiter.peak_bytes)
