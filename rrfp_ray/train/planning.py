@@ -11,7 +11,7 @@ from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.train.backend import Backend
 from rrfp_ray.train.config import PipelineConfig
-from rrfp_ray.train.sources import FeatureSource, packing_refusal
+from rrfp_ray.train.sources import FeatureSource, SampleSource, packing_refusal
 from rrfp_ray.train.workload import ModelWorkload
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Planning:
             config = PlannerConfig(hints=hints, cap=pipeline.cap, arrange=arrange)
             self.planner = Planner(config=config, **shape)
         if self._lookahead is None:
-            self._lookahead = Lookahead(planner=self.planner, shows=self._seen, timeout_s=pipeline.timeout_s)
+            self._lookahead = Lookahead(planner=self.planner, shows=self.shown, timeout_s=pipeline.timeout_s)
         taken = self._lookahead.take(iteration=iteration)
         self.planning_s.append(taken.planning_s)
         self.plan_wait_s.append(taken.wait_s)
@@ -82,7 +82,12 @@ class Planning:
         self._lookahead.ask(iteration=iteration + 1)
         order, packing = taken.plan.order, taken.plan.packing
         report = self._run.backend.run_iteration(
-            iteration=iteration, policy=policy, cap=taken.plan.cap, order=order, packing=packing
+            iteration=iteration,
+            policy=policy,
+            cap=taken.plan.cap,
+            order=order,
+            packing=packing,
+            data_bytes=None if policy.fixed else taken.data_bytes,
         )
         self._lookahead.observe(report=report, taken=taken)
         logger.debug(
@@ -109,18 +114,17 @@ class Planning:
         self.stop()
         self.planner = None
 
-    def _seen(self, iteration: int) -> Seen | None:
+    def shown(self, iteration: int) -> Seen | None:
         """What `iteration`'s data shows the planner; each replica reads its own M microbatches, in one order."""
         data = self._run.workload.data
         if not isinstance(data, FeatureSource):
             return None
-        arrange = None if self.planner is None else self.planner.config.arrange
-        packs = arrange is not None and arrange.packs and self._refusal(arrange) is None
+        shows = isinstance(data, SampleSource) and self._run.pipeline.dp == 1  # for packing and padded sizes
         return seen(
             data.features(iteration=iteration),
             replicas=self._run.pipeline.dp,
             microbatches=self._run.pipeline.microbatches,
-            samples=data.sample_features(iteration=iteration) if packs else None,
+            samples=data.sample_features(iteration=iteration) if shows else None,
         )
 
     def _refusal(self, arrange: Arrangement) -> str | None:
