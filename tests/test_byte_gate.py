@@ -16,6 +16,7 @@ from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Kind, parse_action
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.memory import DataBytes
+from rrfp_ray.sim.replay import replay
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.trace import Trace
 from rrfp_ray.sim.variability import generate
@@ -96,6 +97,9 @@ def test_the_runtime_gates_in_bytes_as_the_simulator_does(weights: list[float], 
         assert peak_fb <= gate.limit_fb * (1 + 1e-9), f"stage {stage} held {peak_fb} bytes F->B past {gate.limit_fb}"
         assert peak_fw <= gate.limit_fw * (1 + 1e-9), f"stage {stage} held {peak_fw} bytes F->W past {gate.limit_fw}"
         assert report.stages[stage].peak_bytes == round(simulated.stages[stage].peak_bytes)
+        assert report.stages[stage].gate_bytes == list(gate.held)
+        limits = [gate.limit_fb, gate.limit_fw]
+        assert report.stages[stage].gate_limits == [x if x != float("inf") else None for x in limits]
 
 
 def test_without_bytes_the_cap_counts_microbatches_as_before() -> None:
@@ -137,3 +141,19 @@ def test_the_order_moves_each_slots_bytes_with_its_data_microbatch() -> None:
     gates = data.memories(cap=Cap.parse("1x"), policy=policy, layout=layout, order=order)
     assert [g.held for g in gates] == [tuple(float(M - i) for i in range(M))] * P
     assert [(g.limit_fb, g.limit_fw) for g in gates] == [(10.0, 20.0)] * P
+
+
+def test_a_replay_gates_in_bytes_as_the_stages_did() -> None:
+    base = generate(scenario="lognormal", stages=P, microbatches=M, chunks=1, seed=2, t_f=8.0)
+    trace = replace(base, activation_bytes=((1.0, 1.0, 1.0, 1.0, 1.0, 3.0),) * P)
+    layout = Layout(stages=P, chunks=1, microbatches=M)
+    policy = make_policy(name="bf", stages=P, chunks=1, microbatches=M)
+    cap = Cap.parse("1x")
+    report = simulate(policy=policy, trace=trace, cap=cap)  # stands for a measured run
+    gates = DataBytes(rows=trace.activation_bytes).memories(cap=cap, policy=policy, layout=layout, order=None)
+    counted = replay(report, policy=policy, layout=layout, cap=cap).simulated_ms
+    assert counted != pytest.approx(report.makespan_ms, rel=1e-9)  # the bytes decide something here
+    for stats, gate in zip(report.stages, gates):
+        stats.gate_bytes = list(gate.held)
+        stats.gate_limits = [gate.limit_fb, None]
+    assert replay(report, policy=policy, layout=layout, cap=cap).simulated_ms == pytest.approx(report.makespan_ms)

@@ -15,6 +15,7 @@ Every wait is bounded by `timeout_s` and fails naming what it awaited.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -203,8 +204,11 @@ class StageWorker(StageReceiving):
                 for chunk, slot, nbytes in step.kept:
                     stats.activation_bytes[chunk][slot] = nbytes
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
-        if step is None and memory is not None:  # no measured peak: the bytes the gate counted held
-            stats.peak_bytes = round(arbiter.peak_bytes)
+        if memory is not None:
+            stats.gate_bytes = list(memory.held)
+            stats.gate_limits = [x if math.isfinite(x) else None for x in (memory.limit_fb, memory.limit_fw)]
+            if step is None:  # no measured peak: the bytes the gate counted held
+                stats.peak_bytes = round(arbiter.peak_bytes)
         stats.started_at = started_at
         stats.cpu = cpu.to_dict()
         with self._cond:
