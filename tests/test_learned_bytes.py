@@ -117,3 +117,18 @@ def test_readiness_rules_gate_on_learned_bytes_fixed_schedules_never() -> None:
     assert learned.limits is None  # the rule's own list on these bytes, as the simulator takes it
     assert gate.data_bytes(iteration=1, policy=one, cap=pipeline.cap) is None
     assert gate.data_bytes(iteration=1, policy=bf, cap=Cap.parse("4")) is None
+
+
+def test_stages_that_hold_nothing_for_some_microbatches_still_learn_their_driver() -> None:
+    """Text-only microbatches hold no encoder bytes: the choice between the fits must not blow up on them."""
+    samples = [[0.0, 0.0], [0.0, 3.0], [0.0, 0.0], [5.0, 2.0], [0.0, 0.0], [1.0, 0.0], [8.0, 5.0], [0.0, 0.0]]
+    rows = _bytes(samples)
+    model = CostModel()
+    features, padded = [sum(r) for r in samples], [padded_size(r) for r in samples]
+    model.observe_bytes(iteration=0, activation_bytes=rows, features=features, padded=padded)
+    query = [[13.0, 0.0], [6.0, 6.0], [0.0, 0.0]]
+    expected = _bytes(query)
+    got_features, got_padded = [sum(r) for r in query], [padded_size(r) for r in query]
+    for block in range(2):
+        got = model.activation_bytes(block=block, features=got_features, count=3, padded=got_padded)
+        assert got == pytest.approx(expected[block], rel=0.1, abs=30.0), f"block {block}"

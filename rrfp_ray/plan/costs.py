@@ -175,15 +175,21 @@ class CostModel:
         self, *, block: int, features: Sequence[float] | None, count: int, padded: Sequence[float] | None = None
     ) -> list[float] | None:
         """Predicted activation bytes of data microbatches 0..count-1 on `block`; None before any were seen. With
-        `padded` (per microbatch, its padded size), the fit against it where it spreads less than the features'
-        (a stage whose bytes follow the padded sequence, not the sum of its samples)."""
+        `padded` (per microbatch, its padded size), the fit against it where it misses the observed bytes by less
+        than the features' fit (a stage whose bytes follow the padded sequence, not the sum of its samples)."""
         fit = self.fit((block, BYTES))
         if fit is None:
             return None
         by_padded = None if padded is None else self.fit((block, PADDED))
-        if by_padded is not None and by_padded.sigma < fit.sigma:
+        if by_padded is not None and self._miss((block, PADDED)) < self._miss((block, BYTES)):
             return [by_padded.predict(float(padded[j])) for j in range(count)]
         return [fit.predict(feature_of(features, j)) for j in range(count)]
+
+    def _miss(self, key: Key) -> float:
+        """Mean absolute difference between a key's observed values and its fit (not in logs: a microbatch that
+        holds no bytes on a stage counts by what the fit gives it, not without bound)."""
+        fit = self.fit(key)
+        return float(np.mean([abs(y - fit.predict(x)) for _, x, y in self.observations[key]]))
 
     def to_dict(self) -> dict[str, Any]:
         return {
