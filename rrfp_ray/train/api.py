@@ -35,7 +35,6 @@ from rrfp_ray.train.build import (
     model_parameters,
     pipeline_shape,
 )
-from rrfp_ray.train.bytegate import ByteGate
 from rrfp_ray.train.checkpoint import (
     Checkpointing,
     Manifest,
@@ -114,7 +113,6 @@ class Trainer(Resizing):
         self.workload = checked(self.workload, pipeline=pipeline)
         self._target_workload = self.workload
         self.planning = Planning(run=self)
-        self.bytegate = ByteGate(shows=self.planning.shown, pipeline=lambda: self.pipeline)
         if pipeline.policy == PLANNED:
             self.planning.check_arrange(pipeline.arrange)
         built = self.workload.layers()
@@ -165,12 +163,9 @@ class Trainer(Resizing):
                 else:
                     if packing is not None:
                         check_packing(packing=packing, workload=self.workload, iteration=self.iteration)
-                    chosen = self._policy(name)
-                    gate = self.bytegate.data_bytes(iteration=self.iteration, policy=chosen, cap=self.pipeline.cap)
-                    report = self.backend.run_iteration(
-                        iteration=self.iteration, policy=chosen, packing=packing, data_bytes=gate
+                    report = self.planning.bytegate.run(
+                        backend=self.backend, iteration=self.iteration, policy=self._policy(name), packing=packing
                     )
-                    self.bytegate.observe(report=report, packing=packing)
             except PipelineError as error:
                 self._recover(error, failed=f"iteration {self.iteration}")
                 continue

@@ -19,6 +19,7 @@ from rrfp_ray.plan.planner import measured_bytes
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.sim.memory import DataBytes
+from rrfp_ray.train.backend import Backend
 from rrfp_ray.train.config import PipelineConfig
 
 
@@ -30,6 +31,13 @@ class ByteGate:
         self._pipeline = pipeline
         self._model = CostModel()
         self._shape: tuple[int, int, int] | None = None
+
+    def run(self, *, backend: Backend, iteration: int, policy: Policy, packing: Packing | None) -> IterationReport:
+        """One iteration on `backend` under the pipeline's cap, gated by `data_bytes`, its bytes then learned."""
+        gate = self.data_bytes(iteration=iteration, policy=policy, cap=self._pipeline().cap)
+        report = backend.run_iteration(iteration=iteration, policy=policy, packing=packing, data_bytes=gate)
+        self.observe(report=report, packing=packing)
+        return report
 
     def data_bytes(self, *, iteration: int, policy: Policy, cap: Cap) -> DataBytes | None:
         """What `iteration`'s arbiters gate `policy` by, in the data's own order (None: count microbatches)."""

@@ -10,6 +10,7 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.train.backend import Backend
+from rrfp_ray.train.bytegate import ByteGate
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.sources import FeatureSource, SampleSource, packing_refusal
 from rrfp_ray.train.workload import ModelWorkload
@@ -29,7 +30,7 @@ class PlannedRun(Protocol):
 class Planning:
     """The planned path of `run`. `planner` is made by the first planned iteration (None until then);
     `planning_s` and `plan_wait_s` hold, per planned iteration, the seconds its plan took (nan: the last
-    plan ran) and the seconds it waited for it."""
+    plan ran) and the seconds it waited for it. `bytegate` gates the run's unplanned iterations in bytes."""
 
     def __init__(self, *, run: PlannedRun) -> None:
         self._run = run
@@ -37,6 +38,7 @@ class Planning:
         self._lookahead: Lookahead | None = None  # plans the next planned iteration while one runs
         self.planning_s: list[float] = []
         self.plan_wait_s: list[float] = []
+        self.bytegate = ByteGate(shows=self.shown, pipeline=lambda: run.pipeline)  # for the unplanned iterations
 
     def state(self) -> dict[str, Any] | None:
         """The planner's state (`Planner.to_dict`) once every plan and observation asked for is done, as the
