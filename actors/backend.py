@@ -37,6 +37,7 @@ from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
+from rrfp_ray.sim.memory import DataBytes
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
@@ -114,10 +115,11 @@ class RayBackend:
         cap: Cap | None = None,
         order: tuple[int, ...] | None = None,
         packing: Packing | None = None,
+        data_bytes: DataBytes | None = None,
     ) -> IterationReport:
         return self._call(
             self._driver().run_iteration.remote(
-                iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
+                iteration=iteration, policy=policy, cap=cap, order=order, packing=packing, data_bytes=data_bytes
             )
         )
 

@@ -33,6 +33,7 @@ from rrfp_ray.runtime.tcp_pair import Secret
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.runtime.waits import Outcome, wait_named
 from rrfp_ray.schedule.layout import Link
+from rrfp_ray.sim.memory import DataBytes
 from rrfp_ray.train.backend import IterationSettings
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
@@ -85,11 +86,18 @@ class PipelineDriver:
         cap: Cap | None = None,
         order: tuple[int, ...] | None = None,
         packing: Packing | None = None,
+        data_bytes: DataBytes | None = None,
     ) -> IterationReport:
         """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, made of
-        the samples `packing[order[s]]` (None: the data's own microbatch)."""
+        the samples `packing[order[s]]` (None: the data's own microbatch); `data_bytes`: `StageGroup.run_iteration`."""
         return IterationSettings.of(self.pipeline).run(
-            group=self.group, iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
+            group=self.group,
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            order=order,
+            packing=packing,
+            data_bytes=data_bytes,
         )
 
     def take_turns(

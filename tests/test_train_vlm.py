@@ -85,3 +85,18 @@ def test_the_job_counts_the_vlms_own_layers():
         assert config.layer_count == len(VLM(config, seed=0).layers())
     _, run, model = train_vlm.parse(["--stages", "7", "--n-layer", "4"])  # the GPT's count would be 6
     assert run.layers == model.layer_count == 12 and run.pipeline.stages == 7
+
+
+def test_a_readiness_rule_gates_in_the_bytes_its_stages_measured_a_fixed_schedule_never():
+    from rrfp_ray.recipes.vlm_workload import vlm_trainer
+
+    args, run, model = train_vlm.parse([*SMALL.split(), "--cap", "1x"])
+    with vlm_trainer(run, model=model, tail=args.image_tail) as trainer:
+        first = trainer.step(policy="bf")  # nothing measured yet: the cap counts microbatches
+        second = trainer.step(policy="bf")
+        fixed = trainer.step(policy="1f1b")
+    assert all(not s.gate_bytes for s in first.stages)
+    assert all(s.activation_bytes for s in first.stages)
+    assert all(len(s.gate_bytes) == run.pipeline.microbatches for s in second.stages)
+    assert all(s.peak_bytes <= s.gate_limits[0] * 1.5 for s in second.stages if s.gate_limits[0] is not None)
+    assert all(not s.gate_bytes for s in fixed.stages)

@@ -7,7 +7,9 @@ pipeline (the seeds rotate which goes first); `planned` plans iteration k+1 on t
 thread while the actors run k (`rrfp_ray.plan.ahead.Lookahead`, as the `Trainer` does), and what each
 iteration waited for its plan is recorded. A policy's figure for a seed is its mean iteration over the
 iterations after the first (the first of each policy is a warm-up, and `planned`'s is planned from the
-features alone before it runs).
+features alone before it runs). Where a trace carries activation bytes, every policy but a fixed one gates its
+admissions on them (`planned`: its cap over its reference list on the data in its own order, as
+`rrfp_ray.plan.loop` simulates it).
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
+from rrfp_ray.plan.scoring import planned_limits
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.sim.memory import DataBytes
 from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.config import PLANNED, PipelineConfig
 
@@ -54,13 +59,25 @@ def run(
             else:
                 policy = pipeline.resolved_policy(name)
                 reports = [
-                    ray.get(driver.run_iteration.remote(iteration=base + k, policy=policy, cap=pipeline.cap))
-                    for k in range(len(traces))
+                    ray.get(
+                        driver.run_iteration.remote(
+                            iteration=base + k,
+                            policy=policy,
+                            cap=pipeline.cap,
+                            data_bytes=None if policy.fixed else trace_bytes(trace),
+                        )
+                    )
+                    for k, trace in enumerate(traces)
                 ]
                 by_policy[name] = {"iteration_ms": [r.makespan_ms for r in reports]}
             base += len(traces)
         results.append({name: by_policy[name] for name in names})
     return results
+
+
+def trace_bytes(trace: Trace) -> DataBytes | None:
+    """The bytes a trace's microbatches hold, as the stages' arbiters gate by them (None: the trace has none)."""
+    return None if trace.activation_bytes is None else DataBytes(rows=trace.activation_bytes)
 
 
 def _planned(*, driver, pipeline: PipelineConfig, traces: tuple[Trace, ...], base: int, seed: int) -> Run:
@@ -84,9 +101,17 @@ def _planned(*, driver, pipeline: PipelineConfig, traces: tuple[Trace, ...], bas
             policy = taken.plan.validate(**shape)
             if k + 1 < len(traces):
                 lookahead.ask(iteration=base + k + 1)
+            trace = traces[k]
+            gate = trace_bytes(trace)
+            if gate is not None and not policy.fixed:
+                gate = replace(gate, limits=planned_limits(cap=taken.plan.cap, trace=trace, split=policy.split))
             report = ray.get(
                 driver.run_iteration.remote(
-                    iteration=base + k, policy=policy, cap=taken.plan.cap, order=tuple(taken.plan.order)
+                    iteration=base + k,
+                    policy=policy,
+                    cap=taken.plan.cap,
+                    order=tuple(taken.plan.order),
+                    data_bytes=None if policy.fixed else gate,
                 )
             )
             lookahead.observe(report=report, taken=taken)

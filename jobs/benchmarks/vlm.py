@@ -14,9 +14,10 @@ make the encoder's ops vary.
 
 A policy's cell is the median over seeds of its median iteration makespan (the op schedule, the
 optimizer step left out); its ratio is, per seed, the best fixed schedule's median over its own,
-geometric mean over the seeds with the lowest and highest. Readiness runs at the pipeline's cap
-(1x: the hint's own in-flight peak), so every policy holds at most the microbatches of its fixed
-list; the peak activation bytes each measured are printed beside it (over 1F1B's).
+geometric mean over the seeds with the lowest and highest. Readiness and `planned` run at the pipeline's
+cap (1x), gated in activation bytes once the stages have reported them (`rrfp_ray.train.bytegate`,
+`rrfp_ray.plan.planner.Planner.data_bytes`): at most the peak bytes of their fixed reference list on the same
+data; the peak activation bytes each measured are printed beside it (over 1F1B's).
 """
 
 from __future__ import annotations

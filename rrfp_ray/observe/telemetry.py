@@ -54,7 +54,13 @@ class StageStats:
     overtakes: int = 0
     peak_inflight: int = 0
     peak_buffered: int = 0
-    peak_bytes: int = 0
+    peak_bytes: int = 0  # the most activation bytes held for backward work at once
+    # per chunk, per microbatch slot: the activation bytes its forward kept (empty: not measured)
+    activation_bytes: list[list[int]] = field(default_factory=list)
+    # runtime only: per microbatch slot, the bytes the arbiter's gate counted it holding (empty: it counted
+    # microbatches), and its (F->B, F->W) limits (None: no limit)
+    gate_bytes: list[float] = field(default_factory=list)
+    gate_limits: list[float | None] = field(default_factory=list)
     optim_bytes: int = 0  # optimizer state the stage holds after its step (ZeRO-1: its shard)
     tp_disagreements: int = 0  # TP agreement rounds that decided nothing although some rank offered an op
     tp_rounds: int = 0  # TP agreement rounds, decided or not

@@ -20,9 +20,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.costs import padded_size
 from rrfp_ray.plan.packing import Packing, loads
-from rrfp_ray.plan.planner import Planner
+from rrfp_ray.plan.planner import Planner, measured_bytes
 from rrfp_ray.plan.plans import Plan
+from rrfp_ray.sim.memory import DataBytes
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +82,15 @@ def seen(
 class Taken:
     """The plan an iteration runs: made for `iteration` (an older one for the last plan; None: the identity that
     comes before any), from `seen` (that iteration's data), in `planning_s` (nan: not made here for the iteration
-    that runs it), after `wait_s` of waiting for it."""
+    that runs it), after `wait_s` of waiting for it; `data_bytes`: the bytes its arbiters gate by, as the plan
+    was scored (`Planner.data_bytes`; None: counted microbatches, as for a plan not made for the iteration it runs)."""
 
     plan: Plan
     iteration: int | None
     seen: Seen | None
     planning_s: float = math.nan
     wait_s: float = 0.0
+    data_bytes: DataBytes | None = None
 
 
 class Lookahead:
@@ -150,13 +154,30 @@ class Lookahead:
             features=None if shown is None else shown.planned,
             samples=None if shown is None else shown.samples,
         )
-        return Taken(plan=plan, iteration=iteration, seen=_under(shown, plan), planning_s=time.perf_counter() - started)
+        data_bytes = None
+        if shown is not None:
+            data_bytes = self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
+        return Taken(
+            plan=plan,
+            iteration=iteration,
+            seen=_under(shown, plan),
+            planning_s=time.perf_counter() - started,
+            data_bytes=data_bytes,
+        )
 
     def _observe(self, report: IterationReport, taken: Taken) -> None:
         shown = taken.seen
         if taken.iteration != report.iteration:  # the last plan ran again, on this iteration's data
             shown = _under(self._shows(report.iteration), taken.plan)
-        self.planner.observe(report=report, plan=taken.plan, features=None if shown is None else shown.observed)
+        shape = self.planner.shape
+        measured = measured_bytes(report=report, order=taken.plan.order, stages=shape["stages"], chunks=shape["chunks"])
+        self.planner.observe(
+            report=report,
+            plan=taken.plan,
+            features=None if shown is None else shown.observed,
+            activation_bytes=measured,
+            padded=None if shown is None or shown.samples is None else [padded_size(row) for row in shown.samples],
+        )
 
     def _result(
         self, future: Future[Taken], *, iteration: int, limit_s: float, started: float, first: bool = False

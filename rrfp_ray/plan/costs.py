@@ -29,7 +29,8 @@ from rrfp_ray.schedule.actions import Kind, parse_action
 _MAD = 1.4826  # MAD to standard deviation under a normal law
 _SHIFT_MIN = 0.1  # a log shift of the median below this (about 10%) never counts as a change
 _SHIFT_SIGMAS = 4.0  # a change: the new median off the fit by this many of its standard errors
-BYTES = "bytes"  # the pseudo-kind under which activation bytes are kept
+BYTES = "bytes"  # the pseudo-kind under which activation bytes are kept, against the cost feature
+PADDED = "bytes-padded"  # activation bytes again, against what a microbatch holds padded (`padded_size`)
 PROBE = "probe"  # the pseudo-kind under which a device's time for the reference computation is kept
 
 
@@ -117,9 +118,11 @@ class CostModel:
         order: Sequence[int],
         features: Sequence[float] | None,
         activation_bytes: Sequence[Sequence[float]] | None = None,
+        padded: Sequence[float] | None = None,
     ) -> list[Key]:
         """Learn from one iteration's ops; slot i ran data microbatch order[i]; `activation_bytes[vs][j]`
-        of data microbatch j (None: every microbatch weighs 1). Returns the keys that changed."""
+        of data microbatch j (None: every microbatch weighs 1), fitted against the features and, with `padded`
+        (per data microbatch, its padded size), against that too. Returns the keys that changed."""
         stages = 1 + max((e.stage for e in report.events), default=0)
         samples: dict[Key, list[tuple[float, float]]] = {}
         blocks = 0
@@ -132,9 +135,21 @@ class CostModel:
             )
         if activation_bytes is None:
             activation_bytes = [[1.0] * len(order) for _ in range(blocks)]
-        for block, row in enumerate(activation_bytes):
-            samples[(block, BYTES)] = [(feature_of(features, j), b) for j, b in enumerate(row)]
+        samples.update(byte_samples(activation_bytes=activation_bytes, features=features, padded=padded))
         return [key for key, s in sorted(samples.items()) if self.add(key=key, iteration=report.iteration, samples=s)]
+
+    def observe_bytes(
+        self,
+        *,
+        iteration: int,
+        activation_bytes: Sequence[Sequence[float]],
+        features: Sequence[float] | None,
+        padded: Sequence[float] | None,
+    ) -> None:
+        """Learn one iteration's activation bytes alone (`observe`'s byte part)."""
+        samples = byte_samples(activation_bytes=activation_bytes, features=features, padded=padded)
+        for key, s in sorted(samples.items()):
+            self.add(key=key, iteration=iteration, samples=s)
 
     def durations(self, *, block: int, kind: Kind, features: Sequence[float] | None, count: int) -> list[float]:
         """Predicted ms of `kind` on `block` for data microbatches 0..count-1."""
@@ -156,10 +171,25 @@ class CostModel:
             )
         return prior(features)
 
-    def activation_bytes(self, *, block: int, features: Sequence[float] | None, count: int) -> list[float] | None:
-        """Predicted activation bytes of data microbatches 0..count-1 on `block`; None before any were seen."""
+    def activation_bytes(
+        self, *, block: int, features: Sequence[float] | None, count: int, padded: Sequence[float] | None = None
+    ) -> list[float] | None:
+        """Predicted activation bytes of data microbatches 0..count-1 on `block`; None before any were seen. With
+        `padded` (per microbatch, its padded size), the fit against it where it misses the observed bytes by less
+        than the features' fit (a stage whose bytes follow the padded sequence, not the sum of its samples)."""
         fit = self.fit((block, BYTES))
-        return None if fit is None else [fit.predict(feature_of(features, j)) for j in range(count)]
+        if fit is None:
+            return None
+        by_padded = None if padded is None else self.fit((block, PADDED))
+        if by_padded is not None and self._miss((block, PADDED)) < self._miss((block, BYTES)):
+            return [by_padded.predict(float(padded[j])) for j in range(count)]
+        return [fit.predict(feature_of(features, j)) for j in range(count)]
+
+    def _miss(self, key: Key) -> float:
+        """Mean absolute difference between a key's observed values and its fit (not in logs: a microbatch that
+        holds no bytes on a stage counts by what the fit gives it, not without bound)."""
+        fit = self.fit(key)
+        return float(np.mean([abs(y - fit.predict(x)) for _, x, y in self.observations[key]]))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,6 +208,24 @@ class CostModel:
                 for block, kind, obs in data["observations"]
             },
         )
+
+
+def byte_samples(
+    *, activation_bytes: Sequence[Sequence[float]], features: Sequence[float] | None, padded: Sequence[float] | None
+) -> dict[Key, list[tuple[float, float]]]:
+    """Per block, (feature, bytes) of each data microbatch, and (padded size, bytes) where `padded` is given."""
+    samples: dict[Key, list[tuple[float, float]]] = {}
+    for block, row in enumerate(activation_bytes):
+        samples[(block, BYTES)] = [(feature_of(features, j), b) for j, b in enumerate(row)]
+        if padded is not None:
+            samples[(block, PADDED)] = [(float(padded[j]), b) for j, b in enumerate(row)]
+    return samples
+
+
+def padded_size(samples: Sequence[float]) -> float:
+    """What a microbatch of samples with these features holds where each is padded to the longest: their count
+    times the longest (a decoder's sequence over a packed microbatch); sums and padded sizes agree for one sample."""
+    return len(samples) * max(samples)
 
 
 def feature_of(features: Sequence[float] | None, microbatch: int) -> float:

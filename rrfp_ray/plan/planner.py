@@ -20,13 +20,15 @@ from typing import Any
 import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.costs import CostModel, feature_of
+from rrfp_ray.plan.costs import CostModel, feature_of, padded_size
 from rrfp_ray.plan.packing import Packing, loads, pack, spread
 from rrfp_ray.plan.plans import Plan, policy_for
-from rrfp_ray.plan.scoring import Samples
+from rrfp_ray.plan.scoring import Samples, planned_byte_limits
 from rrfp_ray.plan.search import Found, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
+from rrfp_ray.schedule.layout import Layout
+from rrfp_ray.sim.memory import DataBytes
 from rrfp_ray.sim.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -138,7 +140,9 @@ class Planner:
         self.last.validate(**self.shape)
         self.planned = planned  # the iteration `last` was planned for (None: none yet)
 
-    def predicted(self, *, iteration: int, features: Sequence[float] | None) -> Samples:
+    def predicted(
+        self, *, iteration: int, features: Sequence[float] | None, padded: Sequence[float] | None = None
+    ) -> Samples:
         """The iteration as the model sees it: the mean, or `samples` noisy draws around it; each with the split
         backward's costs (I, W) and, beside it, with the full backward's own (B)."""
         P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
@@ -161,7 +165,7 @@ class Planner:
                 for _ in range(self.config.samples)
             ]
         )
-        held = self.predicted_bytes(features=features)
+        held = self.predicted_bytes(features=features, padded=padded)
         shape = {"stages": P, "microbatches": M, "chunks": v, "commF": zero, "commB": zero, "activation_bytes": held}
         none = np.zeros((P * v, M)).tolist()
         return Samples(
@@ -169,11 +173,14 @@ class Planner:
             unsplit=[Trace(F=f.tolist(), B=b.tolist(), W=none, **shape) for f, _, _, b in draws],
         )
 
-    def predicted_bytes(self, *, features: Sequence[float] | None) -> list[list[float]] | None:
+    def predicted_bytes(
+        self, *, features: Sequence[float] | None, padded: Sequence[float] | None = None
+    ) -> list[list[float]] | None:
         """Per virtual stage and data microbatch, the activation bytes the model predicts: fitted from
-        telemetry, else proportional to the features; None where every microbatch weighs the same."""
+        telemetry (against the features, or the padded sizes `padded` where those fit better), else proportional
+        to the features; None where every microbatch weighs the same."""
         P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
-        rows = [self.model.activation_bytes(block=vs, features=features, count=M) for vs in range(P * v)]
+        rows = [self.model.activation_bytes(block=vs, features=features, count=M, padded=padded) for vs in range(P * v)]
         if any(row is None for row in rows):
             rows = [[feature_of(features, j) for j in range(M)] for _ in range(P * v)]
         return None if all(max(row) == min(row) for row in rows) else rows
@@ -186,11 +193,13 @@ class Planner:
         by their predicted costs (`sample_costs`) and orders the packed ones."""
         config = self.config
         packing, given = None, features
+        padded = given_padded = None if samples is None else [padded_size(row) for row in samples]
         if samples is not None and config.arrange.packs:
             costs = self.sample_costs(samples=samples, features=features)
             packing, features = packed(samples=samples, costs=costs, microbatches=self.shape["microbatches"])
-        predicted = self.predicted(iteration=iteration, features=features)
-        held = None if packing is None else self.predicted_bytes(features=given)
+            padded = packed_padded(samples=samples, packing=packing)
+        predicted = self.predicted(iteration=iteration, features=features, padded=padded)
+        held = None if packing is None else self.predicted_bytes(features=given, padded=given_padded)
         deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
         found = search(
             samples=predicted,
@@ -210,6 +219,36 @@ class Planner:
             log.warning("iteration %d: no plan within %.3f s; running the last plan", iteration, config.time_limit_s)
         self.planned = iteration
         return self.last
+
+    def data_bytes(
+        self, *, plan: Plan, features: Sequence[float] | None, samples: Sequence[Sequence[float]] | None
+    ) -> DataBytes | None:
+        """What the runtime's arbiters gate `plan` by, as its search scored it: the predicted activation bytes of
+        each (packed) data microbatch, and `plan.cap` over the reference list on the data before packing, in its
+        own order (`planned_byte_limits`); None where every microbatch weighs the same. `features` and `samples`
+        are the data's as the plan was made from them (before packing)."""
+        padded = None if samples is None else [padded_size(row) for row in samples]
+        basis = self.predicted_bytes(features=features, padded=padded)
+        rows = basis
+        if plan.packing is not None:
+            if samples is None:
+                raise ValueError("a packed plan's bytes need the samples it packed")
+            flat = [x for row in samples for x in row]
+            packed_features = [sum(flat[i] for i in group) for group in plan.packing]
+            rows = self.predicted_bytes(
+                features=packed_features, padded=packed_padded(samples=samples, packing=plan.packing)
+            )
+        if rows is None:
+            return None
+        split = plan.validate(**self.shape).split
+        limits = planned_byte_limits(
+            cap=plan.cap,
+            rows=rows if basis is None else basis,
+            split=split,
+            stages=self.shape["stages"],
+            chunks=self.shape["chunks"],
+        )
+        return DataBytes(rows=tuple(tuple(row) for row in rows), limits=limits)
 
     def hints(self) -> tuple[str, ...]:
         """The hints to search now. A backward (split or full) among the hints whose costs the model has not
@@ -245,10 +284,12 @@ class Planner:
         plan: Plan,
         features: Sequence[float] | None,
         activation_bytes: Sequence[Sequence[float]] | None = None,
+        padded: Sequence[float] | None = None,
     ) -> None:
-        """Feed one iteration's telemetry, run under `plan`, to the cost model."""
+        """Feed one iteration's telemetry, run under `plan`, to the cost model (`activation_bytes` and `padded`:
+        per data microbatch as the plan packed them; `measured_bytes`)."""
         changed = self.model.observe(
-            report=report, order=plan.order, features=features, activation_bytes=activation_bytes
+            report=report, order=plan.order, features=features, activation_bytes=activation_bytes, padded=padded
         )
         if changed:
             log.info("iteration %d: costs changed on %s", report.iteration, changed)
@@ -287,6 +328,30 @@ def packed(
         spread(loads(costs=costs, packing=packing)),
     )
     return packing, loads(costs=[x for row in samples for x in row], packing=packing)
+
+
+def packed_padded(*, samples: Sequence[Sequence[float]], packing: Packing) -> list[float]:
+    """Per microbatch of `packing`, its padded size (`padded_size`) over `samples` (per microbatch, its features)."""
+    flat = [x for row in samples for x in row]
+    return [padded_size([flat[i] for i in group]) for group in packing]
+
+
+def measured_bytes(
+    *, report: IterationReport, order: Sequence[int], stages: int, chunks: int
+) -> list[list[float]] | None:
+    """Per virtual stage and data microbatch (slot i ran data microbatch `order[i]`), the activation bytes its
+    forward kept in replica 0, as the stages reported them; None where a stage did not measure them."""
+    layout = Layout(stages=stages, chunks=chunks, microbatches=len(order))
+    measured = {s.stage: s.activation_bytes for s in report.stages if s.replica == 0}
+    if any(not measured.get(stage) for stage in range(stages)):
+        return None
+    rows = [[0.0] * len(order) for _ in range(layout.virtual_stages)]
+    for stage, per_chunk in measured.items():
+        for chunk, row in enumerate(per_chunk):
+            vs = layout.virtual_stage(stage=stage, chunk=chunk)
+            for slot, nbytes in enumerate(row):
+                rows[vs][order[slot]] = float(nbytes)
+    return rows
 
 
 def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:

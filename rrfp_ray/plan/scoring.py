@@ -21,10 +21,11 @@ import statistics
 from collections.abc import Sequence
 
 from rrfp_ray.plan.plans import Plan, policy_for
-from rrfp_ray.policy.arbiter import Cap, peak_bytes
+from rrfp_ray.policy.arbiter import Cap, byte_limits, peak_bytes
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Kind
-from rrfp_ray.sim.memory import Limits, held_bytes, limits_for
+from rrfp_ray.schedule.layout import Layout
+from rrfp_ray.sim.memory import Limits, Rows, held_bytes, stage_rows
 from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
 from rrfp_ray.sim.trace import Trace
 
@@ -57,8 +58,22 @@ def reference_for(*, split: bool, stages: int, chunks: int, microbatches: int) -
 def planned_limits(*, cap: Cap, trace: Trace, split: bool) -> Limits | None:
     """The byte limits of a planned iteration whose hint splits the backward (or not): `cap` over the
     reference list on `trace` in data order."""
-    reference = reference_for(split=split, stages=trace.stages, chunks=trace.chunks, microbatches=trace.microbatches)
-    return limits_for(cap=cap, reference=reference, trace=trace, layout=layout_for(policy=reference, trace=trace))
+    if trace.activation_bytes is None:
+        return None
+    return planned_byte_limits(
+        cap=cap, rows=trace.activation_bytes, split=split, stages=trace.stages, chunks=trace.chunks
+    )
+
+
+def planned_byte_limits(*, cap: Cap, rows: Rows, split: bool, stages: int, chunks: int) -> Limits | None:
+    """`planned_limits` over bytes alone: `rows[virtual stage][data microbatch]`, in data order."""
+    microbatches = len(rows[0])
+    reference = reference_for(split=split, stages=stages, chunks=chunks, microbatches=microbatches)
+    layout = Layout(
+        stages=stages, chunks=chunks, microbatches=microbatches, split=reference.split, placement=reference.placement
+    )
+    held = stage_rows(rows=rows, layout=layout)
+    return byte_limits(cap=cap, reference=reference, held=held, split=layout.split)
 
 
 def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:

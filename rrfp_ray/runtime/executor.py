@@ -25,9 +25,10 @@ class StepResult:
     loss: float | None  # mean training loss of the iteration (last stage only)
     grad_norm: float
     lr: float | None  # None: the optimizer's own rates
-    peak_bytes: int
+    peak_bytes: int  # the most activation bytes the stage held for backward work at once
     optim_bytes: int = 0  # optimizer state held (with ZeRO-1: this replica's shard)
     skipped: bool = False  # the global gradient norm was not finite: no stage stepped
+    kept: tuple[tuple[int, int, int], ...] = ()  # (chunk, microbatch slot, activation bytes its forward kept)
 
 
 class Executor(Protocol):

@@ -24,6 +24,7 @@ from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.iteration import IterationArgs, measures
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.schedule.layout import Layout
+from rrfp_ray.sim.memory import DataBytes
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +118,16 @@ class StageGroup:
         order: tuple[int, ...] | None = None,
         measure: bool = False,
         packing: Packing | None = None,
+        data_bytes: DataBytes | None = None,
     ) -> IterationReport:
-        """One iteration; with `measure`, each stage measures its layers' costs after it (`StageStats.layer_costs`)."""
+        """One iteration; with `measure`, each stage measures its layers' costs after it (`StageStats.layer_costs`).
+        With `data_bytes`, each stage's arbiter gates admissions by the activation bytes of the microbatches in its
+        slots (a `Kx` cap; a fixed list is its own cap); None: the cap counts microbatches."""
+        layout = policy.layout_over(self.layout)
+        memory = None if data_bytes is None else data_bytes.memories(cap=cap, policy=policy, layout=layout, order=order)
         args = IterationArgs(
             iteration=iteration,
-            layout=policy.layout_over(self.layout),
+            layout=layout,
             policy=policy,
             cap=cap,
             buffer_limit=buffer_limit,
@@ -129,6 +135,7 @@ class StageGroup:
             order=order,
             measure=measure,
             packing=packing,
+            memory=memory,
         )
         try:
             results = self._all(lambda _, h: h.run_iteration(args=args), what=f"iteration {iteration}")

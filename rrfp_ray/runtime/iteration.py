@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.arbiter import Cap, Memory
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.layout import Layout
 
@@ -25,6 +25,21 @@ class IterationArgs:
     # per data microbatch of every replica (D x M), the samples of the global batch it holds; None: the data's own
     packing: Packing | None = None
     measure: bool = False  # each stage measures its layers' costs after this iteration (`StageStats.layer_costs`)
+    # per stage, the activation bytes its arbiter gates admissions by (`rrfp_ray.sim.memory.DataBytes.memories`);
+    # None: every microbatch weighs 1 (the cap counts microbatches)
+    memory: tuple[Memory | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory is None:
+            return
+        if len(self.memory) != self.layout.stages:
+            raise ValueError(f"memory: expected one per stage ({self.layout.stages}), got {len(self.memory)}")
+        for stage, memory in enumerate(self.memory):
+            if memory is not None and len(memory.held) != self.layout.microbatches:
+                raise ValueError(
+                    f"memory of stage {stage}: holds {len(memory.held)} microbatches, "
+                    f"expected {self.layout.microbatches}"
+                )
 
 
 def measures(*, iteration: int, period: int) -> bool:

@@ -15,6 +15,7 @@ Every wait is bounded by `timeout_s` and fails naming what it awaited.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -110,7 +111,10 @@ class StageWorker(StageReceiving):
         its layer costs and probe (outside the stage's wall time)."""
         iteration, layout, policy = args.iteration, args.layout, args.policy
         tighten_timer_slack()
-        arbiter = Arbiter(layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit)
+        memory = None if args.memory is None else args.memory[self.stage]
+        arbiter = Arbiter(
+            layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit, memory=memory
+        )
         with self._cond:
             self._raise_if_failed()
             self._arbiter, self._layout, self._iteration = arbiter, layout, iteration
@@ -195,7 +199,16 @@ class StageWorker(StageReceiving):
         if step is not None:
             stats.loss, stats.peak_bytes, stats.optim_bytes = step.loss, step.peak_bytes, step.optim_bytes
             stats.skipped_step = step.skipped
+            if step.kept:
+                stats.activation_bytes = [[0] * layout.microbatches for _ in range(layout.chunks)]
+                for chunk, slot, nbytes in step.kept:
+                    stats.activation_bytes[chunk][slot] = nbytes
         stats.peak_inflight, stats.peak_buffered = arbiter.peak_inflight, arbiter.peak_buffered
+        if memory is not None:
+            stats.gate_bytes = list(memory.held)
+            stats.gate_limits = [x if math.isfinite(x) else None for x in (memory.limit_fb, memory.limit_fw)]
+            if step is None:  # no measured peak: the bytes the gate counted held
+                stats.peak_bytes = round(arbiter.peak_bytes)
         stats.started_at = started_at
         stats.cpu = cpu.to_dict()
         with self._cond:

@@ -11,7 +11,8 @@ W is 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
 from rrfp_ray.policy.arbiter import Cap
@@ -63,8 +64,21 @@ class Replay:
 
 
 def replay(report: IterationReport, *, policy: Policy, layout: Layout, cap: Cap) -> Replay:
-    trace = measured_trace(report, layout=policy.layout_over(layout))
-    simulated = simulate(policy=policy, trace=trace, cap=cap)
+    """The report's measured op times simulated under `policy` and `cap`, gated in bytes as its stages were
+    (`StageStats.gate_bytes`), else counting microbatches."""
+    run_layout = policy.layout_over(layout)
+    trace = measured_trace(report, layout=run_layout)
+    gated = {s.stage: s for s in report.stages if s.replica == 0 and s.gate_bytes}
+    limits = None
+    if len(gated) == layout.stages:
+        rows = _zeros(run_layout.virtual_stages, run_layout.microbatches)
+        for stage, stats in gated.items():  # a stage's bytes on its chunk 0: the gate sums its chunks
+            rows[run_layout.virtual_stage(stage=stage, chunk=0)] = list(stats.gate_bytes)
+        trace = replace(trace, activation_bytes=rows)
+        limits = tuple(
+            tuple(math.inf if x is None else x for x in gated[stage].gate_limits) for stage in range(layout.stages)
+        )
+    simulated = simulate(policy=policy, trace=trace, cap=cap, byte_limits=limits)
     return Replay(measured_ms=report.schedule_ms, simulated_ms=simulated.makespan_ms)
 
 

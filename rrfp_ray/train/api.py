@@ -163,8 +163,8 @@ class Trainer(Resizing):
                 else:
                     if packing is not None:
                         check_packing(packing=packing, workload=self.workload, iteration=self.iteration)
-                    report = self.backend.run_iteration(
-                        iteration=self.iteration, policy=self._policy(name), packing=packing
+                    report = self.planning.bytegate.run(
+                        backend=self.backend, iteration=self.iteration, policy=self._policy(name), packing=packing
                     )
             except PipelineError as error:
                 self._recover(error, failed=f"iteration {self.iteration}")

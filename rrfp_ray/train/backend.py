@@ -30,6 +30,7 @@ from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import Channel
 from rrfp_ray.schedule.layout import Layout, Message
+from rrfp_ray.sim.memory import DataBytes
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
 from rrfp_ray.train.workload import ModelWorkload
@@ -53,9 +54,11 @@ class Backend(Protocol):
         cap: Cap | None = None,
         order: tuple[int, ...] | None = None,
         packing: Packing | None = None,
+        data_bytes: DataBytes | None = None,
     ) -> IterationReport:
         """One iteration under `cap` (None: the pipeline's), slot s reading data microbatch `order[s]`, data
-        microbatch j made of the samples `packing[j]` (None: the data's own microbatches)."""
+        microbatch j made of the samples `packing[j]` (None: the data's own microbatches); with `data_bytes`, a
+        `Kx` cap gates admissions by the activation bytes of each data microbatch (`StageGroup.run_iteration`)."""
         ...
 
     def evaluate(self, *, microbatches: int) -> float:
@@ -117,6 +120,7 @@ class IterationSettings:
         cap: Cap | None = None,
         order: tuple[int, ...] | None = None,
         packing: Packing | None = None,
+        data_bytes: DataBytes | None = None,
     ) -> IterationReport:
         """One iteration of `group` under these settings (`cap` instead of theirs where given)."""
         cap = self.cap if cap is None else cap
@@ -131,6 +135,7 @@ class IterationSettings:
             order=order,
             packing=packing,
             measure=measures(iteration=iteration, period=self.measure_period),
+            data_bytes=data_bytes,
         )
 
 
@@ -235,6 +240,7 @@ class LocalBackend:
         cap: Cap | None = None,
         order: tuple[int, ...] | None = None,
         packing: Packing | None = None,
+        data_bytes: DataBytes | None = None,
         executors: Sequence[Executor] | None = None,
         latency: Callable[[Message], float] | None = None,
     ) -> IterationReport:
@@ -245,7 +251,13 @@ class LocalBackend:
             for handle in self.fabric.handles:
                 handle.host.latency = latency
         return self._settings.run(
-            group=self._running(), iteration=iteration, policy=policy, cap=cap, order=order, packing=packing
+            group=self._running(),
+            iteration=iteration,
+            policy=policy,
+            cap=cap,
+            order=order,
+            packing=packing,
+            data_bytes=data_bytes,
         )
 
     def evaluate(self, *, microbatches: int) -> float:

@@ -10,8 +10,9 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.train.backend import Backend
+from rrfp_ray.train.bytegate import ByteGate
 from rrfp_ray.train.config import PipelineConfig
-from rrfp_ray.train.sources import FeatureSource, packing_refusal
+from rrfp_ray.train.sources import FeatureSource, SampleSource, packing_refusal
 from rrfp_ray.train.workload import ModelWorkload
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class PlannedRun(Protocol):
 class Planning:
     """The planned path of `run`. `planner` is made by the first planned iteration (None until then);
     `planning_s` and `plan_wait_s` hold, per planned iteration, the seconds its plan took (nan: the last
-    plan ran) and the seconds it waited for it."""
+    plan ran) and the seconds it waited for it. `bytegate` gates the run's unplanned iterations in bytes."""
 
     def __init__(self, *, run: PlannedRun) -> None:
         self._run = run
@@ -37,6 +38,7 @@ class Planning:
         self._lookahead: Lookahead | None = None  # plans the next planned iteration while one runs
         self.planning_s: list[float] = []
         self.plan_wait_s: list[float] = []
+        self.bytegate = ByteGate(shows=self.shown, pipeline=lambda: run.pipeline)  # for the unplanned iterations
 
     def state(self) -> dict[str, Any] | None:
         """The planner's state (`Planner.to_dict`) once every plan and observation asked for is done, as the
@@ -74,7 +76,7 @@ class Planning:
             config = PlannerConfig(hints=hints, cap=pipeline.cap, arrange=arrange)
             self.planner = Planner(config=config, **shape)
         if self._lookahead is None:
-            self._lookahead = Lookahead(planner=self.planner, shows=self._seen, timeout_s=pipeline.timeout_s)
+            self._lookahead = Lookahead(planner=self.planner, shows=self.shown, timeout_s=pipeline.timeout_s)
         taken = self._lookahead.take(iteration=iteration)
         self.planning_s.append(taken.planning_s)
         self.plan_wait_s.append(taken.wait_s)
@@ -82,7 +84,12 @@ class Planning:
         self._lookahead.ask(iteration=iteration + 1)
         order, packing = taken.plan.order, taken.plan.packing
         report = self._run.backend.run_iteration(
-            iteration=iteration, policy=policy, cap=taken.plan.cap, order=order, packing=packing
+            iteration=iteration,
+            policy=policy,
+            cap=taken.plan.cap,
+            order=order,
+            packing=packing,
+            data_bytes=None if policy.fixed else taken.data_bytes,
         )
         self._lookahead.observe(report=report, taken=taken)
         logger.debug(
@@ -109,18 +116,17 @@ class Planning:
         self.stop()
         self.planner = None
 
-    def _seen(self, iteration: int) -> Seen | None:
+    def shown(self, iteration: int) -> Seen | None:
         """What `iteration`'s data shows the planner; each replica reads its own M microbatches, in one order."""
         data = self._run.workload.data
         if not isinstance(data, FeatureSource):
             return None
-        arrange = None if self.planner is None else self.planner.config.arrange
-        packs = arrange is not None and arrange.packs and self._refusal(arrange) is None
+        shows = isinstance(data, SampleSource) and self._run.pipeline.dp == 1  # for packing and padded sizes
         return seen(
             data.features(iteration=iteration),
             replicas=self._run.pipeline.dp,
             microbatches=self._run.pipeline.microbatches,
-            samples=data.sample_features(iteration=iteration) if packs else None,
+            samples=data.sample_features(iteration=iteration) if shows else None,
         )
 
     def _refusal(self, arrange: Arrangement) -> str | None:

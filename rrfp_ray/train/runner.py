@@ -113,6 +113,7 @@ class StageRunner:
         self._deferred: dict[tuple[int, int], _Deferred] = {}
         self._losses: dict[int, tuple[Tensor, float | None]] = {}  # microbatch: (loss or sum, count)
         self._peak = 0
+        self._kept: dict[tuple[int, int], int] = {}  # (chunk, microbatch): what its forward kept, this iteration
 
     def parameters(self) -> list[nn.Parameter]:
         unique = {id(p): p for c in sorted(self._chunk_params) for p in self._chunk_params[c]}
@@ -157,6 +158,7 @@ class StageRunner:
         received = [] if chunk == self._first else [t for t in flatten(x)[0] if t.requires_grad]
         nbytes = self._activation_bytes(saved | _storages(roots))
         self._saved[key] = _Saved(inputs=received, roots=roots, nbytes=nbytes, watch=watch)
+        self._kept[key] = nbytes
         self._peak = max(self._peak, self.held_bytes())
         return None if last else tree_map(to_send, out)
 
@@ -255,9 +257,15 @@ class StageRunner:
         """The most ``held_bytes`` reached since the last ``reset_iteration``."""
         return self._peak
 
+    @property
+    def kept_bytes(self) -> dict[tuple[int, int], int]:
+        """Per (chunk, microbatch) run since the last ``reset_iteration``, the activation bytes its forward kept."""
+        return dict(self._kept)
+
     def reset_iteration(self) -> None:
         """Start an iteration afresh: drop losses, any unfinished work, gradients and the peak."""
         self._saved.clear()
+        self._kept.clear()
         self._deferred.clear()
         self._losses.clear()
         self._clear_grads()

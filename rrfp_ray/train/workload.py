@@ -192,8 +192,6 @@ class ModelExecutor:
         self._packing = args.packing
         self._watches = {} if args.measure else None
         self.runner.reset_iteration()
-        if self._workload.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
 
     def run(
         self, *, action: Action, iteration: int, payload: Tensor | None, release: GradSink | None = None
@@ -327,11 +325,8 @@ class ModelExecutor:
             loss=loss,
             grad_norm=total**0.5,
             lr=lr,
-            peak_bytes=(
-                torch.cuda.max_memory_allocated()
-                if self._workload.device.startswith("cuda")
-                else self.runner.peak_held_bytes
-            ),
+            peak_bytes=self.runner.peak_held_bytes,
+            kept=tuple((c, m, n) for (c, m), n in sorted(self.runner.kept_bytes.items())),
             optim_bytes=self.runner.optim_bytes,
             skipped=skipped,
         )
