@@ -9,6 +9,11 @@ dropped and the fit restarts from the new, unless `restart` is off (the rebalanc
 layer and iteration, noisy on a busy host, whose fit is the plain median of its window). The spread
 is the robust standard deviation of the log residuals.
 
+The planner keeps a model per backward family (:class:`Backward`, :class:`BackwardCosts`): an iteration that
+ran a full backward teaches the full family's, one that ran the split halves the split family's, forwards
+included, since on a device the two families' ops need not cost alike (on a CPU the split's halves cost more than
+one full backward, and the forwards beside them slow down). A family not yet run is predicted from the other.
+
 A :class:`Fit` is additive, so the costs of any grouping of blocks (a virtual stage made of
 layers, or a rebalanced one) are the sum of their fits. Before any telemetry the prior is a cost
 proportional to the feature (mean 1), or 1 without features.
@@ -16,6 +21,7 @@ proportional to the feature (mean 1), or 1 without features.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,10 +93,6 @@ class CostModel:
             self._fits[key] = robust_fit(x, y)
         return self._fits.get(key)
 
-    def observed(self, kind: Kind) -> bool:
-        """Whether any block has measured ops of `kind`."""
-        return any(k == kind.value and obs for (_, k), obs in self.observations.items())
-
     def level(self, key: Key) -> float | None:
         """The fit at feature 1: for a key observed without features, the robust median of its recent
         values; None before any observation."""
@@ -136,26 +138,6 @@ class CostModel:
             samples[(block, BYTES)] = [(feature_of(features, j), b) for j, b in enumerate(row)]
         return [key for key, s in sorted(samples.items()) if self.add(key=key, iteration=report.iteration, samples=s)]
 
-    def durations(self, *, block: int, kind: Kind, features: Sequence[float] | None, count: int) -> list[float]:
-        """Predicted ms of `kind` on `block` for data microbatches 0..count-1."""
-        fit = self.kind_fit(block=block, kind=kind, features=features)
-        return [fit.predict(feature_of(features, j)) for j in range(count)]
-
-    def kind_fit(self, *, block: int, kind: Kind, features: Sequence[float] | None) -> Fit:
-        """The fit of one op kind: measured, else derived (I and W halves of a measured full B, B = I + W),
-        else the prior (for B, its halves' priors). A full backward's own fit is kept apart from I + W: on some
-        devices it costs less."""
-        own = self.fit((block, kind.value))
-        if own is not None:
-            return own
-        if kind in (Kind.I, Kind.W) and (full := self.fit((block, Kind.B.value))) is not None:
-            return Fit(intercept=full.intercept / 2, slope=full.slope / 2, sigma=full.sigma)
-        if kind is Kind.B:  # until measured, a full backward costs what its halves do
-            return self.kind_fit(block=block, kind=Kind.I, features=features) + self.kind_fit(
-                block=block, kind=Kind.W, features=features
-            )
-        return prior(features)
-
     def activation_bytes(self, *, block: int, features: Sequence[float] | None, count: int) -> list[float] | None:
         """Predicted activation bytes of data microbatches 0..count-1 on `block`; None before any were seen."""
         fit = self.fit((block, BYTES))
@@ -189,3 +171,102 @@ def prior(features: Sequence[float] | None) -> Fit:
     if features is None or not any(features):
         return Fit(intercept=1.0, slope=0.0)
     return Fit(intercept=0.0, slope=len(features) / sum(features))
+
+
+class Backward(enum.Enum):
+    """A backward family: one full backward (B) per microbatch and stage, or its split halves (I, then W)."""
+
+    FULL = "full"
+    SPLIT = "split"
+
+    @classmethod
+    def of(cls, *, split: bool) -> Backward:
+        return cls.SPLIT if split else cls.FULL
+
+    @property
+    def other(self) -> Backward:
+        return Backward.FULL if self is Backward.SPLIT else Backward.SPLIT
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        """The op kinds an iteration of this family runs."""
+        return (Kind.F, Kind.B) if self is Backward.FULL else (Kind.F, Kind.I, Kind.W)
+
+
+@dataclass
+class BackwardCosts:
+    """A cost model per backward family, each taught only by the iterations that ran it; a family's op kind not
+    yet measured is predicted from the other family (`kind_fit`)."""
+
+    window: int = 4
+    models: dict[Backward, CostModel] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for family in Backward:
+            self.models.setdefault(family, CostModel(window=self.window))
+
+    def observe(
+        self,
+        *,
+        report: IterationReport,
+        family: Backward,
+        order: Sequence[int],
+        features: Sequence[float] | None,
+        activation_bytes: Sequence[Sequence[float]] | None = None,
+    ) -> list[Key]:
+        """Learn from one iteration that ran `family`'s backward (`CostModel.observe`); the keys that changed."""
+        model = self.models[family]
+        return model.observe(report=report, order=order, features=features, activation_bytes=activation_bytes)
+
+    def observed(self, family: Backward) -> bool:
+        """Whether an iteration of `family` has been measured (its backward's ops on any block)."""
+        backward = {k.value for k in family.kinds} - {Kind.F.value}
+        return any(kind in backward and obs for (_, kind), obs in self.models[family].observations.items())
+
+    def kind_fit(self, *, block: int, kind: Kind, family: Backward, features: Sequence[float] | None) -> Fit:
+        """The fit of `kind` on `block` in an iteration of `family`. A forward: as measured beside `family`'s
+        backward, else beside the other. The split halves (I, W): as measured, else half a measured full B each. A
+        full B: as measured, else its halves together. Else the prior (for B, its halves' priors). A full backward's
+        own fit is kept apart from I + W: on some devices it costs less."""
+        if kind is Kind.F:
+            key = (block, Kind.F.value)
+            fit = self.models[family].fit(key) or self.models[family.other].fit(key)
+            return prior(features) if fit is None else fit
+        if kind is Kind.B:
+            own = self.models[Backward.FULL].fit((block, Kind.B.value))
+            if own is not None:
+                return own
+            halves = (
+                self.kind_fit(block=block, kind=k, family=Backward.SPLIT, features=features) for k in (Kind.I, Kind.W)
+            )
+            return sum(halves, start=Fit(intercept=0.0, slope=0.0))
+        own = self.models[Backward.SPLIT].fit((block, kind.value))
+        if own is not None:
+            return own
+        if (full := self.models[Backward.FULL].fit((block, Kind.B.value))) is not None:
+            return Fit(intercept=full.intercept / 2, slope=full.slope / 2, sigma=full.sigma)
+        return prior(features)
+
+    def durations(
+        self, *, block: int, kind: Kind, family: Backward, features: Sequence[float] | None, count: int
+    ) -> list[float]:
+        """Predicted ms of `kind` on `block`, beside `family`'s backward, for data microbatches 0..count-1."""
+        fit = self.kind_fit(block=block, kind=kind, family=family, features=features)
+        return [fit.predict(feature_of(features, j)) for j in range(count)]
+
+    def activation_bytes(self, *, block: int, features: Sequence[float] | None, count: int) -> list[float] | None:
+        """Predicted activation bytes of data microbatches 0..count-1 on `block`, from the family measured last;
+        None before any were seen."""
+        latest = max(
+            self.models.values(), key=lambda m: max((o[0] for o in m.observations.get((block, BYTES), [])), default=-1)
+        )
+        return latest.activation_bytes(block=block, features=features, count=count)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window": self.window, **{family.value: model.to_dict() for family, model in self.models.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BackwardCosts:
+        return cls(
+            window=int(data["window"]), models={family: CostModel.from_dict(data[family.value]) for family in Backward}
+        )
