@@ -128,3 +128,27 @@ def test_an_iteration_teaches_only_its_own_backwards_costs_and_the_other_is_pred
     assert ratio == pytest.approx(2.0, rel=0.05)
     state = planner.to_dict()
     assert Planner.from_dict(json.loads(json.dumps(state))).to_dict() == state
+
+
+def test_a_family_not_run_for_a_while_follows_the_load_the_other_family_sees_since():
+    """A full-backward iteration at forwards of 10 ms, a split one at 16, then full ones at 20 (the stages slowed):
+    the split family, not run since, is predicted slowed alike, its measured ratio to the full family kept."""
+    trace = generate(scenario="multimodal", **SHAPE, seed=5)
+    planner = Planner(config=PlannerConfig(hints=HINTS, cap=CAP, samples=1), **SHAPE)
+
+    def at(forward_ms: float) -> Trace:
+        return replace(trace, F=[[forward_ms] * 8 for _ in range(4)], features=None)
+
+    _ran("1f1b", trace=at(10.0), planner=planner, iteration=0)
+    _ran("zb-h1", trace=at(16.0), planner=planner, iteration=1)
+    fit = functools.partial(planner.model.kind_fit, block=2, features=None)
+    halves = fit(kind=Kind.W, family=Backward.SPLIT).predict(1.0)
+    assert fit(kind=Kind.F, family=Backward.SPLIT).predict(1.0) == pytest.approx(16.0)
+    for k in range(2, 2 + 2):
+        _ran("1f1b", trace=at(20.0), planner=planner, iteration=k)
+    assert fit(kind=Kind.F, family=Backward.FULL).predict(1.0) == pytest.approx(20.0)
+    assert fit(kind=Kind.F, family=Backward.SPLIT).predict(1.0) == pytest.approx(32.0)
+    assert fit(kind=Kind.W, family=Backward.SPLIT).predict(1.0) == pytest.approx(2 * halves)
+    assert Planner.from_dict(json.loads(json.dumps(planner.to_dict()))).model.kind_fit(
+        block=2, kind=Kind.F, family=Backward.SPLIT, features=None
+    ).predict(1.0) == pytest.approx(32.0)

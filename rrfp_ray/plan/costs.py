@@ -196,14 +196,22 @@ class Backward(enum.Enum):
 @dataclass
 class BackwardCosts:
     """A cost model per backward family, each taught only by the iterations that ran it; a family's op kind not
-    yet measured is predicted from the other family (`kind_fit`)."""
+    yet measured is predicted from the other family (`kind_fit`).
+
+    Where one family has not run for a while, its costs are as old as its last iteration, and a load or a
+    straggler since then moved the other family's alone. So each family keeps, per block, the other family's
+    forward fit as it stood when the family last learned (its anchor), and its costs are predicted scaled by how
+    far the other family's forwards have moved since (`drift`): the two families' costs keep their measured ratio,
+    at the level the fresher one sees now."""
 
     window: int = 4
     models: dict[Backward, CostModel] = field(default_factory=dict)
+    anchors: dict[Backward, dict[int, Fit]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for family in Backward:
             self.models.setdefault(family, CostModel(window=self.window))
+            self.anchors.setdefault(family, {})
 
     def observe(
         self,
@@ -216,35 +224,65 @@ class BackwardCosts:
     ) -> list[Key]:
         """Learn from one iteration that ran `family`'s backward (`CostModel.observe`); the keys that changed."""
         model = self.models[family]
-        return model.observe(report=report, order=order, features=features, activation_bytes=activation_bytes)
+        changed = model.observe(report=report, order=order, features=features, activation_bytes=activation_bytes)
+        other = self.models[family.other]
+        self.anchors[family] = {
+            block: fit
+            for block, kind in model.observations
+            if kind == Kind.F.value and (fit := other.fit((block, Kind.F.value))) is not None
+        }
+        return changed
 
     def observed(self, family: Backward) -> bool:
         """Whether an iteration of `family` has been measured (its backward's ops on any block)."""
         backward = {k.value for k in family.kinds} - {Kind.F.value}
         return any(kind in backward and obs for (_, kind), obs in self.models[family].observations.items())
 
+    def drift(self, *, family: Backward, block: int, features: Sequence[float] | None) -> float:
+        """How far the other family's forwards on `block` have moved since `family` last learned (at the features'
+        mean): 1 where either was never measured."""
+        anchor = self.anchors[family].get(block)
+        now = self.models[family.other].fit((block, Kind.F.value))
+        if anchor is None or now is None:
+            return 1.0
+        x = 1.0 if features is None or not len(features) else float(np.mean(features))
+        then = anchor.predict(x)
+        return now.predict(x) / then if then > 0 else 1.0
+
+    def measured(self, *, family: Backward, block: int, kind: Kind, features: Sequence[float] | None) -> Fit | None:
+        """`family`'s own fit of `kind` on `block`, scaled by its drift; None where it never measured it."""
+        fit = self.models[family].fit((block, kind.value))
+        if fit is None:
+            return None
+        scale = self.drift(family=family, block=block, features=features)
+        return Fit(intercept=fit.intercept * scale, slope=fit.slope * scale, sigma=fit.sigma)
+
     def kind_fit(self, *, block: int, kind: Kind, family: Backward, features: Sequence[float] | None) -> Fit:
-        """The fit of `kind` on `block` in an iteration of `family`. A forward: as measured beside `family`'s
-        backward, else beside the other. The split halves (I, W): as measured, else half a measured full B each. A
-        full B: as measured, else its halves together. Else the prior (for B, its halves' priors). A full backward's
-        own fit is kept apart from I + W: on some devices it costs less."""
+        """The fit of `kind` on `block` in an iteration of `family` (each measured fit `measured`, drift included).
+        A forward: as measured beside `family`'s backward, else beside the other. The split halves (I, W): as
+        measured, else half a measured full B each. A full B: as measured, else its halves together. Else the prior
+        (for B, its halves' priors). A full backward's own fit is kept apart from I + W: on some devices it costs
+        less."""
+        split, full = Backward.SPLIT, Backward.FULL
         if kind is Kind.F:
-            key = (block, Kind.F.value)
-            fit = self.models[family].fit(key) or self.models[family.other].fit(key)
+            own = self.measured(family=family, block=block, kind=kind, features=features)
+            fit = (
+                own
+                if own is not None
+                else self.measured(family=family.other, block=block, kind=kind, features=features)
+            )
             return prior(features) if fit is None else fit
         if kind is Kind.B:
-            own = self.models[Backward.FULL].fit((block, Kind.B.value))
+            own = self.measured(family=full, block=block, kind=kind, features=features)
             if own is not None:
                 return own
-            halves = (
-                self.kind_fit(block=block, kind=k, family=Backward.SPLIT, features=features) for k in (Kind.I, Kind.W)
-            )
+            halves = (self.kind_fit(block=block, kind=k, family=split, features=features) for k in (Kind.I, Kind.W))
             return sum(halves, start=Fit(intercept=0.0, slope=0.0))
-        own = self.models[Backward.SPLIT].fit((block, kind.value))
+        own = self.measured(family=split, block=block, kind=kind, features=features)
         if own is not None:
             return own
-        if (full := self.models[Backward.FULL].fit((block, Kind.B.value))) is not None:
-            return Fit(intercept=full.intercept / 2, slope=full.slope / 2, sigma=full.sigma)
+        if (whole := self.measured(family=full, block=block, kind=Kind.B, features=features)) is not None:
+            return Fit(intercept=whole.intercept / 2, slope=whole.slope / 2, sigma=whole.sigma)
         return prior(features)
 
     def durations(
@@ -263,10 +301,25 @@ class BackwardCosts:
         return latest.activation_bytes(block=block, features=features, count=count)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"window": self.window, **{family.value: model.to_dict() for family, model in self.models.items()}}
+        return {
+            "window": self.window,
+            **{family.value: model.to_dict() for family, model in self.models.items()},
+            "anchors": {
+                family.value: [[block, fit.intercept, fit.slope, fit.sigma] for block, fit in anchors.items()]
+                for family, anchors in self.anchors.items()
+            },
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BackwardCosts:
         return cls(
-            window=int(data["window"]), models={family: CostModel.from_dict(data[family.value]) for family in Backward}
+            window=int(data["window"]),
+            models={family: CostModel.from_dict(data[family.value]) for family in Backward},
+            anchors={
+                family: {
+                    int(block): Fit(intercept=float(a), slope=float(b), sigma=float(c))
+                    for block, a, b, c in data["anchors"][family.value]
+                }
+                for family in Backward
+            },
         )
