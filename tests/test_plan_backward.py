@@ -152,3 +152,11 @@ def test_a_family_not_run_for_a_while_follows_the_load_the_other_family_sees_sin
     assert Planner.from_dict(json.loads(json.dumps(planner.to_dict()))).model.kind_fit(
         block=2, kind=Kind.F, family=Backward.SPLIT, features=None
     ).predict(1.0) == pytest.approx(32.0)
+
+
+def test_a_saved_planner_whose_costs_do_not_tell_the_families_apart_learns_them_afresh():
+    planner = learned(forward=10.0, halves=5.0, full=12.0)
+    state = planner.to_dict()
+    state["model"] = {"window": 4, "restart": True, "observations": [[0, "F", [[0, 1.0, 10.0]]]]}
+    restored = Planner.from_dict(state)
+    assert not any(restored.model.observed(family) for family in Backward) and restored.model.window == 4

@@ -12,7 +12,8 @@ is the robust standard deviation of the log residuals.
 The planner keeps a model per backward family (:class:`Backward`, :class:`BackwardCosts`): an iteration that
 ran a full backward teaches the full family's, one that ran the split halves the split family's, forwards
 included, since on a device the two families' ops need not cost alike (on a CPU the split's halves cost more than
-one full backward, and the forwards beside them slow down). A family not yet run is predicted from the other.
+one full backward, and the forwards beside them slow down). A family not yet run is predicted from the other,
+and one not run for a while moves as the other family's forwards have moved since it last learned.
 
 A :class:`Fit` is additive, so the costs of any grouping of blocks (a virtual stage made of
 layers, or a rebalanced one) are the sum of their fits. Before any telemetry the prior is a cost
@@ -22,6 +23,7 @@ proportional to the feature (mean 1), or 1 without features.
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.schedule.actions import Kind, parse_action
+
+log = logging.getLogger(__name__)
 
 _MAD = 1.4826  # MAD to standard deviation under a normal law
 _SHIFT_MIN = 0.1  # a log shift of the median below this (about 10%) never counts as a change
@@ -312,6 +316,9 @@ class BackwardCosts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BackwardCosts:
+        if "anchors" not in data:  # one model for both families: what it learned cannot be told apart
+            log.warning("the planner's saved costs do not tell the backward families apart; learning them afresh")
+            return cls(window=int(data["window"]))
         return cls(
             window=int(data["window"]),
             models={family: CostModel.from_dict(data[family.value]) for family in Backward},
