@@ -2,6 +2,7 @@
 
     python jobs/bench_vlm.py --stages 2 --seeds 5 --iterations 10            # in-process stages
     python jobs/bench_vlm.py --stages 2 --seeds 5 --iterations 10 --ray      # one Ray actor a stage
+    python jobs/bench_vlm.py --seeds 2 --first-seed 3 --ray                  # seeds 3 and 4 of a run split in two
 
 Prints a row per policy (see `benchmarks.vlm`: planned arranging the order, the packing or both, and
 each fixed schedule on packed microbatches), the spread of the encoder's op times that the data
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=int, default=2, help="P (default 2)")
     parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1: model init and data (default 5)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds S..S+N-1: model init and data (default 5)")
+    parser.add_argument("--first-seed", type=int, default=0, help="S, the first seed (default 0: a long run split)")
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations per policy and seed")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
     add_data_flags(parser)
@@ -60,8 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     for flag in ("stages", "microbatches", "micro_batch_size", "seeds", "iterations"):
         if getattr(args, flag) < 1:
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
-    if args.warmup < 0 or args.image_tail < 0:
-        parser.error("arguments --warmup and --image-tail must be >= 0")
+    if args.warmup < 0 or args.image_tail < 0 or args.first_seed < 0:
+        parser.error("arguments --warmup, --image-tail and --first-seed must be >= 0")
 
     import torch
     from pydantic import ValidationError
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
                 pipeline={"stages": args.stages, "microbatches": args.microbatches, "cap": "1x", "timeout_s": 300},
                 train={"micro_batch_size": args.micro_batch_size, "seed": seed},
             )
-            for seed in range(args.seeds)
+            for seed in range(args.first_seed, args.first_seed + args.seeds)
         ]
     except ValidationError as error:
         parser.error("; ".join(e["msg"] for e in error.errors()))
@@ -91,9 +93,10 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         torch.set_num_threads(1)
         where = f"{args.stages} stage threads of one process"
-    print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {args.seeds} seeds")
+    seeds = f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}"
+    print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {seeds}")
     runs = {name: PolicyRuns() for name in POLICIES}
-    for seed, run in enumerate(runs_of):
+    for seed, run in enumerate(runs_of, start=args.first_seed):
         timing = {"seed": seed, "warmup": args.warmup, "iterations": args.iterations, "runs": runs}
         if args.ray:
             with vlm_trainer(run, model=model, tail=args.image_tail, backend=RayBackend()) as trainer:

@@ -1,5 +1,5 @@
 """jobs/bench_vlm.py: a tiny in-process run measures every policy on the VLM and prints its targets;
-bad flags exit 2 naming the flag."""
+bad flags exit 2 naming the flag. jobs/bench_vlm_planner.py hands the planned trainer's plans to a second trainer."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from benchmarks.vlm import POLICIES
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import bench_vlm
 import bench_vlm_costs
+import bench_vlm_planner
 
 
 def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,3 +62,18 @@ def test_bad_cost_flags_exit_2_naming_what_is_wrong(
     with pytest.raises(SystemExit) as exit_info:
         bench_vlm_costs.main(args)
     assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_the_plans_handed_in_train_as_the_planned_trainer_did(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--seeds", "1", "--iterations", "2", "--warmup", "1", "--microbatches", "4", "--image-size", "24"]
+    result = bench_vlm_planner.main([*args, "--max-images", "4"])
+    planned, handed = result["losses"]["planned"], result["losses"]["handed in"]
+    assert len(planned) == 3 and handed == pytest.approx(planned, rel=1e-5)  # same weights, data, plans: same losses
+    assert all(len(v) == 1 and v[0] > 0 for v in result["medians_ms"].values()) and result["planning_ms"] > 0
+    assert "handed in over planned:" in capsys.readouterr().out
+
+
+def test_a_split_run_takes_its_seeds_from_the_first_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_vlm.main(["--first-seed", "-1"])
+    assert exit_info.value.code == 2 and "--first-seed" in capsys.readouterr().err

@@ -33,6 +33,7 @@ JOBS = {
     "bench_tp": None,
     "bench_vlm": "main",
     "bench_vlm_costs": "main",
+    "bench_vlm_planner": "main",
     "dashboard_shots": "parse",
     "export": "main",
     "replay": "main",

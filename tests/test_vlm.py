@@ -13,6 +13,7 @@ import torch
 from gradients import GradCapture
 
 from rrfp_ray.models.vlm import VLM, VLMConfig, caption_loss
+from rrfp_ray.plan.costs import Backward
 from rrfp_ray.plan.planner import HINTS, Planner, PlannerConfig
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
@@ -133,7 +134,9 @@ def test_the_data_sources_report_their_features_without_loading_and_the_planner_
     forward = predicted.F[0]  # before telemetry, the cost of an op is proportional to its microbatch's feature
     for f, d in zip(features, forward):
         assert d == pytest.approx(f * len(features) / sum(features))
-    assert planner.model.durations(block=0, kind=Kind.F, features=features, count=4) == pytest.approx(forward)
+    assert planner.model.durations(
+        block=0, kind=Kind.F, family=Backward.FULL, features=features, count=4
+    ) == pytest.approx(forward)
     text = corpus_source(_run(varlen=True, seq_len=64))
     tokens = [float((text.microbatch(iteration=0, index=m)[1] != IGNORE).sum()) for m in range(4)]
     assert text.features(iteration=0) == tokens and len(set(tokens)) > 1

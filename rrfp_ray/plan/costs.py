@@ -9,6 +9,12 @@ dropped and the fit restarts from the new, unless `restart` is off (the rebalanc
 layer and iteration, noisy on a busy host, whose fit is the plain median of its window). The spread
 is the robust standard deviation of the log residuals.
 
+The planner keeps a model per backward family (:class:`Backward`, :class:`BackwardCosts`): an iteration that
+ran a full backward teaches the full family's, one that ran the split halves the split family's, forwards
+included, since on a device the two families' ops need not cost alike (on a CPU the split's halves cost more than
+one full backward, and the forwards beside them slow down). A family not yet run is predicted from the other,
+and one not run for a while moves as the other family's forwards have moved since it last learned.
+
 A :class:`Fit` is additive, so the costs of any grouping of blocks (a virtual stage made of
 layers, or a rebalanced one) are the sum of their fits. Before any telemetry the prior is a cost
 proportional to the feature (mean 1), or 1 without features.
@@ -16,6 +22,8 @@ proportional to the feature (mean 1), or 1 without features.
 
 from __future__ import annotations
 
+import enum
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +33,8 @@ import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.schedule.actions import Kind, parse_action
+
+log = logging.getLogger(__name__)
 
 _MAD = 1.4826  # MAD to standard deviation under a normal law
 _SHIFT_MIN = 0.1  # a log shift of the median below this (about 10%) never counts as a change
@@ -88,10 +98,6 @@ class CostModel:
             self._fits[key] = robust_fit(x, y)
         return self._fits.get(key)
 
-    def observed(self, kind: Kind) -> bool:
-        """Whether any block has measured ops of `kind`."""
-        return any(k == kind.value and obs for (_, k), obs in self.observations.items())
-
     def level(self, key: Key) -> float | None:
         """The fit at feature 1: for a key observed without features, the robust median of its recent
         values; None before any observation."""
@@ -150,26 +156,6 @@ class CostModel:
         samples = byte_samples(activation_bytes=activation_bytes, features=features, padded=padded)
         for key, s in sorted(samples.items()):
             self.add(key=key, iteration=iteration, samples=s)
-
-    def durations(self, *, block: int, kind: Kind, features: Sequence[float] | None, count: int) -> list[float]:
-        """Predicted ms of `kind` on `block` for data microbatches 0..count-1."""
-        fit = self.kind_fit(block=block, kind=kind, features=features)
-        return [fit.predict(feature_of(features, j)) for j in range(count)]
-
-    def kind_fit(self, *, block: int, kind: Kind, features: Sequence[float] | None) -> Fit:
-        """The fit of one op kind: measured, else derived (I and W halves of a measured full B, B = I + W),
-        else the prior (for B, its halves' priors). A full backward's own fit is kept apart from I + W: on some
-        devices it costs less."""
-        own = self.fit((block, kind.value))
-        if own is not None:
-            return own
-        if kind in (Kind.I, Kind.W) and (full := self.fit((block, Kind.B.value))) is not None:
-            return Fit(intercept=full.intercept / 2, slope=full.slope / 2, sigma=full.sigma)
-        if kind is Kind.B:  # until measured, a full backward costs what its halves do
-            return self.kind_fit(block=block, kind=Kind.I, features=features) + self.kind_fit(
-                block=block, kind=Kind.W, features=features
-            )
-        return prior(features)
 
     def activation_bytes(
         self, *, block: int, features: Sequence[float] | None, count: int, padded: Sequence[float] | None = None
@@ -237,3 +223,163 @@ def prior(features: Sequence[float] | None) -> Fit:
     if features is None or not any(features):
         return Fit(intercept=1.0, slope=0.0)
     return Fit(intercept=0.0, slope=len(features) / sum(features))
+
+
+class Backward(enum.Enum):
+    """A backward family: one full backward (B) per microbatch and stage, or its split halves (I, then W)."""
+
+    FULL = "full"
+    SPLIT = "split"
+
+    @classmethod
+    def of(cls, *, split: bool) -> Backward:
+        return cls.SPLIT if split else cls.FULL
+
+    @property
+    def other(self) -> Backward:
+        return Backward.FULL if self is Backward.SPLIT else Backward.SPLIT
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        """The op kinds an iteration of this family runs."""
+        return (Kind.F, Kind.B) if self is Backward.FULL else (Kind.F, Kind.I, Kind.W)
+
+
+@dataclass
+class BackwardCosts:
+    """A cost model per backward family, each taught only by the iterations that ran it; a family's op kind not
+    yet measured is predicted from the other family (`kind_fit`).
+
+    Where one family has not run for a while, its costs are as old as its last iteration, and a load or a
+    straggler since then moved the other family's alone. So each family keeps, per block, the other family's
+    forward fit as it stood when the family last learned (its anchor), and its costs are predicted scaled by how
+    far the other family's forwards have moved since (`drift`): the two families' costs keep their measured ratio,
+    at the level the fresher one sees now."""
+
+    window: int = 4
+    models: dict[Backward, CostModel] = field(default_factory=dict)
+    anchors: dict[Backward, dict[int, Fit]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for family in Backward:
+            self.models.setdefault(family, CostModel(window=self.window))
+            self.anchors.setdefault(family, {})
+
+    def observe(
+        self,
+        *,
+        report: IterationReport,
+        family: Backward,
+        order: Sequence[int],
+        features: Sequence[float] | None,
+        activation_bytes: Sequence[Sequence[float]] | None = None,
+        padded: Sequence[float] | None = None,
+    ) -> list[Key]:
+        """Learn from one iteration that ran `family`'s backward (`CostModel.observe`); the keys that changed."""
+        model = self.models[family]
+        changed = model.observe(
+            report=report, order=order, features=features, activation_bytes=activation_bytes, padded=padded
+        )
+        other = self.models[family.other]
+        self.anchors[family] = {
+            block: fit
+            for block, kind in model.observations
+            if kind == Kind.F.value and (fit := other.fit((block, Kind.F.value))) is not None
+        }
+        return changed
+
+    def observed(self, family: Backward) -> bool:
+        """Whether an iteration of `family` has been measured (its backward's ops on any block)."""
+        backward = {k.value for k in family.kinds} - {Kind.F.value}
+        return any(kind in backward and obs for (_, kind), obs in self.models[family].observations.items())
+
+    def drift(self, *, family: Backward, block: int, features: Sequence[float] | None) -> float:
+        """How far the other family's forwards on `block` have moved since `family` last learned (at the features'
+        mean): 1 where either was never measured."""
+        anchor = self.anchors[family].get(block)
+        now = self.models[family.other].fit((block, Kind.F.value))
+        if anchor is None or now is None:
+            return 1.0
+        x = 1.0 if features is None or not len(features) else float(np.mean(features))
+        then = anchor.predict(x)
+        return now.predict(x) / then if then > 0 else 1.0
+
+    def measured(self, *, family: Backward, block: int, kind: Kind, features: Sequence[float] | None) -> Fit | None:
+        """`family`'s own fit of `kind` on `block`, scaled by its drift; None where it never measured it."""
+        fit = self.models[family].fit((block, kind.value))
+        if fit is None:
+            return None
+        scale = self.drift(family=family, block=block, features=features)
+        return Fit(intercept=fit.intercept * scale, slope=fit.slope * scale, sigma=fit.sigma)
+
+    def kind_fit(self, *, block: int, kind: Kind, family: Backward, features: Sequence[float] | None) -> Fit:
+        """The fit of `kind` on `block` in an iteration of `family` (each measured fit `measured`, drift included).
+        A forward: as measured beside `family`'s backward, else beside the other. The split halves (I, W): as
+        measured, else half a measured full B each. A full B: as measured, else its halves together. Else the prior
+        (for B, its halves' priors). A full backward's own fit is kept apart from I + W: on some devices it costs
+        less."""
+        split, full = Backward.SPLIT, Backward.FULL
+        if kind is Kind.F:
+            own = self.measured(family=family, block=block, kind=kind, features=features)
+            fit = (
+                own
+                if own is not None
+                else self.measured(family=family.other, block=block, kind=kind, features=features)
+            )
+            return prior(features) if fit is None else fit
+        if kind is Kind.B:
+            own = self.measured(family=full, block=block, kind=kind, features=features)
+            if own is not None:
+                return own
+            halves = (self.kind_fit(block=block, kind=k, family=split, features=features) for k in (Kind.I, Kind.W))
+            return sum(halves, start=Fit(intercept=0.0, slope=0.0))
+        own = self.measured(family=split, block=block, kind=kind, features=features)
+        if own is not None:
+            return own
+        if (whole := self.measured(family=full, block=block, kind=Kind.B, features=features)) is not None:
+            return Fit(intercept=whole.intercept / 2, slope=whole.slope / 2, sigma=whole.sigma)
+        return prior(features)
+
+    def durations(
+        self, *, block: int, kind: Kind, family: Backward, features: Sequence[float] | None, count: int
+    ) -> list[float]:
+        """Predicted ms of `kind` on `block`, beside `family`'s backward, for data microbatches 0..count-1."""
+        fit = self.kind_fit(block=block, kind=kind, family=family, features=features)
+        return [fit.predict(feature_of(features, j)) for j in range(count)]
+
+    def activation_bytes(
+        self, *, block: int, features: Sequence[float] | None, count: int, padded: Sequence[float] | None = None
+    ) -> list[float] | None:
+        """Predicted activation bytes of data microbatches 0..count-1 on `block` (`CostModel.activation_bytes`),
+        from the family measured last; None before any were seen."""
+        latest = max(
+            self.models.values(), key=lambda m: max((o[0] for o in m.observations.get((block, BYTES), [])), default=-1)
+        )
+        return latest.activation_bytes(block=block, features=features, count=count, padded=padded)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            **{family.value: model.to_dict() for family, model in self.models.items()},
+            "anchors": {
+                family.value: [[block, fit.intercept, fit.slope, fit.sigma] for block, fit in anchors.items()]
+                for family, anchors in self.anchors.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BackwardCosts:
+        if "anchors" not in data:  # one model for both families: what it learned cannot be told apart
+            log.warning("the planner's saved costs do not tell the backward families apart; learning them afresh")
+            return cls(window=int(data["window"]))
+        return cls(
+            window=int(data["window"]),
+            models={family: CostModel.from_dict(data[family.value]) for family in Backward},
+            anchors={
+                family: {
+                    int(block): Fit(intercept=float(a), slope=float(b), sigma=float(c))
+                    for block, a, b, c in data["anchors"][family.value]
+                }
+                for family in Backward
+            },
+        )

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.costs import CostModel, feature_of, padded_size
+from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
 from rrfp_ray.plan.packing import Packing, loads, pack, spread
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.scoring import Samples, planned_byte_limits
@@ -127,7 +127,7 @@ class Planner:
         stages: int,
         chunks: int,
         microbatches: int,
-        model: CostModel | None = None,
+        model: BackwardCosts | None = None,
         last: Plan | None = None,
         planned: int | None = None,
     ) -> None:
@@ -135,7 +135,7 @@ class Planner:
         self.shape = {"stages": stages, "chunks": chunks, "microbatches": microbatches}
         for hint in config.hints:
             policy_for(name=hint, **self.shape)  # ValueError naming a hint this pipeline refuses
-        self.model = model if model is not None else CostModel(window=config.window)
+        self.model = model if model is not None else BackwardCosts(window=config.window)
         self.last = last or Plan.identity(microbatches=microbatches, hint=config.hints[0], cap=config.cap)
         self.last.validate(**self.shape)
         self.planned = planned  # the iteration `last` was planned for (None: none yet)
@@ -144,15 +144,22 @@ class Planner:
         self, *, iteration: int, features: Sequence[float] | None, padded: Sequence[float] | None = None
     ) -> Samples:
         """The iteration as the model sees it: the mean, or `samples` noisy draws around it; each with the split
-        backward's costs (I, W) and, beside it, with the full backward's own (B)."""
+        backward's costs (F, I, W as measured beside it) and, beside it, with the full backward's own (F, B); the
+        two forwards of a draw share its noise."""
         P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
         if features is not None and len(features) != M:
             raise ValueError(f"features has {len(features)} entries, expected M={M}")
-        kinds = (Kind.F, Kind.I, Kind.W, Kind.B)
-        fits = [[self.model.kind_fit(block=vs, kind=k, features=features) for vs in range(P * v)] for k in kinds]
+        split, full = Backward.SPLIT, Backward.FULL
+        kinds = ((Kind.F, split), (Kind.I, split), (Kind.W, split), (Kind.F, full), (Kind.B, full))
+        fits = [
+            [self.model.kind_fit(block=vs, kind=k, family=f, features=features) for vs in range(P * v)]
+            for k, f in kinds
+        ]
         mean = [
-            np.array([self.model.durations(block=vs, kind=k, features=features, count=M) for vs in range(P * v)])
-            for k in kinds
+            np.array(
+                [self.model.durations(block=vs, kind=k, family=f, features=features, count=M) for vs in range(P * v)]
+            )
+            for k, f in kinds
         ]
         sigma = [np.array([f.sigma for f in row])[:, None] for row in fits]
         zero = tuple(tuple(0.0 for _ in range(M)) for _ in range(P * v - 1))
@@ -160,17 +167,14 @@ class Planner:
         draws = (
             [mean]
             if all(not s.any() for s in sigma)
-            else [
-                [m * np.exp(s * rng.standard_normal(m.shape) - s**2 / 2) for m, s in zip(mean, sigma)]
-                for _ in range(self.config.samples)
-            ]
+            else [noisy(mean=mean, sigma=sigma, rng=rng) for _ in range(self.config.samples)]
         )
         held = self.predicted_bytes(features=features, padded=padded)
         shape = {"stages": P, "microbatches": M, "chunks": v, "commF": zero, "commB": zero, "activation_bytes": held}
         none = np.zeros((P * v, M)).tolist()
         return Samples(
-            [Trace(F=f.tolist(), B=i.tolist(), W=w.tolist(), **shape) for f, i, w, _ in draws],
-            unsplit=[Trace(F=f.tolist(), B=b.tolist(), W=none, **shape) for f, _, _, b in draws],
+            [Trace(F=f.tolist(), B=i.tolist(), W=w.tolist(), **shape) for f, i, w, _, _ in draws],
+            unsplit=[Trace(F=f.tolist(), B=b.tolist(), W=none, **shape) for _, _, _, f, b in draws],
         )
 
     def predicted_bytes(
@@ -260,19 +264,21 @@ class Planner:
         splits = {hint: policy_for(name=hint, **self.shape).split for hint in self.config.hints}
         pending = None if self.planned is None else splits[self.last.hint]
         for split in dict.fromkeys(splits.values()):
-            if split != pending and not self.model.observed(Kind.I if split else Kind.B):
+            if split != pending and not self.model.observed(Backward.of(split=split)):
                 return tuple(hint for hint in self.config.hints if splits[hint] is split)
         return self.config.hints
 
     def sample_costs(self, *, samples: Sequence[Sequence[float]], features: Sequence[float] | None) -> list[float]:
-        """Per sample (flat, microbatch by microbatch), its predicted ms summed over every block and op kind: the
-        fits' slope times its feature. A fit's intercept is a microbatch's own, the same in every microbatch however
-        packed, so it moves no balance; where no cost follows the feature (slope 0), every sample costs 1."""
+        """Per sample (flat, microbatch by microbatch), its predicted ms summed over every block and op kind of the
+        last plan's backward: the fits' slope times its feature. A fit's intercept is a microbatch's own, the same
+        in every microbatch however packed, so it moves no balance; where no cost follows the feature (slope 0),
+        every sample costs 1."""
         blocks = self.shape["stages"] * self.shape["chunks"]
+        family = Backward.of(split=policy_for(name=self.last.hint, **self.shape).split)
         slope = sum(
-            self.model.kind_fit(block=vs, kind=k, features=features).slope
+            self.model.kind_fit(block=vs, kind=k, family=family, features=features).slope
             for vs in range(blocks)
-            for k in (Kind.F, Kind.I, Kind.W)
+            for k in family.kinds
         )
         flat = [float(x) for row in samples for x in row]
         return [slope * x for x in flat] if slope > 0 else [1.0] * len(flat)
@@ -286,10 +292,15 @@ class Planner:
         activation_bytes: Sequence[Sequence[float]] | None = None,
         padded: Sequence[float] | None = None,
     ) -> None:
-        """Feed one iteration's telemetry, run under `plan`, to the cost model (`activation_bytes` and `padded`:
-        per data microbatch as the plan packed them; `measured_bytes`)."""
+        """Feed one iteration's telemetry, run under `plan`, to the cost model of the plan's backward
+        (`activation_bytes` and `padded`: per data microbatch as the plan packed them; `measured_bytes`)."""
         changed = self.model.observe(
-            report=report, order=plan.order, features=features, activation_bytes=activation_bytes, padded=padded
+            report=report,
+            family=Backward.of(split=policy_for(name=plan.hint, **self.shape).split),
+            order=plan.order,
+            features=features,
+            activation_bytes=activation_bytes,
+            padded=padded,
         )
         if changed:
             log.info("iteration %d: costs changed on %s", report.iteration, changed)
@@ -308,10 +319,18 @@ class Planner:
         return cls(
             config=PlannerConfig.from_dict(data["config"]),
             **data["shape"],
-            model=CostModel.from_dict(data["model"]),
+            model=BackwardCosts.from_dict(data["model"]),
             last=Plan.from_dict(data["last"]),
             planned=data.get("planned"),
         )
+
+
+def noisy(*, mean: Sequence[np.ndarray], sigma: Sequence[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    """One draw of the predicted durations (`Planner.predicted`'s kinds: split F, I, W, then full F, B), each
+    lognormal around its mean with its fit's spread; the full backward's forwards take the split's draws."""
+    z = [rng.standard_normal(m.shape) for m in mean]
+    z[3] = z[0]
+    return [m * np.exp(s * e - s**2 / 2) for m, s, e in zip(mean, sigma, z)]
 
 
 def packed(

@@ -1,0 +1,134 @@
+"""What planning in the job's process costs the VLM's iterations: `planned` against the same plans handed in.
+
+    python jobs/bench_vlm_planner.py --stages 2 --seeds 5 --iterations 10
+
+Per seed, two trainers from the same weights on the same data take turns, one iteration each, the first of the
+two alternating by seed and iteration. One runs `planned` (order and packing): its planner, on a thread of this
+process, makes the next iteration's plan while this one runs. The other runs each iteration under the plan the
+first made for it, handed in, with no planning beside it. Plans, data and weights being the same, the ratio of
+their makespans (the op schedule, the optimizer step left out) is what the planner's work costs the stage threads:
+the cores and the interpreter's lock they share with it. Prints per seed both medians, their ratio (the handed-in
+median over the planned one: below 1, planning slows the stages; geometric mean over the seeds, lowest-highest)
+and the planner's wall and CPU time per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+from contextlib import ExitStack
+
+from benchmarks.vlm import add_data_flags, spread
+from rrfp_ray.job import run_job
+from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.plans import Plan
+from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.train.api import Trainer
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stages", type=int, default=2, help="P (default 2)")
+    parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1: model init and data (default 5)")
+    parser.add_argument("--iterations", type=int, default=10, help="timed iterations per seed (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
+    add_data_flags(parser)
+    args = parser.parse_args(argv)
+    for flag in ("stages", "microbatches", "micro_batch_size", "seeds", "iterations"):
+        if getattr(args, flag) < 1:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+    if args.warmup < 0 or args.image_tail < 0:
+        parser.error("arguments --warmup and --image-tail must be >= 0")
+
+    import torch
+    from pydantic import ValidationError
+
+    from rrfp_ray.models.vlm import VLMConfig
+    from rrfp_ray.plan.planner import Arrangement
+    from rrfp_ray.recipes.config import RunConfig
+    from rrfp_ray.recipes.vlm_workload import vlm_trainer
+
+    try:
+        model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
+        runs_of = [
+            RunConfig(
+                model={"n_layer": model.n_layer, "n_head": model.n_head, "n_embd": model.n_embd},
+                pipeline={"stages": args.stages, "microbatches": args.microbatches, "cap": "1x", "timeout_s": 300},
+                train={"micro_batch_size": args.micro_batch_size, "seed": seed},
+            )
+            for seed in range(args.seeds)
+        ]
+    except ValidationError as error:
+        parser.error("; ".join(e["msg"] for e in error.errors()))
+    torch.set_num_threads(1)
+    print(f"P={args.stages} M={args.microbatches} on stage threads of one process, {os.cpu_count()} cores")
+    medians: dict[str, list[float]] = {"planned": [], "handed in": []}
+    losses: dict[str, list[float]] = {name: [] for name in medians}
+    planning_ms: list[float] = []
+    for seed, run in enumerate(runs_of):
+        with ExitStack() as stack:
+            planned, handed = (stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail)) for _ in "ab")
+            shape = {k: getattr(run.pipeline, k) for k in ("stages", "chunks", "microbatches")}
+            times: dict[str, list[float]] = {name: [] for name in medians}
+            plan = None  # the plan the planned trainer made for the iteration both run next (None: not made yet)
+            for i in range(args.warmup + args.iterations):
+                first = plan is not None and (seed + i) % 2 == 1  # the handed-in trainer's turn first
+                if first:
+                    other = _handed(handed, plan=plan, shape=shape)
+                report = planned.step(policy="planned", arrange=Arrangement.BOTH)
+                if planned.planner_state() is None:
+                    raise TimeoutError(f"the planner did not settle within {run.pipeline.timeout_s} s")
+                if not first:
+                    ran = _plan_of(report, cap=run.pipeline.cap, microbatches=args.microbatches)
+                    other = _handed(handed, plan=ran, shape=shape)
+                made = planned.planner  # settled: its last plan is the next iteration's
+                plan = made.last if made is not None and made.planned == planned.iteration else None
+                losses["planned"].append(report.loss)
+                losses["handed in"].append(other.loss)
+                if i >= args.warmup:
+                    times["planned"].append(report.schedule_ms)
+                    times["handed in"].append(other.schedule_ms)
+            planning_ms += [1e3 * s for s in planned.planning_s[args.warmup :] if not math.isnan(s)]
+        for name, values in times.items():
+            medians[name].append(statistics.median(values))
+        print(f"seed {seed}: " + ", ".join(f"{n} {m[-1]:.1f} ms" for n, m in medians.items()), flush=True)
+    ratio, low, high = spread([h / p for h, p in zip(medians["handed in"], medians["planned"])])
+    print(
+        f"planned {statistics.median(medians['planned']):.1f} ms, the same plans handed in "
+        f"{statistics.median(medians['handed in']):.1f} ms (medians over the seeds)"
+    )
+    print(f"handed in over planned: {ratio:.3f}x ({low:.3f}-{high:.3f}); below 1 planning slows the stages")
+    print(f"planner wall time per plan (on its thread, beside the stages): {statistics.median(planning_ms):.1f} ms")
+    return {
+        "medians_ms": medians,
+        "losses": losses,
+        "handed_over_planned": ratio,
+        "planning_ms": statistics.median(planning_ms),
+    }
+
+
+def _plan_of(report: IterationReport, *, cap: Cap, microbatches: int) -> Plan:
+    """The plan `report`'s iteration ran (its hint, order and packing, under `cap`)."""
+    order = tuple(range(microbatches)) if report.order is None else tuple(report.order)
+    packing = None if report.packing is None else tuple(tuple(group) for group in report.packing)
+    return Plan(order=order, hint=report.policy, cap=cap, packing=packing)
+
+
+def _handed(trainer: Trainer, *, plan: Plan, shape: dict[str, int]) -> IterationReport:
+    """One iteration of `trainer` under `plan`, handed in."""
+    report = trainer.backend.run_iteration(
+        iteration=trainer.iteration,
+        policy=plan.validate(**shape),
+        cap=plan.cap,
+        order=plan.order,
+        packing=plan.packing,
+    )
+    trainer.iteration += 1
+    return report
+
+
+if __name__ == "__main__":
+    run_job(main)
