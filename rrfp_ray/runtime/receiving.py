@@ -120,7 +120,6 @@ class StageReceiving:
 
         try:
             self._polled.take(
-                expected=self._expected,
                 has_room=self._arbiter.has_room,
                 iteration=self._iteration,
                 deliver=deliver,

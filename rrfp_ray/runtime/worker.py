@@ -65,7 +65,7 @@ class StageWorker(StageReceiving):
         self._start = 0.0
         self._ops: StageOps | None = None
         self._inbox: dict[int, tuple[torch.Tensor, Fence]] = {}  # by the slot of the action that takes it
-        self._expected: dict[Link, int] = {}  # messages the running iteration has yet to receive, per link
+        self._expected: dict[Link, int] = {}  # per link, the messages the iteration has yet to bring (receive threads')
         self._ready_at: list[float] = []  # per slot: when its action became ready (ms into the iteration)
         self._error: BaseException | None = None
         self._recv_busy = 0.0
@@ -116,6 +116,8 @@ class StageWorker(StageReceiving):
             self._raise_if_failed()
             self._arbiter, self._iteration, self._ops = arbiter, iteration, ops
             self._expected = layout.arrivals(stage=self.stage)
+            if self._polled is not None:
+                self._polled.expect(self._expected)
             self._start = time.perf_counter()
             started_at = time.time()
             self._recv_busy = 0.0
