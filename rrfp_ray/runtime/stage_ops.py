@@ -1,7 +1,7 @@
 """One stage's actions by slot (`rrfp_ray.schedule.slots`), with what the stage worker needs of each while it
 runs worked out once per layout: the action and its text, the message it sends and that message's link or
-local consumer, and the action its end makes ready on the stage. The compute thread's per-op path then
-indexes lists where it would build, hash and look up actions and messages.
+local consumer, the action its end makes ready on the stage, and the messages each inbound link brings. The
+compute thread's per-op path then indexes lists where it would build, hash and look up actions and messages.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class StageOps:
     link: tuple[Link | None, ...]  # the link that message takes (None: none, or the V's local turn)
     local_consumer: tuple[int, ...]  # the slot the V's local turn makes ready
     follower: tuple[int, ...]  # the slot whose local need the action is
+    arrivals: dict[Link, int]  # per inbound link, the messages one iteration brings (`Layout.arrivals`; read only)
 
     def slot(self, action: Action) -> int:
         if not self.slots.holds(action, stage=self.stage):
@@ -57,6 +58,7 @@ def stage_ops(layout: Layout, stage: int) -> StageOps:
         sends=tuple(sends),
         link=tuple(None if m is None or is_local else layout.link(m) for m, is_local in zip(sends, local)),
         local_consumer=(),
+        arrivals=layout.arrivals(stage=stage),
         follower=tuple(
             -1 if a is None or not (f := layout.local_followers(a)) else slots.slot_of(f[0]) for a in actions
         ),

@@ -64,6 +64,7 @@ class StageWorker(StageReceiving):
         self._iteration = -1
         self._start = 0.0
         self._ops: StageOps | None = None
+        self._sender_of: list[LinkSender | None] = []  # per slot of the running iteration, its message's link
         self._inbox: dict[int, tuple[torch.Tensor, Fence]] = {}  # by the slot of the action that takes it
         self._expected: dict[Link, int] = {}  # per link, the messages the iteration has yet to bring (receive threads')
         self._ready_at: list[float] = []  # per slot: when its action became ready (ms into the iteration)
@@ -115,7 +116,8 @@ class StageWorker(StageReceiving):
         with self._cond:
             self._raise_if_failed()
             self._arbiter, self._iteration, self._ops = arbiter, iteration, ops
-            self._expected = layout.arrivals(stage=self.stage)
+            self._expected = dict(ops.arrivals)
+            self._sender_of = [None if link is None else self._senders[link] for link in ops.link]
             if self._polled is not None:
                 self._polled.expect(self._expected)
             self._start = time.perf_counter()
@@ -343,7 +345,7 @@ class StageWorker(StageReceiving):
         header = Header.for_payload(
             message=message, iteration=iteration, payload=output, released_at=time.time() + delay
         )
-        self._senders[ops.link[slot]].post(
+        self._sender_of[slot].post(
             header=header, payload=output, release=time.perf_counter() + delay, fence=self._handoff.produced(output)
         )
 
