@@ -29,6 +29,8 @@ class Phase(enum.Enum):
     # compute thread can start the op that needs it (woken for it, or at its delivery if it was busy then)
     MESSAGE = "one message"
 
+    __hash__ = object.__hash__  # by identity: Enum's own hashes the name in Python, and every sample hashes a phase
+
 
 class Breakdown:
     """One stage's samples for one iteration; callers serialise `add` (the worker's lock, or one thread per phase)."""

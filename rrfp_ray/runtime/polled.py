@@ -49,23 +49,31 @@ class PolledLinks:
     def __init__(self, *, channels: Mapping[Link, PolledChannel]) -> None:
         self._readers = {link: MessageReader(channel=channel) for link, channel in channels.items()}
         self.links = tuple(channels)
-        self._fd = {link: channel.fileno() for link, channel in channels.items()}
-        self._link_of = {fd: link for link, fd in self._fd.items()}
+        self._by_index = [self._readers[link] for link in self.links]
+        self._fd = [channel.fileno() for channel in channels.values()]
+        self._index_of = {fd: i for i, fd in enumerate(self._fd)}
+        self._left = [0] * len(self.links)  # per link, the messages the running iteration has yet to bring
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._poll = select.poll()
         self._poll.register(self._wake_r, select.POLLIN)
-        self._watched: list[Link] = []  # the links the poll object holds, as `readable` last got them
+        self._watched: list[int] = []  # the links (indices) the poll object holds, as `readable` last got them
 
-    def readable(self, links: list[Link], *, timeout_s: float) -> list[Link]:
-        """Those of `links` with bytes to read, waiting up to `timeout_s` (0: a look) for one, or for `wake`."""
+    def expect(self, counts: Mapping[Link, int]) -> None:
+        """How many messages the next iteration brings on each link (set while no `take` runs)."""
+        self._left = [counts.get(link, 0) for link in self.links]
+
+    def readable(self, links: list[int], *, timeout_s: float) -> list[int]:
+        """Those of `links` (indices into `links`) with bytes to read, waiting up to `timeout_s` (0: a look) for
+        one, or for `wake`."""
         if links != self._watched:
-            wanted, watched = set(links), set(self._watched)
-            for link in watched - wanted:
-                self._poll.unregister(self._fd[link])
-            for link in wanted - watched:
-                self._poll.register(self._fd[link], _READABLE)
+            for i in self._watched:
+                if i not in links:
+                    self._poll.unregister(self._fd[i])
+            for i in links:
+                if i not in self._watched:
+                    self._poll.register(self._fd[i], _READABLE)
             self._watched = links
         ready = self._poll.poll(math.ceil(timeout_s * 1e3) if timeout_s > 0 else 0)
         links_ready = []
@@ -73,13 +81,12 @@ class PolledLinks:
             if fd == self._wake_r:
                 _drain(self._wake_r)
             else:
-                links_ready.append(self._link_of[fd])
+                links_ready.append(self._index_of[fd])
         return links_ready
 
     def take(
         self,
         *,
-        expected: dict[Link, int],
         has_room: Callable[[], bool],
         iteration: int,
         deliver: Callable[[Header, Tree | None, Fence], None],
@@ -87,30 +94,27 @@ class PolledLinks:
         timeout_s: float = 0.0,
         unlocked: AbstractContextManager[object] | None = None,
     ) -> None:
-        """Wait up to `timeout_s` (inside `unlocked`) for bytes on a link that `expected` counts more messages of
-        while there is room (`has_room`), then read and `deliver` such links' messages, one a link in turn,
-        while they hold some (decrementing `expected`). A STOP or a message of another iteration fails."""
-
-        def wanted() -> list[Link]:
-            return [link for link in self.links if expected.get(link)] if has_room() else []
-
-        links = wanted()
+        """Wait up to `timeout_s` (inside `unlocked`) for bytes on a link that the iteration brings more messages
+        on (`expect`) while there is room (`has_room`), then read and `deliver` such links' messages, one a link
+        in turn, while they hold some. A STOP or a message of another iteration fails."""
+        left = self._left
+        links = [i for i, n in enumerate(left) if n] if has_room() else []
         if unlocked is None:
             ready = self.readable(links, timeout_s=timeout_s) if links or timeout_s else []
         else:
             with unlocked:
                 ready = self.readable(links, timeout_s=timeout_s)
         while ready:
-            for link in ready:
-                if not (expected[link] and has_room()):
+            for i in ready:
+                if not (left[i] and has_room()):
                     continue
-                header, payload, fence = self.read(link, handoff=handoff)
-                expected[link] -= 1
+                header, payload, fence = handoff.receive(reader=self._by_index[i])
+                left[i] -= 1
                 if header.is_stop or header.iteration != iteration:
                     what = "STOP" if header.is_stop else f"a message of iteration {header.iteration}"
-                    raise ConnectionError(f"{link}: {what} came during iteration {iteration}")
+                    raise ConnectionError(f"{self.links[i]}: {what} came during iteration {iteration}")
                 deliver(header, payload, fence)
-            links = wanted()
+            links = [i for i, n in enumerate(left) if n] if has_room() else []
             ready = self.readable(links, timeout_s=0.0) if links else []
 
     def read(self, link: Link, *, handoff: Handoff) -> tuple[Header, Tree | None, Fence]:

@@ -16,11 +16,11 @@ from rrfp_ray.runtime.breakdown import Breakdown, MessageClock, Phase
 from rrfp_ray.runtime.cpu import StageCpu
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.polled import PolledLinks, unlocked
+from rrfp_ray.runtime.stage_ops import StageOps
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.transport import Channel, Header, MessageReader
 from rrfp_ray.runtime.tree import Tree
-from rrfp_ray.schedule.actions import Action
-from rrfp_ray.schedule.layout import Layout, Link, Message
+from rrfp_ray.schedule.layout import Link
 
 
 class StageReceiving:
@@ -31,11 +31,11 @@ class StageReceiving:
     _cond: threading.Condition
     _handoff: Handoff
     _arbiter: Arbiter | None
-    _layout: Layout | None
     _iteration: int
-    _inbox: dict[Message, tuple[torch.Tensor, Fence]]
+    _ops: StageOps | None
+    _inbox: dict[int, tuple[torch.Tensor, Fence]]
     _expected: dict[Link, int]
-    _ready_at: dict[Action, float]
+    _ready_at: list[float]
     _error: BaseException | None
     _recv_busy: float
     _breakdown: Breakdown
@@ -90,10 +90,12 @@ class StageReceiving:
     ) -> None:
         """Under the lock: a received message into the inbox and the arbiter's ready set."""
         began = time.perf_counter()
-        self._inbox[header.message] = (payload, fence)
-        self._arbiter.on_arrival(header.message)
-        consumer = self._layout.consumer(header.message)
-        self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
+        consumer = self._ops.consumer(header.message)
+        self._arbiter.on_arrival_slot(consumer)
+        self._inbox[consumer] = (payload, fence)
+        now = self._now()
+        if self._ready_at[consumer] < now:
+            self._ready_at[consumer] = now
         done = time.perf_counter()
         self._recv_busy += done - began
         self._breakdown.add(Phase.ARRIVAL, done - arrived)
@@ -118,7 +120,6 @@ class StageReceiving:
 
         try:
             self._polled.take(
-                expected=self._expected,
                 has_room=self._arbiter.has_room,
                 iteration=self._iteration,
                 deliver=deliver,

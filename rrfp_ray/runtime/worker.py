@@ -34,12 +34,12 @@ from rrfp_ray.runtime.links import LinkSender, wait_idle
 from rrfp_ray.runtime.polled import PolledLinks, polled
 from rrfp_ray.runtime.receiving import StageReceiving
 from rrfp_ray.runtime.reduce import DPContext, ReduceStats
+from rrfp_ray.runtime.stage_ops import StageOps, stage_ops
 from rrfp_ray.runtime.streams import Fence, Handoff
 from rrfp_ray.runtime.timers import tighten_timer_slack
 from rrfp_ray.runtime.transport import Channel, Header
-from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.grad_ready import reduce_order
-from rrfp_ray.schedule.layout import Layout, Link, Message
+from rrfp_ray.schedule.layout import Link, Message
 
 
 class StageWorker(StageReceiving):
@@ -62,12 +62,13 @@ class StageWorker(StageReceiving):
         }
         self._cond = threading.Condition()
         self._arbiter: Arbiter | None = None
-        self._layout: Layout | None = None
         self._iteration = -1
         self._start = 0.0
-        self._inbox: dict[Message, tuple[torch.Tensor, Fence]] = {}
-        self._expected: dict[Link, int] = {}  # messages the running iteration has yet to receive, per link
-        self._ready_at: dict[Action, float] = {}
+        self._ops: StageOps | None = None
+        self._sender_of: list[LinkSender | None] = []  # per slot of the running iteration, its message's link
+        self._inbox: dict[int, tuple[torch.Tensor, Fence]] = {}  # by the slot of the action that takes it
+        self._expected: dict[Link, int] = {}  # per link, the messages the iteration has yet to bring (receive threads')
+        self._ready_at: list[float] = []  # per slot: when its action became ready (ms into the iteration)
         self._error: BaseException | None = None
         self._recv_busy = 0.0
         self._breakdown = Breakdown()
@@ -115,19 +116,24 @@ class StageWorker(StageReceiving):
         arbiter = Arbiter(
             layout=layout, stage=self.stage, policy=policy, cap=args.cap, buffer_limit=args.buffer_limit, memory=memory
         )
+        ops = stage_ops(layout, self.stage)
         with self._cond:
             self._raise_if_failed()
-            self._arbiter, self._layout, self._iteration = arbiter, layout, iteration
-            self._expected = layout.arrivals(stage=self.stage)
+            self._arbiter, self._iteration, self._ops = arbiter, iteration, ops
+            self._expected = dict(ops.arrivals)
+            self._sender_of = [None if link is None else self._senders[link] for link in ops.link]
+            if self._polled is not None:
+                self._polled.expect(self._expected)
             self._start = time.perf_counter()
             started_at = time.time()
             self._recv_busy = 0.0
-            self._ready_at, self._breakdown = {}, Breakdown()
+            self._ready_at, self._breakdown = [0.0] * len(ops.actions), Breakdown()
             for sender in self._senders.values():
                 sender.take_stats(into=Breakdown())  # what came before this iteration: dropped
             self._cpu.begin(send=[sender.clock for sender in self._senders.values()])
             self._cond.notify_all()
-        events: list[OpEvent] = []
+        ran: list[tuple[int, float, float]] = []  # (slot, start ms, end ms) per op, in order: its event's figures
+        ready_at, follower_of, actions, local_consumer = self._ready_at, ops.follower, ops.actions, ops.local_consumer
         agreement = None if tp is None or policy.fixed else Agreement(tp=tp)
         tp_ms = 0.0
         weight_ops_left = dict.fromkeys(range(layout.chunks), layout.microbatches)
@@ -140,40 +146,35 @@ class StageWorker(StageReceiving):
                     if arbiter.finished:
                         break
                     if agreement is None:
-                        action, overtook = self._wait_for_action(arbiter)
+                        slot = self._wait_for_slot(arbiter)
+                        payload = self._inbox.pop(slot, None)
                 if agreement is not None:
-                    action, overtook, coordinating = self._agree_on_action(arbiter, agreement)
+                    slot, coordinating = self._agree_on_slot(arbiter, agreement)
                     tp_ms += coordinating
-                with self._cond:
-                    payload = self._take_input(layout, action)
+                    with self._cond:
+                        payload = self._inbox.pop(slot, None)
+                if payload is not None:
+                    payload = self._handoff.use(*payload)
+                action = actions[slot]
                 release = None if dp is None else dp.release(action=action, weight_ops_left=weight_ops_left)
                 start, op_cpu = self._now(), time.thread_time()
                 output = executor.run(action=action, iteration=iteration, payload=payload, release=release)
                 end = self._now()
                 self._cpu.op.add(since=op_cpu)
+                consumer, follower = local_consumer[slot], follower_of[slot]
                 with self._cond:
-                    message = arbiter.on_done(action)
-                    local = message is not None and layout.is_local(message)
-                    if local:
-                        self._hand_over(layout, message, output)
-                    for follower in layout.local_followers(action):
-                        self._ready_at[follower] = max(self._ready_at.get(follower, 0.0), end)
-                if message is not None and not local:  # outside the lock: receive threads deliver meanwhile
-                    self._post(layout, iteration, message, output, latency)
-                events.append(
-                    OpEvent(
-                        stage=self.stage,
-                        action=str(action),
-                        start_ms=start,
-                        end_ms=end,
-                        ready_ms=self._ready_at.get(action, 0.0),
-                        hint_pos=arbiter.hint_position(action),
-                        overtook=overtook,
-                    )
-                )
+                    arbiter.on_done_slot(slot)
+                    if consumer >= 0:
+                        self._hand_over(slot, consumer, output)
+                    if follower >= 0 and ready_at[follower] < end:
+                        ready_at[follower] = end
+                if consumer < 0 and ops.sends[slot] is not None:  # outside the lock: receive threads deliver meanwhile
+                    self._post(ops, slot, iteration, output, latency)
+                ran.append((slot, start, end))
                 if release is not None:
                     dp.reducer.complete(key=action.chunk)
             self._wait_outbox_empty()
+            events = self._events(ops=ops, arbiter=arbiter, ran=ran)
             cpu = self._cpu.end(ops=len(events))
         finally:
             with self._cond:
@@ -252,7 +253,23 @@ class StageWorker(StageReceiving):
         if self._error is not None:
             raise PipelineError(f"stage {self.stage}: {self._error}") from self._error
 
-    def _wait_for_action(self, arbiter: Arbiter) -> tuple[Action, bool]:
+    def _events(self, *, ops: StageOps, arbiter: Arbiter, ran: list[tuple[int, float, float]]) -> list[OpEvent]:
+        """The iteration's op events, from what each op's run noted (`ran`)."""
+        ready_at, texts = self._ready_at, ops.texts
+        return [
+            OpEvent(
+                stage=self.stage,
+                action=texts[slot],
+                start_ms=start,
+                end_ms=end,
+                ready_ms=ready_at[slot],
+                hint_pos=arbiter.hint_position_of(slot),
+                overtook=arbiter.overtook(slot),
+            )
+            for slot, start, end in ran
+        ]
+
+    def _wait_for_slot(self, arbiter: Arbiter) -> int:
         deadline = time.monotonic() + self.timeout_s
         arbitrating, woke, looked = 0.0, None, False
         while True:
@@ -260,13 +277,14 @@ class StageWorker(StageReceiving):
             if not looked:  # after a wait, its own last look stands
                 self._take_polled()
             began = time.perf_counter()
-            chosen = arbiter.next_action()
+            chosen = arbiter.next_slot()
             arbitrating += time.perf_counter() - began
-            if chosen is not None:
+            if chosen >= 0:
                 self._breakdown.add(Phase.ARBITRATION, arbitrating)
                 if woke is not None:
                     self._breakdown.add(Phase.WAKEUP, woke)
-                self._cond.notify_all()  # a consumed message frees receive-buffer room
+                if self._threads:
+                    self._cond.notify_all()  # a consumed message frees receive-buffer room
                 return chosen
             left = deadline - time.monotonic()
             if left <= 0:
@@ -278,8 +296,8 @@ class StageWorker(StageReceiving):
             looked = True
             woke = time.perf_counter() - self._notified_at if self._notified_at > waited else None
 
-    def _agree_on_action(self, arbiter: Arbiter, agreement: Agreement) -> tuple[Action, bool, float]:
-        """Rounds with the other TP ranks until they agree on an action; starts it.
+    def _agree_on_slot(self, arbiter: Arbiter, agreement: Agreement) -> tuple[int, float]:
+        """Rounds with the other TP ranks until they agree on an action; starts it and returns its slot.
 
         Also returns the ms the protocol itself cost (`Agreement.cost_ms`); waits for an
         arrival or for a slower rank are blocked time."""
@@ -302,9 +320,9 @@ class StageWorker(StageReceiving):
                 ) from error
             if action is not None:
                 with self._cond:
-                    overtook = arbiter.start(action)
+                    arbiter.start(action)
                     self._cond.notify_all()  # a consumed message frees receive-buffer room
-                return action, overtook, agreement.cost_ms - cost
+                return self._ops.slot(action), agreement.cost_ms - cost
             agreed = False
             if time.monotonic() > deadline:
                 with self._cond:
@@ -313,34 +331,34 @@ class StageWorker(StageReceiving):
                         f"{self.timeout_s:g} s; {arbiter.waiting_for()}"
                     )
 
-    def _take_input(self, layout: Layout, action: Action) -> torch.Tensor | None:
-        message = layout.message_need(action)
-        return None if message is None else self._handoff.use(*self._inbox.pop(message))
-
-    def _hand_over(self, layout: Layout, message: Message, output: torch.Tensor | None) -> None:
-        """Under the lock: the V's turn, straight into this stage's own inbox, no link."""
+    def _hand_over(self, slot: int, consumer: int, output: torch.Tensor | None) -> None:
+        """Under the lock: the V's turn (what `slot`'s action sends), straight into this stage's own inbox for
+        `consumer`, no link."""
         if output is None:
-            raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
-        self._inbox[message] = (output, None)  # made on this thread's stream: nothing to wait for
-        self._arbiter.on_arrival(message)
-        consumer = layout.consumer(message)
-        self._ready_at[consumer] = max(self._ready_at.get(consumer, 0.0), self._now())
+            raise PipelineError(
+                f"stage {self.stage}: the executor returned nothing to send for {self._ops.sends[slot]}"
+            )
+        self._inbox[consumer] = (output, None)  # made on this thread's stream: nothing to wait for
+        self._arbiter.on_arrival_slot(consumer)
+        self._ready_at[consumer] = max(self._ready_at[consumer], self._now())
 
     def _post(
         self,
-        layout: Layout,
+        ops: StageOps,
+        slot: int,
         iteration: int,
-        message: Message,
         output: torch.Tensor | None,
         latency: Callable[[Message], float] | None,
     ) -> None:
+        """What `slot`'s action sends, to its link."""
+        message = ops.sends[slot]
         if output is None:
             raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
         delay = latency(message) / 1e3 if latency else 0.0
         header = Header.for_payload(
             message=message, iteration=iteration, payload=output, released_at=time.time() + delay
         )
-        self._senders[layout.link(message)].post(
+        self._sender_of[slot].post(
             header=header, payload=output, release=time.perf_counter() + delay, fence=self._handoff.produced(output)
         )
 
