@@ -41,10 +41,10 @@ class Found:
 def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
     """Candidate orders from the predicted cost of each data microbatch, identity first.
 
-    Smoothed (`smoothed`: about the mean load in every stretch of slots, with light ones at the ends, as
-    many as half to twice the virtual stages, the pipeline's fill and drain), light at both ends and heavy
-    in the middle (the pipeline fills and drains on light ones, and the heavy ones overlap while it is
-    full), and Johnson's rule over the front and back halves of the virtual stages (microbatches heavier
+    Light at both ends and heavy in the middle (the pipeline fills and drains on light ones, and the heavy
+    ones overlap while it is full), smoothed (`smoothed`: about the mean load in every stretch of slots, with
+    light ones at the ends, as many as half to twice the virtual stages, the pipeline's fill and drain), and
+    Johnson's rule over the front and back halves of the virtual stages (microbatches heavier
     at the back go first, by rising front cost; the others last, by falling back cost), as for a
     two-machine flow shop.
     """
@@ -59,7 +59,7 @@ def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
     late = sorted((j for j in range(M) if front[j] >= back[j]), key=lambda j: (-back[j], j))
     smooth = [smoothed(cost, ends=math.ceil(share * V)) for share in (1 / 2, 1, 3 / 2, 2)]
     ends = [light_ends(rising, front=share) for share in (1 / 2, 1 / 3, 2 / 3)]
-    candidates = [tuple(range(M)), *smooth, *ends, tuple(early + late)]
+    candidates = [tuple(range(M)), *ends, *smooth, tuple(early + late)]
     return list(dict.fromkeys(candidates))
 
 
