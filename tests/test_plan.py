@@ -15,7 +15,7 @@ from rrfp_ray.plan.loop import LAG, Planning, run
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import score
-from rrfp_ray.plan.search import neighbours, search
+from rrfp_ray.plan.search import neighbours, search, smoothed
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
@@ -105,6 +105,20 @@ def test_the_local_search_moves_one_swap_or_one_block_at_a_time_under_its_seed()
     assert all(sorted(moved) == sorted(order) and one_move(order, moved) for moved in drawn)
     assert len(set(drawn)) > 50  # swaps, single moves and block moves, far and near
     assert neighbours((0, 1), rng=np.random.default_rng(0), count=3) == [(1, 0)] * 3
+
+
+def test_a_smoothed_order_keeps_every_stretch_near_the_mean_load_between_light_ends():
+    cost = np.random.default_rng(3).lognormal(sigma=0.6, size=24)
+    order = smoothed(cost, ends=6)
+    assert sorted(order) == list(range(24))
+    ends = order[:3] + order[-3:]
+    assert sorted(ends) == sorted(np.argsort(cost, kind="stable")[:6].tolist())
+    assert cost[order[0]] <= cost[order[1]] <= cost[order[2]] and cost[order[-1]] <= cost[order[-2]]
+    middle = cost[list(order[3:-3])]
+    drift = np.cumsum(middle) - np.arange(1, 19) * middle.mean()
+    assert np.abs(drift).max() <= middle.max()  # the running load never strays a microbatch from its share
+    assert np.abs(drift).max() < np.abs(np.cumsum(np.sort(middle)) - np.arange(1, 19) * middle.mean()).max() / 2
+    assert smoothed(np.ones(5), ends=0) == (0, 1, 2, 3, 4)
 
 
 def test_a_search_past_its_deadline_reports_no_plan():

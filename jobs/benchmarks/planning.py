@@ -8,7 +8,11 @@ splits) and seed, a run of iterations (`generate_iterations`) is simulated in or
 - `bfw`: readiness alone;
 - `planned-fixed`: the planned order (and packing) under fixed schedules only (what the order buys);
 - `planned`: order and hint planned from the features and the telemetry of iterations <= k-2;
-- `oracle`: the same search with the true durations (the ceiling).
+- `oracle`: the same search with the true durations (the ceiling);
+- `expected`: the same search with each iteration's durations without the per-op noise no plan can see
+  (the scenario without its `lognormal` part, the same draws otherwise), run on the true ones: what a
+  planner that knew every microbatch's expected cost on every stage, drift and straggler included, would
+  get; the gap from `expected` to `oracle` is the noise, the gap from `planned` to `expected` the cost model.
 
 A ratio is the baseline's mean makespan over the policy's (> 1: faster), per seed; a cell is the
 geometric mean over seeds with the lowest and highest seed. `room` is the baseline over the lower
@@ -37,7 +41,8 @@ from rrfp_ray.sim.variability import generate_iterations
 log = logging.getLogger(__name__)
 
 FIXED = ("1f1b", "zb-h1", "gpipe")
-COLUMNS = ("bfw", "planned-fixed", "planned", "oracle", "bound")
+COLUMNS = ("bfw", "planned-fixed", "planned", "expected", "oracle", "bound")
+UNSEEN = "lognormal"  # the scenario part that draws per-op noise no plan can see
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,11 @@ class Scenario:
     scenario: str
     params: Mapping[str, float]
     featured: bool  # the data shows each microbatch's cost before the iteration
+
+    @property
+    def expected(self) -> str:
+        """The scenario without its unseen per-op noise (`none` where nothing else is left)."""
+        return "+".join(part for part in self.scenario.split("+") if part != UNSEEN) or "none"
 
 
 SCENARIOS = (
@@ -79,6 +89,13 @@ def cell(
     for planning in (Planning.PLANNED_FIXED, Planning.PLANNED, Planning.ORACLE):
         done = run(planning=planning, traces=traces, config=config)
         ms[planning.value] = statistics.fmean(report.makespan_ms for _, report in done)
+    expected = generate_iterations(
+        iterations=iterations, scenario=scenario.expected, **shape, seed=seed, **scenario.params
+    )
+    ms["expected"] = statistics.fmean(
+        report.makespan_ms
+        for _, report in run(planning=Planning.ORACLE, traces=traces, config=config, plan_on=expected)
+    )
     return ms
 
 

@@ -41,8 +41,17 @@ def config_for(*, planning: Planning, base: PlannerConfig, chunks: int) -> Plann
     return replace(base, hints=default_hints(chunks=chunks, fixed_only=fixed), learn_backwards=False)
 
 
-def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -> list[tuple[Plan, IterationReport]]:
-    """Every iteration of `traces` in order under `planning`: its plan and its simulated report."""
+def run(
+    *,
+    planning: Planning,
+    traces: Sequence[Trace],
+    config: PlannerConfig,
+    plan_on: Sequence[Trace] | None = None,
+) -> list[tuple[Plan, IterationReport]]:
+    """Every iteration of `traces` in order under `planning`: its plan and its simulated report. `plan_on`: the
+    traces the oracle searches (one per iteration, the shape of `traces`; None: `traces` themselves)."""
+    if plan_on is not None and len(plan_on) != len(traces):
+        raise ValueError(f"plan_on has {len(plan_on)} traces for {len(traces)} iterations")
     first = traces[0]
     shape = {"stages": first.stages, "chunks": first.chunks, "microbatches": first.microbatches}
     config = config_for(planning=planning, base=config, chunks=first.chunks)
@@ -51,7 +60,7 @@ def run(*, planning: Planning, traces: Sequence[Trace], config: PlannerConfig) -
     ran: list[Trace] = []  # each iteration's data as packed by its plan
     for k, trace in enumerate(traces):
         if planning is Planning.ORACLE:
-            plan = oracle(trace=trace, config=config, iteration=k).plan
+            plan = oracle(trace=trace if plan_on is None else plan_on[k], config=config, iteration=k).plan
         else:
             if k >= LAG:
                 seen, (plan_seen, report_seen) = ran[k - LAG], done[k - LAG]

@@ -13,6 +13,7 @@ only stops it early, and then it reports no plan (the caller keeps its last one)
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -40,11 +41,12 @@ class Found:
 def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
     """Candidate orders from the predicted cost of each data microbatch, identity first.
 
-    Light at both ends and heavy in the middle (the pipeline fills and drains on light ones, and
-    the heavy ones overlap while it is full), heavy first, light first, heavy and light
-    alternating, and Johnson's rule over the front and back halves of the virtual stages
-    (microbatches heavier at the back go first, by rising front cost; the others last, by falling
-    back cost), as for a two-machine flow shop.
+    Light at both ends and heavy in the middle (the pipeline fills and drains on light ones, and the heavy
+    ones overlap while it is full), smoothed (`smoothed`: about the mean load in every stretch of slots, with
+    light ones at the ends, as many as half to twice the virtual stages, the pipeline's fill and drain), and
+    Johnson's rule over the front and back halves of the virtual stages (microbatches heavier
+    at the back go first, by rising front cost; the others last, by falling back cost), as for a
+    two-machine flow shop.
     """
     first = samples[0]
     V, M = first.virtual_stages, first.microbatches
@@ -53,14 +55,30 @@ def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
         work += np.array(t.F) + np.array(t.B) + np.array(t.W)
     cost, front, back = work.sum(axis=0), work[: (V + 1) // 2].sum(axis=0), work[(V + 1) // 2 :].sum(axis=0)
     rising = sorted(range(M), key=lambda j: (cost[j], j))
-    falling = sorted(range(M), key=lambda j: (-cost[j], j))
-    alternating = [j for pair in zip(falling, rising) for j in pair]
-    alternating = list(dict.fromkeys(alternating))[:M]
     early = sorted((j for j in range(M) if front[j] < back[j]), key=lambda j: (front[j], j))
     late = sorted((j for j in range(M) if front[j] >= back[j]), key=lambda j: (-back[j], j))
+    smooth = [smoothed(cost, ends=math.ceil(share * V)) for share in (1 / 2, 1, 3 / 2, 2)]
     ends = [light_ends(rising, front=share) for share in (1 / 2, 1 / 3, 2 / 3)]
-    candidates = [tuple(range(M)), *ends, tuple(falling), tuple(rising), tuple(alternating), tuple(early + late)]
+    candidates = [tuple(range(M)), *ends, *smooth, tuple(early + late)]
     return list(dict.fromkeys(candidates))
+
+
+def smoothed(cost: np.ndarray, *, ends: int) -> Order:
+    """The `ends` lightest microbatches dealt to the two ends (lightest outermost), and between them the others
+    in the order that keeps their running cost closest to its even share at every slot (the heavier first
+    on ties): every stretch of consecutive slots carries about the mean load, so the stages that a heavy
+    microbatch slows catch up on the light ones next to it."""
+    M = len(cost)
+    rising = sorted(range(M), key=lambda j: (cost[j], j))
+    light, left = rising[: min(ends, M)], sorted(rising[min(ends, M) :], key=lambda j: (-cost[j], j))
+    share = float(np.mean(cost[left])) if left else 0.0
+    middle, total = [], 0.0
+    for i in range(len(left)):
+        j = min(left, key=lambda j: abs(total + cost[j] - (i + 1) * share))
+        left.remove(j)
+        middle.append(j)
+        total += cost[j]
+    return tuple(light[0::2] + middle + light[1::2][::-1])
 
 
 def light_ends(rising: Sequence[int], *, front: float) -> Order:
