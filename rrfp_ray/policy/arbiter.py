@@ -92,6 +92,7 @@ _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under
 # for none (`_NO_MESSAGE`, set from the start); it has started; it is done.
 _ARRIVED, _NO_MESSAGE, _STARTED, _DONE = 1, 2, 4, 8
 _INPUT = _ARRIVED | _NO_MESSAGE
+_FIRST_STATE = bytes([_NO_MESSAGE, 0]) + bytes(254)  # a slot's state before the run, by `Slots.needs_message`
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ class Arbiter:
         size = slots.per_stage
         self._base = stage * size  # the stage's first op
         needs_message = slots.needs_message[self._base : self._base + size]
-        self._state = [0 if needs else _NO_MESSAGE for needs in needs_message]
+        self._state = list(needs_message.translate(_FIRST_STATE))
         # Which started actions overtook an earlier hint action is worked out when asked (`_catch_up`),
         # from the start order: `_replayed` starts are in `_overtook`, with `_seen` what they started.
         self._begun: list[int] = []
@@ -192,9 +193,11 @@ class Arbiter:
         self.buffered = 0
         self.peak_inflight = 0
         self.peak_buffered = 0
-        for slot in range(slots.block):  # forwards: the only actions without a local need
-            if not needs_message[slot]:
-                self._add(slot)
+        # the forwards that wait for no message: the only actions without a local need
+        slot = needs_message.find(0, 0, slots.block)
+        while slot >= 0:
+            self._add(slot)
+            slot = needs_message.find(0, slot + 1, slots.block)
 
     def _add(self, slot: int) -> None:
         heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
