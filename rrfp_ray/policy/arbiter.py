@@ -92,6 +92,7 @@ _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under
 # for none (`_NO_MESSAGE`, set from the start); it has started; it is done.
 _ARRIVED, _NO_MESSAGE, _STARTED, _DONE = 1, 2, 4, 8
 _INPUT = _ARRIVED | _NO_MESSAGE
+_RUN = _STARTED | _DONE
 _FIRST_STATE = bytes([_NO_MESSAGE, 0]) + bytes(254)  # a slot's state before the run, by `Slots.needs_message`
 
 
@@ -247,10 +248,10 @@ class Arbiter:
     def on_arrival_slot(self, slot: int) -> None:
         """The delivery that `slot`'s action waits for has arrived."""
         state = self._state
-        if state[slot] & _ARRIVED:
+        if (before := state[slot]) & _ARRIVED:
             message = self._slots.message(self._base + slot)
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        state[slot] |= _ARRIVED
+        state[slot] = before | _ARRIVED
         buffered = self.buffered = self.buffered + 1
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered
@@ -344,7 +345,7 @@ class Arbiter:
     def on_done_slot(self, slot: int) -> None:
         """Mark the action of `slot` done (what it sends: `Slots.sends`)."""
         state = self._state
-        if (before := state[slot]) & (_STARTED | _DONE) != _STARTED:
+        if (before := state[slot]) & _RUN != _STARTED:
             action = self._slots.action(stage=self.stage, slot=slot)
             raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
         state[slot] = before | _DONE
