@@ -146,9 +146,10 @@ class _Run:
             for s, m in enumerate(memory)
         ]
         # With `record`, per op: when its delivery arrived, and when it started (an end is its start plus
-        # its duration, as the loop adds them)
+        # its duration, as the loop adds them); per stage, the sum of its ops' end - start in their order
         self.ready_at = [0.0] * slots.ops if record else []
         self.started_at = [0.0] * slots.ops if record else []
+        self.compute_ms = [0.0] * layout.stages if record else []
         self.makespan_ms = self._run(latencies=timings[1], record=record)
         stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
         if stuck:
@@ -158,7 +159,7 @@ class _Run:
 
     def _run(self, *, latencies: list[float | None], record: bool) -> float:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
-        started_at, arbiters, transport = self.started_at, self.arbiters, self.case.transport
+        started_at, compute, arbiters, transport = self.started_at, self.compute_ms, self.arbiters, self.case.transport
         S, completions, deliveries = slots.per_stage, slots.completions, slots.deliveries
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
@@ -223,6 +224,7 @@ class _Run:
                 end = now + durations[op]
                 if record:
                     started_at[op] = now
+                    compute[stage] += end - now
                 if (events := due.get(end)) is None:
                     due[end] = [completions[op]]
                     if root:
@@ -324,13 +326,11 @@ class _Run:
         return starts, list(map(add, starts, durations))
 
     def report(self, *, iteration: int) -> IterationReport:
-        stats, size = [], self.slots.per_stage
+        stats = []
         for stage, arbiter in enumerate(self.arbiters):
             s = totals_stats(
                 stage=stage,
-                compute_ms=sum(
-                    self.durations[stage * size : (stage + 1) * size]
-                ),  # all ran; slots outside the layout last 0
+                compute_ms=self.compute_ms[stage],
                 overtakes=arbiter.overtakes,
                 wall_ms=self.makespan_ms,
             )
