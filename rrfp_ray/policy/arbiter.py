@@ -331,7 +331,8 @@ class Arbiter:
         first = self._unstarted_hint
         for slot in begun[self._replayed :]:
             seen[slot] = True
-            overtook[slot] = hint_pos[slot] > first
+            if hint_pos[slot] > first:  # `overtook` starts all False
+                overtook[slot] = True
             while seen[started_by[first]]:
                 first += 1
         self._unstarted_hint = first
