@@ -92,6 +92,8 @@ _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under
 # for none (`_NO_MESSAGE`, set from the start); it has started; it is done.
 _ARRIVED, _NO_MESSAGE, _STARTED, _DONE = 1, 2, 4, 8
 _INPUT = _ARRIVED | _NO_MESSAGE
+_RUN = _STARTED | _DONE
+_FIRST_STATE = bytes([_NO_MESSAGE, 0]) + bytes(254)  # a slot's state before the run, by `Slots.needs_message`
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class Arbiter:
         size = slots.per_stage
         self._base = stage * size  # the stage's first op
         needs_message = slots.needs_message[self._base : self._base + size]
-        self._state = [0 if needs else _NO_MESSAGE for needs in needs_message]
+        self._state = list(needs_message.translate(_FIRST_STATE))
         # Which started actions overtook an earlier hint action is worked out when asked (`_catch_up`),
         # from the start order: `_replayed` starts are in `_overtook`, with `_seen` what they started.
         self._begun: list[int] = []
@@ -192,9 +194,11 @@ class Arbiter:
         self.buffered = 0
         self.peak_inflight = 0
         self.peak_buffered = 0
-        for slot in range(slots.block):  # forwards: the only actions without a local need
-            if not needs_message[slot]:
-                self._add(slot)
+        # the forwards that wait for no message: the only actions without a local need
+        slot = needs_message.find(0, 0, slots.block)
+        while slot >= 0:
+            self._add(slot)
+            slot = needs_message.find(0, slot + 1, slots.block)
 
     def _add(self, slot: int) -> None:
         heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
@@ -244,10 +248,10 @@ class Arbiter:
     def on_arrival_slot(self, slot: int) -> None:
         """The delivery that `slot`'s action waits for has arrived."""
         state = self._state
-        if state[slot] & _ARRIVED:
+        if (before := state[slot]) & _ARRIVED:
             message = self._slots.message(self._base + slot)
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        state[slot] |= _ARRIVED
+        state[slot] = before | _ARRIVED
         buffered = self.buffered = self.buffered + 1
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered
@@ -327,7 +331,8 @@ class Arbiter:
         first = self._unstarted_hint
         for slot in begun[self._replayed :]:
             seen[slot] = True
-            overtook[slot] = hint_pos[slot] > first
+            if hint_pos[slot] > first:  # `overtook` starts all False
+                overtook[slot] = True
             while seen[started_by[first]]:
                 first += 1
         self._unstarted_hint = first
@@ -341,7 +346,7 @@ class Arbiter:
     def on_done_slot(self, slot: int) -> None:
         """Mark the action of `slot` done (what it sends: `Slots.sends`)."""
         state = self._state
-        if (before := state[slot]) & (_STARTED | _DONE) != _STARTED:
+        if (before := state[slot]) & _RUN != _STARTED:
             action = self._slots.action(stage=self.stage, slot=slot)
             raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
         state[slot] = before | _DONE

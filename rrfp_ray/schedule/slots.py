@@ -47,7 +47,7 @@ class Slots:
         self.follower = [-1] * self.ops
         self.sends = [-1] * self.ops
         self.link = [-1] * self.ops
-        self.needs_message = [False] * self.ops
+        self.needs_message = bytearray(self.ops)  # per op, 1 if it waits for a message
         first_follower_row = rows - 1  # F -> backward; I -> W under the split
         # per slot, on any stage: the slot its end makes ready locally (-1: none), and which in-flight
         # counts its end lowers (a chunk-0 backward the F->B count, and F->W too without the split;
@@ -78,7 +78,7 @@ class Slots:
         row = 0 if message.kind is Kind.F else 1
         consumer = stage * self.per_stage + self.slot(row=row, chunk=chunk, microbatch=message.microbatch)
         self.sends[op] = consumer
-        self.needs_message[consumer] = True
+        self.needs_message[consumer] = 1
         self.link[consumer] = -1 if self.layout.is_local(message) else link_index[self.layout.link(message)]
 
     def slot(self, *, row: int, chunk: int, microbatch: int) -> int:

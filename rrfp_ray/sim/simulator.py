@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush, heapreplace
-from operator import add, itemgetter, sub
+from operator import add, itemgetter
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
 from rrfp_ray.policy.arbiter import Arbiter, Cap
@@ -146,9 +146,10 @@ class _Run:
             for s, m in enumerate(memory)
         ]
         # With `record`, per op: when its delivery arrived, and when it started (an end is its start plus
-        # its duration, as the loop adds them)
+        # its duration, as the loop adds them); per stage, the sum of its ops' end - start in their order
         self.ready_at = [0.0] * slots.ops if record else []
         self.started_at = [0.0] * slots.ops if record else []
+        self.compute_ms = [0.0] * layout.stages if record else []
         self.makespan_ms = self._run(latencies=timings[1], record=record)
         stuck = [a.waiting_for() for a in self.arbiters if not a.finished]
         if stuck:
@@ -158,13 +159,14 @@ class _Run:
 
     def _run(self, *, latencies: list[float | None], record: bool) -> float:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
-        started_at, arbiters, transport = self.started_at, self.arbiters, self.case.transport
+        started_at, compute, arbiters, transport = self.started_at, self.compute_ms, self.arbiters, self.case.transport
         S, completions, deliveries = slots.per_stage, slots.completions, slots.deliveries
         next_slot = [a.next_slot for a in arbiters]
         on_done = [a.on_done_slot for a in arbiters]
         on_arrival = [a.on_arrival_slot for a in arbiters]
         bounded = self.case.buffer_limit is not None
         delayed = latencies.count(None) < len(latencies)  # False: every delivery is due at once
+        at_once = transport is None and not delayed and not bounded  # every message is taken as it is sent
         # per receiving stage, per link: deliveries held while its receive buffer is full
         waiting: list[dict[int, deque[tuple[int, int, int, int, int]]]] = [{} for _ in arbiters]
         busy = [False] * len(arbiters)
@@ -222,6 +224,7 @@ class _Run:
                 end = now + durations[op]
                 if record:
                     started_at[op] = now
+                    compute[stage] += end - now
                 if (events := due.get(end)) is None:
                     due[end] = [completions[op]]
                     if root:
@@ -259,7 +262,15 @@ class _Run:
                     on_done[stage](slot)
                     if receiver < 0:
                         continue
-                    if transport is None or link < 0:
+                    if not at_once:
+                        if transport is not None and link >= 0:
+                            latency = latencies[consumer]
+                            delivery = deliveries[consumer]
+                            heappush(outgoing[link], (now if latency is None else now + latency, sent, delivery))
+                            sent += 1
+                            if not carrying[link]:
+                                carry(link, now)
+                            continue
                         if (
                             delayed
                             and (latency := latencies[consumer]) is not None
@@ -270,21 +281,16 @@ class _Run:
                                 heappush(times, arrival)
                             else:
                                 events.append(deliveries[consumer])
-                        elif bounded:
+                            continue
+                        if bounded:
                             current.append(deliveries[consumer])
-                        else:  # unbounded, the arrivals of one instant commute with all else in it: take it now
-                            on_arrival[receiver](taken)
-                            if record:
-                                ready_at[consumer] = now
-                            if not busy[receiver]:
-                                touched.append(receiver)
-                    else:
-                        latency = latencies[consumer]
-                        delivery = deliveries[consumer]
-                        heappush(outgoing[link], (now if latency is None else now + latency, sent, delivery))
-                        sent += 1
-                        if not carrying[link]:
-                            carry(link, now)
+                            continue
+                    # unbounded, the arrivals of one instant commute with all else in it: take it now
+                    on_arrival[receiver](taken)
+                    if record:
+                        ready_at[consumer] = now
+                    if not busy[receiver]:
+                        touched.append(receiver)
                 elif kind == DELIVERY:
                     _, stage, slot, consumer, link = event
                     # A stage with room has nothing waiting: every pick drains its links right away.
@@ -322,10 +328,9 @@ class _Run:
     def report(self, *, iteration: int) -> IterationReport:
         stats = []
         for stage, arbiter in enumerate(self.arbiters):
-            starts, ends = self._stage_times[stage]
             s = totals_stats(
                 stage=stage,
-                compute_ms=sum(map(sub, ends, starts)),
+                compute_ms=self.compute_ms[stage],
                 overtakes=arbiter.overtakes,
                 wall_ms=self.makespan_ms,
             )
