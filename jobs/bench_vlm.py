@@ -31,7 +31,7 @@ from benchmarks.vlm import (
     PLANNED,
     POLICIES,
     PolicyRuns,
-    add_data_flags,
+    add_run_flags,
     best_of,
     best_readiness,
     ceiling,
@@ -39,6 +39,7 @@ from benchmarks.vlm import (
     op_medians,
     ratios,
     replay_ratio,
+    run_configs,
     run_interleaved,
     run_seed,
     spread,
@@ -49,41 +50,16 @@ from rrfp_ray.job import run_job
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", type=int, default=2, help="P (default 2)")
-    parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds S..S+N-1: model init and data (default 5)")
-    parser.add_argument("--first-seed", type=int, default=0, help="S, the first seed (default 0: a long run split)")
-    parser.add_argument("--iterations", type=int, default=10, help="timed iterations per policy and seed")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
-    add_data_flags(parser)
+    add_run_flags(parser, iterations_help="timed iterations per policy and seed (default 10)")
     parser.add_argument("--ray", action="store_true", help="one Ray actor a stage (default: threads of this process)")
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)
-    for flag in ("stages", "microbatches", "micro_batch_size", "seeds", "iterations"):
-        if getattr(args, flag) < 1:
-            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
-    if args.warmup < 0 or args.image_tail < 0 or args.first_seed < 0:
-        parser.error("arguments --warmup, --image-tail and --first-seed must be >= 0")
+    model, runs_of = run_configs(parser, args)
 
     import torch
-    from pydantic import ValidationError
 
-    from rrfp_ray.models.vlm import VLMConfig
-    from rrfp_ray.recipes.config import RunConfig
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
 
-    try:
-        model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
-        runs_of = [
-            RunConfig(
-                model={"n_layer": model.n_layer, "n_head": model.n_head, "n_embd": model.n_embd},
-                pipeline={"stages": args.stages, "microbatches": args.microbatches, "cap": "1x", "timeout_s": 300},
-                train={"micro_batch_size": args.micro_batch_size, "seed": seed},
-            )
-            for seed in range(args.first_seed, args.first_seed + args.seeds)
-        ]
-    except ValidationError as error:
-        parser.error("; ".join(e["msg"] for e in error.errors()))
     if args.ray:
         from actors.backend import RayBackend
         from actors.local_ray import start_ray

@@ -20,7 +20,7 @@ import os
 import statistics
 from contextlib import ExitStack
 
-from benchmarks.vlm import add_data_flags, spread
+from benchmarks.vlm import add_run_flags, run_configs, spread
 from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.plans import Plan
@@ -30,45 +30,21 @@ from rrfp_ray.train.api import Trainer
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", type=int, default=2, help="P (default 2)")
-    parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1: model init and data (default 5)")
-    parser.add_argument("--iterations", type=int, default=10, help="timed iterations per seed (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
-    add_data_flags(parser)
+    add_run_flags(parser, iterations_help="timed iterations per seed (default 10)")
     args = parser.parse_args(argv)
-    for flag in ("stages", "microbatches", "micro_batch_size", "seeds", "iterations"):
-        if getattr(args, flag) < 1:
-            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
-    if args.warmup < 0 or args.image_tail < 0:
-        parser.error("arguments --warmup and --image-tail must be >= 0")
+    model, runs_of = run_configs(parser, args)
 
     import torch
-    from pydantic import ValidationError
 
-    from rrfp_ray.models.vlm import VLMConfig
     from rrfp_ray.plan.planner import Arrangement
-    from rrfp_ray.recipes.config import RunConfig
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
 
-    try:
-        model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
-        runs_of = [
-            RunConfig(
-                model={"n_layer": model.n_layer, "n_head": model.n_head, "n_embd": model.n_embd},
-                pipeline={"stages": args.stages, "microbatches": args.microbatches, "cap": "1x", "timeout_s": 300},
-                train={"micro_batch_size": args.micro_batch_size, "seed": seed},
-            )
-            for seed in range(args.seeds)
-        ]
-    except ValidationError as error:
-        parser.error("; ".join(e["msg"] for e in error.errors()))
     torch.set_num_threads(1)
     print(f"P={args.stages} M={args.microbatches} on stage threads of one process, {os.cpu_count()} cores")
     medians: dict[str, list[float]] = {"planned": [], "handed in": []}
     losses: dict[str, list[float]] = {name: [] for name in medians}
     planning_ms: list[float] = []
-    for seed, run in enumerate(runs_of):
+    for seed, run in enumerate(runs_of, start=args.first_seed):
         with ExitStack() as stack:
             planned, handed = (stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail)) for _ in "ab")
             shape = {k: getattr(run.pipeline, k) for k in ("stages", "chunks", "microbatches")}

@@ -28,6 +28,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from rrfp_ray.models.vlm import VLMConfig
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing, pack
 from rrfp_ray.plan.planner import HINTS, Arrangement
@@ -35,6 +38,7 @@ from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import Samples, score
 from rrfp_ray.plan.search import search
 from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.schedule.actions import Kind, parse_action
 from rrfp_ray.sim.replay import measured_trace, replay
 from rrfp_ray.train.api import Trainer
@@ -45,6 +49,38 @@ READINESS = ("bf", "bfw", "cpw")
 PLANNED = {f"planned ({a.value})": a for a in Arrangement}  # a row per arrangement
 PACKED = {f"{name} packed": name for name in FIXED}  # a fixed schedule on packed microbatches
 POLICIES = (*FIXED, *READINESS, *PLANNED, *PACKED)
+
+
+def add_run_flags(parser: argparse.ArgumentParser, *, iterations_help: str) -> None:
+    """The VLM benchmarks' runs: the pipeline, the seeds, the timed and warm-up iterations, and the data."""
+    parser.add_argument("--stages", type=int, default=2, help="P (default 2)")
+    parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds S..S+N-1: model init and data (default 5)")
+    parser.add_argument("--first-seed", type=int, default=0, help="S, the first seed (default 0: a long run split)")
+    parser.add_argument("--iterations", type=int, default=10, help=iterations_help)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
+    add_data_flags(parser)
+
+
+def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[VLMConfig, list[RunConfig]]:
+    """The model and one run per seed from `add_run_flags`' flags; a bad value exits through `parser.error`."""
+    for flag in ("stages", "microbatches", "micro_batch_size", "seeds", "iterations"):
+        if getattr(args, flag) < 1:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+    if args.warmup < 0 or args.image_tail < 0 or args.first_seed < 0:
+        parser.error("arguments --warmup, --image-tail and --first-seed must be >= 0")
+    try:
+        model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
+        return model, [
+            RunConfig(
+                model={"n_layer": model.n_layer, "n_head": model.n_head, "n_embd": model.n_embd},
+                pipeline={"stages": args.stages, "microbatches": args.microbatches, "cap": "1x", "timeout_s": 300},
+                train={"micro_batch_size": args.micro_batch_size, "seed": seed},
+            )
+            for seed in range(args.first_seed, args.first_seed + args.seeds)
+        ]
+    except ValidationError as error:
+        parser.error("; ".join(e["msg"] for e in error.errors()))
 
 
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
