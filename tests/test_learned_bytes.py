@@ -117,6 +117,8 @@ def test_readiness_rules_gate_on_learned_bytes_fixed_schedules_never() -> None:
     assert learned.limits is None  # the rule's own list on these bytes, as the simulator takes it
     assert gate.data_bytes(iteration=1, policy=one, cap=pipeline.cap) is None
     assert gate.data_bytes(iteration=1, policy=bf, cap=Cap.parse("4")) is None
+    pipeline = pipeline.model_copy(update={"shape": pipeline.shape.model_copy(update={"layer_split": (1, 3)})})
+    assert gate.data_bytes(iteration=2, policy=bf, cap=pipeline.cap) is None  # layers moved: learned afresh
 
 
 def test_stages_that_hold_nothing_for_some_microbatches_still_learn_their_driver() -> None:

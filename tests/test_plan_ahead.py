@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -14,8 +15,9 @@ from torch import nn
 
 from examples.mlp import Regression, mlp
 from rrfp_ray import Optim, PipelineConfig, Trainer
-from rrfp_ray.plan.ahead import seen
+from rrfp_ray.plan.ahead import Lookahead, seen
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
+from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.train.checkpoint import Checkpointing
 from rrfp_ray.train.faults import Fault, FaultPlan, FaultyWorkload, Moment
 
@@ -176,3 +178,30 @@ def test_the_gpt_jobs_iteration_line_shows_the_wait_for_the_plan(tmp_path):
     assert len(lines) == 2
     for line, wait in zip(lines, waits, strict=True):
         assert f"plan wait {wait * 1e3:.2f} ms" in line
+
+
+def test_the_arbiters_gate_by_the_bytes_of_the_iteration_that_runs():
+    """A restored plan is gated by the bytes of the data it runs, as the uninterrupted run's was; the last plan
+    rerun on a later iteration (its own was late) by counted microbatches, never by another iteration's bytes."""
+    source = Featured(microbatches=M)
+    config = PlannerConfig(hints=("bfw",), cap=Cap.parse("1x"), wait_s=1e-3)
+    uninterrupted = Planner(config=config, **_shape())
+    shows = lambda k: seen(source.features(iteration=k), replicas=1, microbatches=M)  # noqa: E731
+    first = Lookahead(planner=uninterrupted, shows=shows, timeout_s=30).take(iteration=0)
+    assert first.data_bytes is not None  # bytes proportional to the features before any telemetry
+    restored = Lookahead(planner=Planner.from_dict(uninterrupted.to_dict()), shows=shows, timeout_s=30)
+    again = restored.take(iteration=0)
+    assert (again.plan, again.seen, again.data_bytes) == (first.plan, first.seen, first.data_bytes)
+
+    gate = threading.Event()
+    slow = Lookahead(
+        planner=Planner(config=config, **_shape()), shows=lambda k: gate.wait(30) and shows(k), timeout_s=30
+    )
+    gate.set()
+    ran = slow.take(iteration=0)
+    gate.clear()
+    slow.ask(iteration=1)
+    late = slow.take(iteration=1)  # the plan for 1 waits for its data: the last plan runs
+    gate.set()
+    assert late.plan == ran.plan and ran.data_bytes is not None and late.data_bytes is None
+    slow.close()

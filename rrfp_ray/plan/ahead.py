@@ -112,10 +112,14 @@ class Lookahead:
         started = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         restored, self._restored = self._restored, None
-        if restored == iteration:
-            taken = Taken(
-                plan=self.planner.last, iteration=iteration, seen=_under(self._shows(iteration), self.planner.last)
+        if restored == iteration:  # nothing is planning yet: the planner is this thread's
+            plan, shown = self.planner.last, self._shows(iteration)
+            data_bytes = (
+                None
+                if shown is None
+                else self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
             )
+            taken = Taken(plan=plan, iteration=iteration, seen=_under(shown, plan), data_bytes=data_bytes)
         elif ahead is not None and ahead[0] == iteration:
             taken = self._result(ahead[1], iteration=iteration, limit_s=self.planner.config.wait_s, started=started)
         else:  # none asked for ahead (the first plan, or another iteration was asked for): plan it now
@@ -154,9 +158,9 @@ class Lookahead:
             features=None if shown is None else shown.planned,
             samples=None if shown is None else shown.samples,
         )
-        data_bytes = None
-        if shown is not None:
-            data_bytes = self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
+        data_bytes = (
+            None if shown is None else self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
+        )
         return Taken(
             plan=plan,
             iteration=iteration,
@@ -195,8 +199,8 @@ class Lookahead:
                 raise
             message = "planning iteration %d failed (%s: %s); running the last plan"
             self._once("failure", message, iteration, type(error).__name__, error)
-        if self._ran is not None:
-            return replace(self._ran, planning_s=math.nan, wait_s=time.perf_counter() - started)
+        if self._ran is not None:  # its bytes were another iteration's: this one's microbatches are counted
+            return replace(self._ran, planning_s=math.nan, wait_s=time.perf_counter() - started, data_bytes=None)
         config = self.planner.config
         identity = Plan.identity(microbatches=self.planner.shape["microbatches"], hint=config.hints[0], cap=config.cap)
         return Taken(plan=identity, iteration=None, seen=None, wait_s=time.perf_counter() - started)

@@ -30,7 +30,7 @@ class ByteGate:
         self._shows = shows
         self._pipeline = pipeline
         self._model = CostModel()
-        self._shape: tuple[int, int, int] | None = None
+        self._shape: tuple[int, int, int, tuple[int, ...] | None] | None = None  # what the bytes were learned on
 
     def run(self, *, backend: Backend, iteration: int, policy: Policy, packing: Packing | None) -> IterationReport:
         """One iteration on `backend` under the pipeline's cap, gated by `data_bytes`, its bytes then learned."""
@@ -46,7 +46,7 @@ class ByteGate:
         shown = self._shows(iteration)
         if shown is None:
             return None
-        stages, chunks, microbatches = self._shape
+        stages, chunks, microbatches, _ = self._shape
         padded = None if shown.samples is None else [padded_size(row) for row in shown.samples]
         rows = [
             self._model.activation_bytes(block=vs, features=shown.planned, count=microbatches, padded=padded)
@@ -61,7 +61,7 @@ class ByteGate:
         shape = self._current()
         if shape != self._shape:
             self._model, self._shape = CostModel(), shape
-        stages, chunks, microbatches = shape
+        stages, chunks, microbatches, _ = shape
         order = report.order or list(range(microbatches))
         measured = measured_bytes(report=report, order=order, stages=stages, chunks=chunks)
         shown = self._shows(report.iteration)
@@ -76,6 +76,7 @@ class ByteGate:
             iteration=report.iteration, activation_bytes=measured, features=shown.observed, padded=padded
         )
 
-    def _current(self) -> tuple[int, int, int]:
+    def _current(self) -> tuple[int, int, int, tuple[int, ...] | None]:
+        """The shape in use: a new one, or layers moved between its stages, learns its bytes afresh."""
         pipeline = self._pipeline()
-        return pipeline.stages, pipeline.chunks, pipeline.microbatches
+        return pipeline.stages, pipeline.chunks, pipeline.microbatches, pipeline.layer_split
