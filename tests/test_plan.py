@@ -19,6 +19,7 @@ from rrfp_ray.plan.search import neighbours, search, smoothed
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
+from rrfp_ray.sim.trace import Trace
 from rrfp_ray.sim.variability import generate, generate_iterations
 
 CAP = Cap.parse("1x")
@@ -181,3 +182,16 @@ def test_the_oracle_is_never_worse_than_the_identity_order_it_starts_from():
         identity = simulate(policy=make_policy(name="bfw", **SHAPE), trace=trace, cap=CAP).makespan_ms
         assert report.makespan_ms <= identity + 1e-9
         assert math.isfinite(report.makespan_ms)
+
+
+def test_a_reordered_trace_is_the_checked_trace_of_its_moved_columns():
+    trace = generate(scenario="multimodal", **SHAPE, seed=5)
+    trace = replace(trace, activation_bytes=[[1.0 + j for j in range(8)]] * len(trace.F))
+    order = (3, 0, 7, 1, 6, 2, 5, 4)
+    data = trace.to_json()
+    moved = {key: [[row[j] for j in order] for row in data[key]] for key in ("F", "B", "W", "commF", "commB")}
+    moved["activation_bytes"] = [[row[j] for j in order] for row in data["activation_bytes"]]
+    moved["features"] = [data["features"][j] for j in order]
+    assert trace.reordered(order) == Trace.from_json({**data, **moved})
+    with pytest.raises(ValueError, match="not a permutation"):
+        trace.reordered((0, 0, 1, 2, 3, 4, 5, 6))
