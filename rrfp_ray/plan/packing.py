@@ -115,3 +115,14 @@ def packing_shares(*, blocks: int, microbatches: int) -> list[list[float] | None
     """The packings a plan tries: balanced (None), then with as many light microbatches as virtual stages (`blocks`)
     at `LIGHT` x the mean, for the pipeline to fill and drain on while the heavier ones overlap."""
     return [None, light_ends(bins=microbatches, light=blocks, weight=LIGHT)]
+
+
+def packings(
+    *, samples: Sequence[Sequence[float]], costs: Sequence[float], microbatches: int, blocks: int
+) -> list[tuple[Packing, list[float], list[float]]]:
+    """Each packing a plan tries (`packing_shares`) with the features and padded sizes of its microbatches."""
+    out = []
+    for shares in packing_shares(blocks=blocks, microbatches=microbatches):
+        packing, features = packed(samples=samples, costs=costs, microbatches=microbatches, shares=shares)
+        out.append((packing, features, packed_padded(samples=samples, packing=packing)))
+    return out

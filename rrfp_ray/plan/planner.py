@@ -21,7 +21,7 @@ import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
-from rrfp_ray.plan.packing import Packing, packed, packed_padded, packing_shares
+from rrfp_ray.plan.packing import Packing, packed_padded, packings
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.scoring import Samples, planned_byte_limits
 from rrfp_ray.plan.search import Found, budgets, search
@@ -198,20 +198,12 @@ class Planner:
         (within a share of the budget, `budgets`) and keeps the best."""
         config = self.config
         given_padded = None if samples is None else [padded_size(row) for row in samples]
-        options: list[tuple[Packing | None, Sequence[float] | None, Sequence[float] | None]] = [
-            (None, features, given_padded)
-        ]
+        options: list[tuple[Packing | None, Sequence[float] | None, Sequence[float] | None]]
+        options = [(None, features, given_padded)]
         if samples is not None and config.arrange.packs:
             costs = self.sample_costs(samples=samples, features=features)
-            options = [
-                (packing, packed_features, packed_padded(samples=samples, packing=packing))
-                for packing, packed_features in (
-                    packed(samples=samples, costs=costs, microbatches=self.shape["microbatches"], shares=shares)
-                    for shares in packing_shares(
-                        blocks=self.shape["stages"] * self.shape["chunks"], microbatches=self.shape["microbatches"]
-                    )
-                )
-            ]
+            blocks = self.shape["stages"] * self.shape["chunks"]
+            options = [*packings(samples=samples, costs=costs, microbatches=self.shape["microbatches"], blocks=blocks)]
         held = None if options[0][0] is None else self.predicted_bytes(features=features, padded=given_padded)
         deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
         found, packing = None, None
@@ -374,16 +366,14 @@ def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
     """The best plan the same search finds with the iteration's true durations (the ceiling), after packing
     the samples by their features, in each way `packing_shares` gives, where `config.arrange` packs (the cap measured
     on the data before packing)."""
-    packings: list[Packing | None] = [None]
+    tried: list[Packing | None] = [None]
     if trace.samples is not None and config.arrange.packs:
         costs = [x for row in trace.samples for x in row]
-        packings = [
-            packed(samples=trace.samples, costs=costs, microbatches=trace.microbatches, shares=shares)[0]
-            for shares in packing_shares(blocks=trace.virtual_stages, microbatches=trace.microbatches)
-        ]
+        shape = {"microbatches": trace.microbatches, "blocks": trace.virtual_stages}
+        tried = [packing for packing, _, _ in packings(samples=trace.samples, costs=costs, **shape)]
     best: Found | None = None
     for packing, budget in zip(
-        packings, budgets(simulations=config.simulations, samples=config.samples, count=len(packings))
+        tried, budgets(simulations=config.simulations, samples=config.samples, count=len(tried))
     ):
         found = search(
             samples=[trace if packing is None else trace.repacked(packing)],
