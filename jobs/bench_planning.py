@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.planning import SCENARIOS, cell, table
+from benchmarks.planning import SCENARIOS, cell, iteration_table, table
 from rrfp_ray.cli import counts
 from rrfp_ray.job import run_job
 
@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=2, help="noise samples per candidate (default 2)")
     parser.add_argument(
         "--scenarios", help="comma-separated labels (default all): " + ", ".join(s.label for s in SCENARIOS)
+    )
+    parser.add_argument(
+        "--per-iteration",
+        action="store_true",
+        help="also print planned, expected and oracle against the best fixed schedule per iteration",
     )
     parser.add_argument("--json", help="write the per-seed makespans here")
     parser.add_argument("--out", help="write the Markdown table here")
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             row = table({(label, stages): rows[(label, stages)]})[-1]
             print(f"{row}  <- done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     command = "python jobs/bench_planning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    text = "\n".join([f"`{command}`", "", *table(rows)])
+    text = "\n".join([f"`{command}`", "", *table(rows), *(["", *iteration_table(rows)] if args.per_iteration else [])])
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -9,7 +9,7 @@ import torch
 from gradients import GradCapture
 
 from rrfp_ray.models.vlm import VLMConfig
-from rrfp_ray.plan.packing import pack
+from rrfp_ray.plan.packing import pack, packings
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
@@ -129,7 +129,8 @@ def test_the_planner_packs_by_predicted_costs_deterministically():
     flat = [x for row in rows for x in row]
     costs = planner.sample_costs(samples=rows, features=features)  # the prior: proportional to the feature
     assert costs == pytest.approx([x * costs[0] / flat[0] for x in flat])
-    assert plans[0].packing == pack(costs=costs, bins=4)
+    tried = [packing for packing, _, _ in packings(samples=rows, costs=costs, microbatches=4, blocks=2)]
+    assert tried[0] == pack(costs=costs, bins=4) and plans[0].packing in tried  # balanced, or with light ends
     order_only = Planner(config=PlannerConfig(hints=config.hints, cap=config.cap, arrange=Arrangement.ORDER),
                          stages=2, chunks=1, microbatches=4)  # fmt: skip
     assert order_only.plan(iteration=5, features=features, samples=rows).packing is None

@@ -28,6 +28,16 @@ def test_a_tiny_run_prints_and_writes_its_table(tmp_path: Path, capsys: pytest.C
         assert ratios(ms)["choice"] == pytest.approx(1.0, abs=1e-3)
 
 
+def test_per_iteration_prints_a_row_per_column_with_a_cell_per_iteration(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--stages", "2", "--seeds", "1", "--iterations", "3", "--simulations", "4", "--scenarios", "none"]
+    bench_planning.main([*args, "--per-iteration"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| none | 2 | ")]
+    by_column = {line.split(" | ")[2]: line.split(" | ")[3:] for line in lines if "x (" not in line}
+    assert set(by_column) == {"planned", "expected", "oracle"}
+    for cells in by_column.values():  # nothing varies: every iteration at 1.000x
+        assert [c.strip(" |") for c in cells] == ["1.000x"] * 3
+
+
 @pytest.mark.parametrize(
     ("args", "flag"),
     [

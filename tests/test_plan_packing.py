@@ -8,9 +8,10 @@ import random
 import pytest
 
 from rrfp_ray.plan.loop import Planning, run
-from rrfp_ray.plan.packing import loads, pack, spread
+from rrfp_ray.plan.packing import light_ends, loads, pack, packing_shares, spread
 from rrfp_ray.plan.planner import PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
+from rrfp_ray.plan.search import budgets
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.sim.trace import Trace, iterations_from_json, iterations_to_json
 from rrfp_ray.sim.variability import generate, generate_iterations
@@ -31,6 +32,29 @@ def test_pack_places_every_sample_once_and_narrows_the_spread(seed: int):
     assert spread(after) <= spread(before)
     assert max(after) <= sum(costs) / 8 + max(costs)  # LPT's bound, kept by the moves and swaps
     assert pack(costs=costs, bins=8) == packing
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pack_with_light_ends_makes_its_light_bins_lighter_than_the_others(seed: int):
+    rng = random.Random(seed)
+    costs = [rng.lognormvariate(6, 0.8) for _ in range(64)]
+    shares = light_ends(bins=16, light=4, weight=0.7)
+    assert sum(shares) == pytest.approx(1.0) and shares[:4] == [0.7 / 16] * 4
+    packing = pack(costs=costs, bins=16, shares=shares)
+    assert sorted(i for group in packing for i in group) == list(range(64)) and all(packing)
+    after = loads(costs=costs, packing=packing)
+    assert max(after[:4]) < min(after[4:])
+    for load, share in zip(after, shares):  # each bin near its aim: within the largest sample
+        assert abs(load - share * sum(costs)) <= max(costs)
+
+
+def test_a_plan_tries_the_balanced_packing_first_then_light_ends_within_its_budget():
+    assert packing_shares(blocks=4, microbatches=16)[0] is None
+    assert packing_shares(blocks=4, microbatches=16)[1] == light_ends(bins=16, light=4, weight=0.7)
+    assert light_ends(bins=4, light=8, weight=0.5)[:2] == [0.5 / 4] * 2  # at most half the bins are light
+    assert budgets(simulations=32, samples=2, count=2) == [24, 8]
+    assert budgets(simulations=6, samples=2, count=2) == [6]  # a quarter cannot score one plan: one search
+    assert budgets(simulations=32, samples=2, count=1) == [32]
 
 
 def test_pack_of_equal_costs_is_even_and_refuses_too_few_samples():

@@ -19,6 +19,8 @@ geometric mean over seeds with the lowest and highest seed. `room` is the baseli
 bound of any schedule with the split (`rrfp_ray.sim.bounds.bounds`): what no plan can exceed. `choice` is planned
 against the best policy it may choose, each run on the data in its own order (the check for traces with nothing to
 plan).
+`iteration_table` shows planned, expected and oracle the same way per iteration (a cell: the geometric mean over
+seeds), which tells the first iterations, planned from features alone, from the later ones.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 FIXED = ("1f1b", "zb-h1", "gpipe")
 COLUMNS = ("bfw", "planned-fixed", "planned", "expected", "oracle", "bound")
 UNSEEN = "lognormal"  # the scenario part that draws per-op noise no plan can see
+ITERATIONS = "iterations"  # a cell's key for each policy's makespan per iteration
+BY_ITERATION = ("planned", "expected", "oracle")
 
 
 @dataclass(frozen=True)
@@ -80,26 +84,27 @@ def cell(
         iterations=iterations, scenario=scenario.scenario, **shape, seed=seed, **scenario.params
     )
     cap = Cap.parse("1x")
-    ms: dict[str, float] = {}
+    each: dict[str, list[float]] = {}  # per policy, each iteration's makespan
     for name in (*FIXED, *HINTS):
         policy = make_policy(name=name, **shape)
-        ms[name] = statistics.fmean(simulate(policy=policy, trace=t, cap=cap).makespan_ms for t in traces)
-    ms["bound"] = statistics.fmean(bounds(trace=t, split=True).best_ms for t in traces)
+        each[name] = [simulate(policy=policy, trace=t, cap=cap).makespan_ms for t in traces]
     config = PlannerConfig(hints=default_hints(chunks=1), cap=cap, simulations=simulations, samples=samples, seed=seed)
     for planning in (Planning.PLANNED_FIXED, Planning.PLANNED, Planning.ORACLE):
-        done = run(planning=planning, traces=traces, config=config)
-        ms[planning.value] = statistics.fmean(report.makespan_ms for _, report in done)
+        each[planning.value] = [
+            report.makespan_ms for _, report in run(planning=planning, traces=traces, config=config)
+        ]
     expected = generate_iterations(
         iterations=iterations, scenario=scenario.expected, **shape, seed=seed, **scenario.params
     )
-    ms["expected"] = statistics.fmean(
-        report.makespan_ms
-        for _, report in run(planning=Planning.ORACLE, traces=traces, config=config, plan_on=expected)
-    )
+    done = run(planning=Planning.ORACLE, traces=traces, config=config, plan_on=expected)
+    each["expected"] = [report.makespan_ms for _, report in done]
+    ms: dict[str, Any] = {name: statistics.fmean(values) for name, values in each.items()}
+    ms["bound"] = statistics.fmean(bounds(trace=t, split=True).best_ms for t in traces)
+    ms[ITERATIONS] = each
     return ms
 
 
-def ratios(ms: Mapping[str, float]) -> dict[str, float]:
+def ratios(ms: Mapping[str, Any]) -> dict[str, float]:
     best = min(ms[name] for name in FIXED)
     out = {name: best / ms[name] for name in COLUMNS}
     out["choice"] = min(ms[name] for name in HINTS) / ms["planned"]
@@ -111,7 +116,7 @@ def summary(values: Sequence[float]) -> tuple[float, float, float]:
     return math.exp(statistics.fmean(math.log(v) for v in values)), min(values), max(values)
 
 
-def table(rows: Mapping[tuple[str, int], Sequence[Mapping[str, float]]]) -> list[str]:
+def table(rows: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]) -> list[str]:
     """Markdown: one row per (scenario, P), a cell per column: geomean (lowest-highest) over seeds."""
     head = ["scenario", "P", "best fixed ms", *COLUMNS[:-1], "room", "planned / its best choice"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -123,4 +128,24 @@ def table(rows: Mapping[tuple[str, int], Sequence[Mapping[str, float]]]) -> list
             g, low, high = summary([x[name] for x in r])
             cells.append(f"{g:.3f}x ({low:.3f}-{high:.3f})")
         lines.append(f"| {label} | {stages} | {best:.0f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def iteration_table(rows: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Markdown: per (scenario, P) and column of `BY_ITERATION`, per iteration k, the geometric mean over seeds of
+    the seed's best fixed schedule (by its mean over the run, as in `table`) at k over the column at k."""
+    count = max(len(ms[ITERATIONS]["planned"]) for seeds in rows.values() for ms in seeds)
+    head = ["scenario", "P", "column", *(f"iteration {k}" for k in range(count))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (label, stages), seeds in rows.items():
+        for name in BY_ITERATION:
+            cells = []
+            for k in range(len(seeds[0][ITERATIONS][name])):
+                per_seed = []
+                for ms in seeds:
+                    best = min(FIXED, key=lambda fixed: ms[fixed])
+                    per_seed.append(ms[ITERATIONS][best][k] / ms[ITERATIONS][name][k])
+                cells.append(f"{summary(per_seed)[0]:.3f}x")
+            cells += [""] * (count - len(cells))
+            lines.append(f"| {label} | {stages} | {name} | " + " | ".join(cells) + " |")
     return lines

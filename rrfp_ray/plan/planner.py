@@ -21,10 +21,10 @@ import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
-from rrfp_ray.plan.packing import Packing, loads, pack, spread
+from rrfp_ray.plan.packing import Packing, packed_padded, packings
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.scoring import Samples, planned_byte_limits
-from rrfp_ray.plan.search import Found, search
+from rrfp_ray.plan.search import Found, budgets, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout
@@ -193,28 +193,39 @@ class Planner:
         self, *, iteration: int, features: Sequence[float] | None, samples: Sequence[Sequence[float]] | None = None
     ) -> Plan:
         """The plan for `iteration` from its features and the telemetry observed so far; with `samples`
-        (per microbatch, its samples' cost features) and an arrangement that packs, the plan packs them first
-        by their predicted costs (`sample_costs`) and orders the packed ones."""
+        (per microbatch, its samples' cost features) and an arrangement that packs, the plan packs them by their
+        predicted costs (`sample_costs`) in each way `packing_shares` gives, searches each packing's order and hint
+        (within a share of the budget, `budgets`) and keeps the best."""
         config = self.config
-        packing, given = None, features
-        padded = given_padded = None if samples is None else [padded_size(row) for row in samples]
+        given_padded = None if samples is None else [padded_size(row) for row in samples]
+        options: list[tuple[Packing | None, Sequence[float] | None, Sequence[float] | None]]
+        options = [(None, features, given_padded)]
         if samples is not None and config.arrange.packs:
             costs = self.sample_costs(samples=samples, features=features)
-            packing, features = packed(samples=samples, costs=costs, microbatches=self.shape["microbatches"])
-            padded = packed_padded(samples=samples, packing=packing)
-        predicted = self.predicted(iteration=iteration, features=features, padded=padded)
-        held = None if packing is None else self.predicted_bytes(features=given, padded=given_padded)
+            blocks = self.shape["stages"] * self.shape["chunks"]
+            options = [*packings(samples=samples, costs=costs, microbatches=self.shape["microbatches"], blocks=blocks)]
+        held = None if options[0][0] is None else self.predicted_bytes(features=features, padded=given_padded)
         deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
-        found = search(
-            samples=predicted,
-            basis=None if held is None else replace(predicted[0], activation_bytes=held),
-            hints=self.hints(),
-            cap=config.cap,
-            simulations=config.simulations,
-            seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
-            deadline=deadline,
-            reorder=config.arrange.orders,
-        )
+        found, packing = None, None
+        for (option, option_features, padded), budget in zip(
+            options, budgets(simulations=config.simulations, samples=config.samples, count=len(options))
+        ):
+            predicted = self.predicted(iteration=iteration, features=option_features, padded=padded)
+            got = search(
+                samples=predicted,
+                basis=None if held is None else replace(predicted[0], activation_bytes=held),
+                hints=self.hints(),
+                cap=config.cap,
+                simulations=budget,
+                seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
+                deadline=deadline,
+                reorder=config.arrange.orders,
+            )
+            if got is None:
+                found = None
+                break
+            if found is None or got.score_ms < found.score_ms:
+                found, packing = got, option
         if found is not None:
             self.last = replace(found.plan, packing=packing)
             self.last.validate(**self.shape)
@@ -333,28 +344,6 @@ def noisy(*, mean: Sequence[np.ndarray], sigma: Sequence[np.ndarray], rng: np.ra
     return [m * np.exp(s * e - s**2 / 2) for m, s, e in zip(mean, sigma, z)]
 
 
-def packed(
-    *, samples: Sequence[Sequence[float]], costs: Sequence[float], microbatches: int
-) -> tuple[Packing, list[float]]:
-    """The packing of `samples` (per microbatch, its samples' features) into `microbatches` by their `costs`
-    (one per sample, flat), and the features of the packed microbatches."""
-    packing = pack(costs=costs, bins=microbatches)
-    width = [len(row) for row in samples]
-    before = [sum(costs[sum(width[:m]) : sum(width[: m + 1])]) for m in range(len(samples))]
-    log.debug(
-        "packing: microbatch cost spread (max/min) %.3f -> %.3f",
-        spread(before),
-        spread(loads(costs=costs, packing=packing)),
-    )
-    return packing, loads(costs=[x for row in samples for x in row], packing=packing)
-
-
-def packed_padded(*, samples: Sequence[Sequence[float]], packing: Packing) -> list[float]:
-    """Per microbatch of `packing`, its padded size (`padded_size`) over `samples` (per microbatch, its features)."""
-    flat = [x for row in samples for x in row]
-    return [padded_size([flat[i] for i in group]) for group in packing]
-
-
 def measured_bytes(
     *, report: IterationReport, order: Sequence[int], stages: int, chunks: int
 ) -> list[list[float]] | None:
@@ -375,21 +364,30 @@ def measured_bytes(
 
 def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
     """The best plan the same search finds with the iteration's true durations (the ceiling), after packing
-    the samples by their features where `config.arrange` packs (the cap measured on the data before packing)."""
-    packing = None
+    the samples by their features, in each way `packing_shares` gives, where `config.arrange` packs (the cap measured
+    on the data before packing)."""
+    tried: list[Packing | None] = [None]
     if trace.samples is not None and config.arrange.packs:
         costs = [x for row in trace.samples for x in row]
-        packing, _ = packed(samples=trace.samples, costs=costs, microbatches=trace.microbatches)
-    data = trace if packing is None else trace.repacked(packing)
-    found = search(
-        samples=[data],
-        basis=None if packing is None else trace,
-        hints=config.hints,
-        cap=config.cap,
-        simulations=config.simulations,
-        seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
-        reorder=config.arrange.orders,
-    )
-    if found is None:
-        raise RuntimeError("a search without a deadline always finds a plan")
-    return replace(found, plan=replace(found.plan, packing=packing))
+        shape = {"microbatches": trace.microbatches, "blocks": trace.virtual_stages}
+        tried = [packing for packing, _, _ in packings(samples=trace.samples, costs=costs, **shape)]
+    best: Found | None = None
+    for packing, budget in zip(
+        tried, budgets(simulations=config.simulations, samples=config.samples, count=len(tried))
+    ):
+        found = search(
+            samples=[trace if packing is None else trace.repacked(packing)],
+            basis=None if packing is None else trace,
+            hints=config.hints,
+            cap=config.cap,
+            simulations=budget,
+            seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
+            reorder=config.arrange.orders,
+        )
+        if found is None:
+            raise RuntimeError("a search without a deadline always finds a plan")
+        if best is None or found.score_ms < best.score_ms:
+            best = replace(found, plan=replace(found.plan, packing=packing))
+    if best is None:
+        raise RuntimeError("the oracle searched no packing")
+    return best

@@ -161,3 +161,12 @@ def search(
         log.warning("plan search stopped at its deadline after %d candidates; keeping the last plan", len(seen))
         return None
     return Found(plan=best[0], score_ms=seen[best[0]], simulations=len(seen) * cost)
+
+
+def budgets(*, simulations: int, samples: int, count: int) -> list[int]:
+    """The simulations of each of `count` searches of one plan (one per packing tried): a quarter of `simulations`
+    for each after the first (none where a quarter cannot score one plan over the `samples`), the rest to the first."""
+    extra = simulations // 4
+    if count == 1 or extra < samples or simulations - extra * (count - 1) < samples:
+        return [simulations]
+    return [simulations - extra * (count - 1), *([extra] * (count - 1))]
