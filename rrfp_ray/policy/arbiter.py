@@ -191,6 +191,7 @@ class Arbiter:
         self._unstarted_hint = 0
         self.inflight_fb = 0
         self.inflight_fw = 0
+        self._room = True  # whether both in-flight counts are under their caps (each cap is >= 1)
         self.buffered = 0
         self.peak_inflight = 0
         self.peak_buffered = 0
@@ -268,7 +269,7 @@ class Arbiter:
         if self._gate_bytes:
             slot = self._pick(self._fits())
         else:
-            slot = self._pick(self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
+            slot = self._pick(self._room)
         if slot < 0:
             return -1
         state = self._state
@@ -277,10 +278,12 @@ class Arbiter:
             self.buffered -= 1
         state[slot] = before | _STARTED
         if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
-            self.inflight_fb += 1
+            inflight_fb = self.inflight_fb = self.inflight_fb + 1
             inflight = self.inflight_fw = self.inflight_fw + 1
             if inflight > self.peak_inflight:
                 self.peak_inflight = inflight
+            if inflight_fb >= self.cap_fb or inflight >= self.cap_fw:
+                self._room = False
             if self.memory is not None:
                 self.bytes_fb += self.memory.held[slot]
                 self.bytes_fw += self.memory.held[slot]
@@ -309,9 +312,7 @@ class Arbiter:
         return self.overtook(slot)
 
     def _admit(self) -> bool:
-        if self._gate_bytes:
-            return self._fits()
-        return self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
+        return self._fits() if self._gate_bytes else self._room
 
     def _fits(self) -> bool:
         """Whether the admission the picker would take next fits in the byte limits."""
@@ -357,6 +358,8 @@ class Arbiter:
                 self.inflight_fb -= 1
             if frees & FREES_FW:
                 self.inflight_fw -= 1
+            if not self._room:  # only a lower count can make room
+                self._room = self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
             if self.memory is not None:  # a chunk-0 B, I or W: its microbatch's bytes go
                 held = self.memory.held[slot % self._block]
                 if frees & FREES_FB:
