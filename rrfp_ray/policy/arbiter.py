@@ -352,10 +352,10 @@ class Arbiter:
         state[slot] = before + _DONE
         self._done_count += 1
         frees = self._frees[slot]
-        if frees:
-            if frees & FREES_FB:
+        if frees:  # FREES_FB, FREES_FW or both (= 3), told apart by comparisons as above
+            if frees != FREES_FW:
                 self.inflight_fb -= 1
-            if frees & FREES_FW:
+            if frees >= FREES_FW:
                 self.inflight_fw -= 1
             if not self._room:  # only a lower count can make room
                 self._room = self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
