@@ -89,10 +89,9 @@ class Cap:
 
 _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under it
 # An arbiter's state of each slot, bits of one int: the delivery its action waits for has arrived, or it waits
-# for none (`_NO_MESSAGE`, set from the start); it has started; it is done.
+# for none (`_NO_MESSAGE`, set from the start); it has started; it is done. They are set in that order, each
+# once, so the hot paths add a bit and compare instead of masking (int `&` and `|` are slow in CPython).
 _ARRIVED, _NO_MESSAGE, _STARTED, _DONE = 1, 2, 4, 8
-_INPUT = _ARRIVED | _NO_MESSAGE
-_RUN = _STARTED | _DONE
 _FIRST_STATE = bytes([_NO_MESSAGE, 0]) + bytes(254)  # a slot's state before the run, by `Slots.needs_message`
 
 
@@ -191,6 +190,7 @@ class Arbiter:
         self._unstarted_hint = 0
         self.inflight_fb = 0
         self.inflight_fw = 0
+        self._room = True  # whether both in-flight counts are under their caps (each cap is >= 1)
         self.buffered = 0
         self.peak_inflight = 0
         self.peak_buffered = 0
@@ -251,11 +251,11 @@ class Arbiter:
         if (before := state[slot]) & _ARRIVED:
             message = self._slots.message(self._base + slot)
             raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        state[slot] = before | _ARRIVED
+        state[slot] = before + _ARRIVED
         buffered = self.buffered = self.buffered + 1
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered
-        if slot < self._block or state[slot - self._block] & _DONE:  # a forward, or a backward whose F is done
+        if slot < self._block or state[slot - self._block] >= _DONE:  # a forward, or a backward whose F is done
             heappush(self._heaps[self._heap_of[slot]], self._key_of[slot])
 
     def next_action(self) -> tuple[Action, bool] | None:
@@ -268,19 +268,21 @@ class Arbiter:
         if self._gate_bytes:
             slot = self._pick(self._fits())
         else:
-            slot = self._pick(self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw)
+            slot = self._pick(self._room)
         if slot < 0:
             return -1
         state = self._state
         self._begun.append(slot)
-        if (before := state[slot]) & _ARRIVED:  # it consumes its buffered delivery
+        if (before := state[slot]) != _NO_MESSAGE:  # it consumes its buffered delivery
             self.buffered -= 1
-        state[slot] = before | _STARTED
+        state[slot] = before + _STARTED
         if slot < self._admissions:  # a chunk-0 F: the microbatch enters the stage
-            self.inflight_fb += 1
+            inflight_fb = self.inflight_fb = self.inflight_fb + 1
             inflight = self.inflight_fw = self.inflight_fw + 1
             if inflight > self.peak_inflight:
                 self.peak_inflight = inflight
+            if inflight_fb >= self.cap_fb or inflight >= self.cap_fw:
+                self._room = False
             if self.memory is not None:
                 self.bytes_fb += self.memory.held[slot]
                 self.bytes_fw += self.memory.held[slot]
@@ -309,9 +311,7 @@ class Arbiter:
         return self.overtook(slot)
 
     def _admit(self) -> bool:
-        if self._gate_bytes:
-            return self._fits()
-        return self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
+        return self._fits() if self._gate_bytes else self._room
 
     def _fits(self) -> bool:
         """Whether the admission the picker would take next fits in the byte limits."""
@@ -346,17 +346,19 @@ class Arbiter:
     def on_done_slot(self, slot: int) -> None:
         """Mark the action of `slot` done (what it sends: `Slots.sends`)."""
         state = self._state
-        if (before := state[slot]) & _RUN != _STARTED:
+        if not _STARTED <= (before := state[slot]) < _DONE:
             action = self._slots.action(stage=self.stage, slot=slot)
             raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
-        state[slot] = before | _DONE
+        state[slot] = before + _DONE
         self._done_count += 1
         frees = self._frees[slot]
-        if frees:
-            if frees & FREES_FB:
+        if frees:  # FREES_FB, FREES_FW or both (= 3), told apart by comparisons as above
+            if frees != FREES_FW:
                 self.inflight_fb -= 1
-            if frees & FREES_FW:
+            if frees >= FREES_FW:
                 self.inflight_fw -= 1
+            if not self._room:  # only a lower count can make room
+                self._room = self.inflight_fb < self.cap_fb and self.inflight_fw < self.cap_fw
             if self.memory is not None:  # a chunk-0 B, I or W: its microbatch's bytes go
                 held = self.memory.held[slot % self._block]
                 if frees & FREES_FB:
@@ -364,7 +366,7 @@ class Arbiter:
                 if frees & FREES_FW:
                     self.bytes_fw -= held
         follower = self._follower[slot]
-        if follower >= 0 and state[follower] & _INPUT:
+        if follower >= 0 and state[follower]:  # not started: only its input bits can be set
             heappush(self._heaps[self._heap_of[follower]], self._key_of[follower])
 
     def waiting_for(self) -> str:

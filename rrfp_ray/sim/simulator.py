@@ -175,14 +175,12 @@ class _Run:
         # a delivery (`Slots.deliveries`) or, with a transport's `send_ms`, the sender done with a link.
         times: list[float] = []
         due: dict[float, list[tuple]] = {}
+        setdefault = due.setdefault
 
         def schedule(time: float, event: tuple) -> None:
-            events = due.get(time)
-            if events is None:
-                due[time] = [event]
+            if not (events := setdefault(time, [])):
                 heappush(times, time)
-            else:
-                events.append(event)
+            events.append(event)
 
         # with a transport: per link, its messages by release time, and whether it carries one
         outgoing: list[list[tuple[float, int, tuple[int, int, int, int, int]]]] = [[] for _ in slots.links]
@@ -225,15 +223,13 @@ class _Run:
                 if record:
                     started_at[op] = now
                     compute[stage] += end - now
-                if (events := due.get(end)) is None:
-                    due[end] = [completions[op]]
+                if not (events := setdefault(end, [])):
                     if root:
                         heapreplace(times, end)
                         root = False
                     else:
                         heappush(times, end)
-                else:
-                    events.append(completions[op])
+                events.append(completions[op])
                 if bounded and waiting[stage]:
                     arbiter = arbiters[stage]
                     for queue in waiting[stage].values():
@@ -276,11 +272,9 @@ class _Run:
                             and (latency := latencies[consumer]) is not None
                             and (arrival := now + latency) != now
                         ):
-                            if (events := due.get(arrival)) is None:
-                                due[arrival] = [deliveries[consumer]]
+                            if not (events := setdefault(arrival, [])):
                                 heappush(times, arrival)
-                            else:
-                                events.append(deliveries[consumer])
+                            events.append(deliveries[consumer])
                             continue
                         if bounded:
                             current.append(deliveries[consumer])
