@@ -327,6 +327,9 @@ class Arbiter:
         begun = self._begun
         if self._replayed == len(begun):
             return
+        if self.policy.fixed:  # its picker starts the list's actions in their order: none overtakes
+            self._unstarted_hint = self._replayed = len(begun)
+            return
         seen, overtook, hint_pos, started_by = self._seen, self._overtook, self._hint_pos, self._started_by
         first = self._unstarted_hint
         for slot in begun[self._replayed :]:
