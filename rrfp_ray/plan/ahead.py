@@ -114,12 +114,7 @@ class Lookahead:
         restored, self._restored = self._restored, None
         if restored == iteration:  # nothing is planning yet: the planner is this thread's
             plan, shown = self.planner.last, self._shows(iteration)
-            data_bytes = (
-                None
-                if shown is None
-                else self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
-            )
-            taken = Taken(plan=plan, iteration=iteration, seen=_under(shown, plan), data_bytes=data_bytes)
+            taken = Taken(plan=plan, iteration=iteration, seen=_under(shown, plan), data_bytes=self._bytes(plan, shown))
         elif ahead is not None and ahead[0] == iteration:
             taken = self._result(ahead[1], iteration=iteration, limit_s=self.planner.config.wait_s, started=started)
         else:  # none asked for ahead (the first plan, or another iteration was asked for): plan it now
@@ -158,15 +153,18 @@ class Lookahead:
             features=None if shown is None else shown.planned,
             samples=None if shown is None else shown.samples,
         )
-        data_bytes = (
-            None if shown is None else self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
-        )
         return Taken(
             plan=plan,
             iteration=iteration,
             seen=_under(shown, plan),
             planning_s=time.perf_counter() - started,
-            data_bytes=data_bytes,
+            data_bytes=self._bytes(plan, shown),
+        )
+
+    def _bytes(self, plan: Plan, shown: Seen | None) -> DataBytes | None:
+        """What the arbiters gate `plan` by on the data `shown` (`Planner.data_bytes`; None: counted microbatches)."""
+        return (
+            None if shown is None else self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
         )
 
     def _observe(self, report: IterationReport, taken: Taken) -> None:
