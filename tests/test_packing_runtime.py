@@ -149,22 +149,21 @@ def test_with_data_parallelism_each_replica_reads_its_packed_microbatches():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_a_resumed_run_arranges_as_its_pipeline_asks(tmp_path):
-    def trainer(arrange: str, *, resume: bool):
+def test_a_resumed_run_plans_as_its_pipeline_asks(tmp_path):
+    def trainer(arrange: str, *, resume: bool, simulations: int = 12):
         train = {"checkpoint_dir": str(tmp_path), "checkpoint_every": 1, "resume": resume}
-        return gpt_trainer(
-            GPT.model_copy(
-                update={
-                    "pipeline": GPT.pipeline.replaced(policy="planned", arrange=arrange),
-                    "train": GPT.train.model_copy(update=train),
-                }
-            )
-        )
+        pipeline = GPT.pipeline.replaced(policy="planned", arrange=arrange, plan_simulations=simulations)
+        return gpt_trainer(GPT.model_copy(update={"pipeline": pipeline, "train": GPT.train.model_copy(update=train)}))
 
     with trainer("order", resume=False) as first:
         first.fit(1)
+        assert first.planner is not None and first.planner.config.simulations == 12
     with trainer("order", resume=True) as same:
         assert same.planner is not None and same.planner.config.arrange is Arrangement.ORDER
+    with trainer("order", resume=True, simulations=20) as larger:
+        assert larger.planner is None  # it plans afresh, with the budget asked for
+        larger.step()
+        assert larger.planner is not None and larger.planner.config.simulations == 20
     with trainer("both", resume=True) as other:
         assert other.planner is None  # it plans afresh, packing
         assert other.step().packing is not None

@@ -86,7 +86,13 @@ def _planned(*, driver, pipeline: PipelineConfig, traces: tuple[Trace, ...], bas
     import ray
 
     shape = {"stages": pipeline.stages, "chunks": pipeline.chunks, "microbatches": pipeline.microbatches}
-    config = PlannerConfig(hints=default_hints(chunks=pipeline.chunks), cap=pipeline.cap, seed=seed)
+    config = PlannerConfig(
+        hints=default_hints(chunks=pipeline.chunks),
+        cap=pipeline.cap,
+        simulations=pipeline.plan_simulations,
+        samples=pipeline.plan_samples,
+        seed=seed,
+    )
 
     def shows(iteration: int) -> Seen | None:
         features = traces[iteration % len(traces)].features

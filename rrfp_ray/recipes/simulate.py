@@ -55,7 +55,7 @@ from rrfp_ray.sim.bounds import bounds
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.trace import Trace, load_iterations, save_iterations
 from rrfp_ray.sim.variability import SCENARIOS, describe, generate, generate_iterations, scenario_params
-from rrfp_ray.train.sections import ShapeConfig
+from rrfp_ray.train.sections import ScheduleConfig, ShapeConfig
 
 PARAMS = sorted({name for scenario in SCENARIOS for name in scenario_params(scenario)} - {"comm_ms"})
 
@@ -126,15 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--iterations", type=count, default=1, help="iterations of the scenario to generate (default 1)"
     )
-    parser.add_argument(
-        "--plan-simulations",
-        type=count,
-        default=32,
-        help="planned: simulated iterations per plan search (default 32)",
-    )
-    parser.add_argument(
-        "--plan-samples", type=count, default=2, help="planned: noise samples per candidate (default 2)"
-    )
+    add_flags(parser, model=ScheduleConfig, flags=PLAN)
     parser.add_argument("--trace", help="load this trace JSON instead of generating one")
     parser.add_argument("--save-trace", help="write the trace used to this JSON file")
     parser.add_argument(
@@ -168,6 +160,14 @@ SHAPE = model_flags(
         Flag("chunks", default=None, default_note="1", parse=count),
         Flag("microbatches", default=None, default_note="4P", parse=count),
     ),
+)
+
+
+# The planner's search budget, as the training jobs spell it.
+PLAN = model_flags(
+    ScheduleConfig,
+    only=("plan_simulations", "plan_samples"),
+    flags=(Flag("plan_simulations", parse=count), Flag("plan_samples", parse=count)),
 )
 
 

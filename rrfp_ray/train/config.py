@@ -98,6 +98,14 @@ class PipelineConfig(BaseModel):
     def hint(self) -> dict[int, list[str]] | None:
         return self.schedule.hint
 
+    @property
+    def plan_simulations(self) -> int:
+        return self.schedule.plan_simulations
+
+    @property
+    def plan_samples(self) -> int:
+        return self.schedule.plan_samples
+
     # transport
     @property
     def backend(self) -> LinkTransport:

@@ -50,15 +50,26 @@ class Planning:
         return None if self.planner is None else self.planner.to_dict()
 
     def restore(self, state: dict[str, Any] | None) -> None:
-        """Take a checkpoint's planner state (`state`) when it plans the pipeline in use as it arranges; else plan
-        afresh."""
+        """Take a checkpoint's planner state (`state`) when it plans the pipeline in use as the pipeline asks
+        (its shape, cap, arrangement and search budget); else plan afresh."""
         pipeline = self._run.pipeline
         self.planner = None
         planned = {"stages": pipeline.stages, "chunks": pipeline.chunks, "microbatches": pipeline.microbatches}
-        if state is not None and state["shape"] == planned:  # else it plans afresh
+        if state is not None and state["shape"] == planned:
             restored = Planner.from_dict(state)
-            if restored.config.arrange is pipeline.arrange:  # else it plans afresh, arranging as asked
+            if restored.config == self._config(pipeline.arrange):
                 self.planner = restored
+
+    def _config(self, arrange: Arrangement) -> PlannerConfig:
+        """The planner the pipeline asks for, arranging as `arrange` says."""
+        pipeline = self._run.pipeline
+        return PlannerConfig(
+            hints=default_hints(chunks=pipeline.chunks),
+            cap=pipeline.cap,
+            arrange=arrange,
+            simulations=pipeline.plan_simulations,
+            samples=pipeline.plan_samples,
+        )
 
     def iteration(self, arrange: Arrangement | None) -> IterationReport:
         """Run the plan made for this iteration while the one before ran (`rrfp_ray.plan.ahead`: from this
@@ -72,9 +83,7 @@ class Planning:
             arrange = pipeline.arrange if arrange is None else arrange
             self.check_arrange(arrange)
             self.stop()
-            hints = default_hints(chunks=pipeline.chunks)
-            config = PlannerConfig(hints=hints, cap=pipeline.cap, arrange=arrange)
-            self.planner = Planner(config=config, **shape)
+            self.planner = Planner(config=self._config(arrange), **shape)
         if self._lookahead is None:
             self._lookahead = Lookahead(planner=self.planner, shows=self.shown, timeout_s=pipeline.timeout_s)
         taken = self._lookahead.take(iteration=iteration)

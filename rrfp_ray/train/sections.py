@@ -80,6 +80,10 @@ class ScheduleConfig(BaseModel):
         None,
         description="user hint order per stage (action texts, JSON or torch CSV cells), for policies hint/ready-hint",
     )
+    plan_simulations: int = Field(
+        32, ge=1, description=f"{PLANNED}: the search budget, simulated iterations per plan (at least plan_samples)"
+    )
+    plan_samples: int = Field(2, ge=1, description=f"{PLANNED}: noise samples each candidate plan is simulated over")
 
     @field_validator("cap", mode="plain")
     @classmethod
@@ -89,6 +93,14 @@ class ScheduleConfig(BaseModel):
         if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
             return Cap.parse(str(value))
         raise ValueError(f"cap must be a Cap or text like '2x', '6' or 'inf', got {value!r}")
+
+    @field_validator("plan_samples")
+    @classmethod
+    def _samples_fit(cls, value: int, info: ValidationInfo) -> int:
+        simulations = info.data.get("plan_simulations", value)
+        if value > simulations:
+            raise ValueError(f"plan_samples {value} must not exceed plan_simulations {simulations}")
+        return value
 
 
 class TransportConfig(BaseModel):
