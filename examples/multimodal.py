@@ -44,13 +44,8 @@ def main(argv: list[str] | None = None) -> list[float]:
         pipeline=PipelineConfig(stages=2, chunks=2, microbatches=4, policy=args.policy, timeout_s=60),
         backend=backend,
     )
-    losses = []
     with trainer:
-        for _ in range(args.iterations):
-            report = trainer.step()
-            losses.append(report.loss)
-            if report.iteration % 10 == 0 or report.iteration == args.iterations - 1:
-                print(f"iter {report.iteration:3d}  loss {report.loss:.4f}  {report.makespan_ms:6.1f} ms")
+        losses = [report.loss for report in trainer.fit(args.iterations)]
         print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; validation loss {trainer.evaluate():.4f}")
     return losses
 
