@@ -19,6 +19,7 @@ from rrfp_ray.plan.planner import default_hints
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
+from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing
 
@@ -103,3 +104,42 @@ def test_the_planner_state_travels_with_the_checkpoint(tmp_path):
     with Trainer(**args, checkpoints=Checkpointing(directory=str(tmp_path), resume=True)) as resumed:
         assert resumed.iteration == 2
         assert resumed.planner is not None and resumed.planner.to_dict() == saved
+
+
+def _injected(*, stages: int, microbatches: int, heavy: int, ms: float) -> Trace:
+    """A trace whose only time is data microbatch `heavy`'s forward on stage 0, with features that show it."""
+    zeros = [[0.0] * microbatches for _ in range(stages)]
+    forward = [[ms if (s, m) == (0, heavy) else 0.0 for m in range(microbatches)] for s in range(stages)]
+    features = [5.0 if m == heavy else 1.0 for m in range(microbatches)]
+    rows = {"F": forward, "B": zeros, "W": zeros, "commF": zeros[1:], "commB": zeros[1:]}
+    return Trace(stages=stages, microbatches=microbatches, chunks=1, features=features, **rows)
+
+
+def test_an_injected_delay_follows_the_data_microbatch_its_slot_holds():
+    order, heavy = (2, 0, 3, 1), 2
+    run = RunConfig(
+        model=TINY,
+        pipeline={"stages": 2, "chunks": 1, "microbatches": 4, "timeout_s": 30},
+        train={"micro_batch_size": 2, "seq_len": 16, "iterations": 1},
+    )
+    policy = run.pipeline.resolved_policy("1f1b")
+    layout = replace(run.pipeline.layout, split=policy.split)
+    workload = replace(gpt_workload(run), injected=_injected(stages=2, microbatches=4, heavy=heavy, ms=300.0))
+    executors = [workload.executor(stage=s, layout=layout) for s in range(layout.stages)]
+    with LocalBackend.over(layout=layout, timeout_s=30) as pipeline:
+        report = pipeline.run_iteration(
+            iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, order=order
+        )
+    forwards = {e.action: e.end_ms - e.start_ms for e in report.events if e.stage == 0 and "F" in e.action}
+    slowest = max(forwards, key=forwards.__getitem__)
+    assert slowest == f"{order.index(heavy)}F0" and forwards[slowest] >= 300.0
+
+
+def test_an_injected_trace_with_features_is_what_the_planner_sees():
+    pipeline = PipelineConfig(stages=2, microbatches=4, policy="planned", timeout_s=30)
+    trace = _injected(stages=2, microbatches=4, heavy=1, ms=1.0)
+    trainer = Trainer(model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=4), pipeline=pipeline,
+                      injected=trace)  # fmt: skip
+    with trainer:
+        trainer.fit(1)
+        assert trainer.planning.shown(0).planned == [1.0, 5.0, 1.0, 1.0]

@@ -126,14 +126,22 @@ class Planning:
         self.planner = None
 
     def shown(self, iteration: int) -> Seen | None:
-        """What `iteration`'s data shows the planner; each replica reads its own M microbatches, in one order."""
-        data = self._run.workload.data
-        if not isinstance(data, FeatureSource):
+        """What `iteration`'s data shows the planner; each replica reads its own M microbatches, in one order. An
+        injected trace that records features stands for the data's cost: its features are what the data shows of
+        each microbatch (every replica's microbatch j sleeps the trace's row j); a plan that packs still sees the
+        data source's samples."""
+        workload, dp = self._run.workload, self._run.pipeline.dp
+        data, injected = workload.data, workload.injected
+        if injected is not None and injected.features is not None:
+            features = list(injected.features) * dp
+        elif isinstance(data, FeatureSource):
+            features = data.features(iteration=iteration)
+        else:
             return None
-        shows = isinstance(data, SampleSource) and self._run.pipeline.dp == 1  # for packing and padded sizes
+        shows = isinstance(data, SampleSource) and dp == 1  # for packing and padded sizes
         return seen(
-            data.features(iteration=iteration),
-            replicas=self._run.pipeline.dp,
+            features,
+            replicas=dp,
             microbatches=self._run.pipeline.microbatches,
             samples=data.sample_features(iteration=iteration) if shows else None,
         )

@@ -261,8 +261,10 @@ class ModelExecutor:
         return Costs(layers=sorted(layers, key=lambda cost: cost.layer), probe_ms=probe)
 
     def _inject(self, action: Action) -> None:
+        """Sleep the injected trace's time of `action`'s data microbatch (a trace's rows are data microbatches)."""
         if self._workload.injected is not None:
-            time.sleep(self._workload.injected.duration(action) / 1e3)
+            data = action if self._order is None else replace(action, microbatch=self._order[action.microbatch])
+            time.sleep(self._workload.injected.duration(data) / 1e3)
 
     def gradients(self, *, chunk: int) -> ChunkGradients:
         return self._gradients(self._reduced[chunk])
