@@ -106,16 +106,18 @@ def test_the_planner_state_travels_with_the_checkpoint(tmp_path):
         assert resumed.planner is not None and resumed.planner.to_dict() == saved
 
 
-def _injected(*, stages: int, microbatches: int, heavy: int, ms: float) -> Trace:
-    """A trace whose only time is data microbatch `heavy`'s forward on stage 0, with features that show it."""
+def _injected(*, stages: int, microbatches: int, heavy: int, ms: float, latency_ms: float = 0.0) -> Trace:
+    """A trace whose only times are data microbatch `heavy`'s forward on stage 0 and its activation's latency
+    into stage 1, with features that show it."""
     zeros = [[0.0] * microbatches for _ in range(stages)]
     forward = [[ms if (s, m) == (0, heavy) else 0.0 for m in range(microbatches)] for s in range(stages)]
+    late = [[latency_ms if (s, m) == (0, heavy) else 0.0 for m in range(microbatches)] for s in range(stages - 1)]
     features = [5.0 if m == heavy else 1.0 for m in range(microbatches)]
-    rows = {"F": forward, "B": zeros, "W": zeros, "commF": zeros[1:], "commB": zeros[1:]}
+    rows = {"F": forward, "B": zeros, "W": zeros, "commF": late, "commB": zeros[1:]}
     return Trace(stages=stages, microbatches=microbatches, chunks=1, features=features, **rows)
 
 
-def test_an_injected_delay_follows_the_data_microbatch_its_slot_holds():
+def test_injected_delays_follow_the_data_microbatch_a_slot_holds():
     order, heavy = (2, 0, 3, 1), 2
     run = RunConfig(
         model=TINY,
@@ -124,15 +126,18 @@ def test_an_injected_delay_follows_the_data_microbatch_its_slot_holds():
     )
     policy = run.pipeline.resolved_policy("1f1b")
     layout = replace(run.pipeline.layout, split=policy.split)
-    workload = replace(gpt_workload(run), injected=_injected(stages=2, microbatches=4, heavy=heavy, ms=300.0))
+    trace = _injected(stages=2, microbatches=4, heavy=heavy, ms=300.0, latency_ms=200.0)
+    workload = replace(gpt_workload(run), injected=trace)
     executors = [workload.executor(stage=s, layout=layout) for s in range(layout.stages)]
     with LocalBackend.over(layout=layout, timeout_s=30) as pipeline:
         report = pipeline.run_iteration(
-            iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, order=order
+            iteration=0, policy=policy, cap=Cap.parse("2x"), executors=executors, order=order, latency=workload.latency
         )
-    forwards = {e.action: e.end_ms - e.start_ms for e in report.events if e.stage == 0 and "F" in e.action}
-    slowest = max(forwards, key=forwards.__getitem__)
-    assert slowest == f"{order.index(heavy)}F0" and forwards[slowest] >= 300.0
+    forwards = {e.action: e for e in report.events if "F" in e.action}  # "1F3": stage 1's forward of slot 3
+    slowest = max((a for a in forwards if a[0] == "0"), key=lambda a: forwards[a].end_ms - forwards[a].start_ms)
+    slot = order.index(heavy)
+    assert slowest == f"0F{slot}" and forwards[slowest].end_ms - forwards[slowest].start_ms >= 300.0
+    assert forwards[f"1F{slot}"].start_ms >= 300.0 + 200.0 - 50.0  # the stages' clocks start within a few ms
 
 
 def test_an_injected_trace_with_features_is_what_the_planner_sees():

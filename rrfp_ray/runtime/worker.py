@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -66,6 +67,7 @@ class StageWorker(StageReceiving):
         self._start = 0.0
         self._ops: StageOps | None = None
         self._sender_of: list[LinkSender | None] = []  # per slot of the running iteration, its message's link
+        self._delay_s: list[float] = []  # per slot of the running iteration, its message's injected latency
         self._inbox: dict[int, tuple[torch.Tensor, Fence]] = {}  # by the slot of the action that takes it
         self._expected: dict[Link, int] = {}  # per link, the messages the iteration has yet to bring (receive threads')
         self._ready_at: list[float] = []  # per slot: when its action became ready (ms into the iteration)
@@ -122,6 +124,7 @@ class StageWorker(StageReceiving):
             self._arbiter, self._iteration, self._ops = arbiter, iteration, ops
             self._expected = dict(ops.arrivals)
             self._sender_of = [None if link is None else self._senders[link] for link in ops.link]
+            self._delay_s = delays(ops=ops, order=args.order, latency=latency)
             if self._polled is not None:
                 self._polled.expect(self._expected)
             self._start = time.perf_counter()
@@ -169,7 +172,7 @@ class StageWorker(StageReceiving):
                     if follower >= 0 and ready_at[follower] < end:
                         ready_at[follower] = end
                 if consumer < 0 and ops.sends[slot] is not None:  # outside the lock: receive threads deliver meanwhile
-                    self._post(ops, slot, iteration, output, latency)
+                    self._post(ops, slot, iteration, output)
                 ran.append((slot, start, end))
                 if release is not None:
                     dp.reducer.complete(key=action.chunk)
@@ -348,13 +351,12 @@ class StageWorker(StageReceiving):
         slot: int,
         iteration: int,
         output: torch.Tensor | None,
-        latency: Callable[[Message], float] | None,
     ) -> None:
         """What `slot`'s action sends, to its link."""
         message = ops.sends[slot]
         if output is None:
             raise PipelineError(f"stage {self.stage}: the executor returned nothing to send for {message}")
-        delay = latency(message) / 1e3 if latency else 0.0
+        delay = self._delay_s[slot]
         header = Header.for_payload(
             message=message, iteration=iteration, payload=output, released_at=time.time() + delay
         )
@@ -368,3 +370,14 @@ class StageWorker(StageReceiving):
             self._raise_if_failed()
         if late is not None:
             raise PipelineError(f"stage {self.stage}: outgoing messages on {late} not sent within {self.timeout_s:g} s")
+
+
+def delays(*, ops: StageOps, order: tuple[int, ...] | None, latency: Callable[[Message], float] | None) -> list[float]:
+    """Per slot, the seconds `latency` holds its message back: the latency of the data microbatch the slot holds
+    (`order[slot]`), as a trace's rows are data microbatches; 0 where the slot sends nothing or no latency is given."""
+    if latency is None:
+        return [0.0] * len(ops.sends)
+    return [
+        0.0 if m is None else latency(m if order is None else replace(m, microbatch=order[m.microbatch])) / 1e3
+        for m in ops.sends
+    ]
