@@ -127,7 +127,7 @@ def test_injected_delays_follow_the_data_microbatch_a_slot_holds():
     policy = run.pipeline.resolved_policy("1f1b")
     layout = replace(run.pipeline.layout, split=policy.split)
     trace = _injected(stages=2, microbatches=4, heavy=heavy, ms=300.0, latency_ms=200.0)
-    workload = replace(gpt_workload(run), injected=trace)
+    workload = replace(gpt_workload(run), injected=(trace,))
     executors = [workload.executor(stage=s, layout=layout) for s in range(layout.stages)]
     with LocalBackend.over(layout=layout, timeout_s=30) as pipeline:
         report = pipeline.run_iteration(
@@ -140,11 +140,16 @@ def test_injected_delays_follow_the_data_microbatch_a_slot_holds():
     assert forwards[f"1F{slot}"].start_ms >= 300.0 + 200.0 - 50.0  # the stages' clocks start within a few ms
 
 
-def test_an_injected_trace_with_features_is_what_the_planner_sees():
+def test_each_iteration_sleeps_its_own_injected_trace_and_shows_the_planner_its_features():
     pipeline = PipelineConfig(stages=2, microbatches=4, policy="planned", timeout_s=30)
-    trace = _injected(stages=2, microbatches=4, heavy=1, ms=1.0)
+    traces = [_injected(stages=2, microbatches=4, heavy=m, ms=150.0 * (m == 3)) for m in (1, 3)]
     trainer = Trainer(model=mlp, loss_fn=nn.functional.mse_loss, data=Regression(microbatches=4), pipeline=pipeline,
-                      injected=trace)  # fmt: skip
+                      injected=traces)  # fmt: skip
     with trainer:
-        trainer.fit(1)
-        assert trainer.planning.shown(0).planned == [1.0, 5.0, 1.0, 1.0]
+        reports = trainer.fit(3)
+        shown = [trainer.planning.shown(k).planned for k in (0, 1, 2)]
+    assert shown == [[1.0, 5.0, 1.0, 1.0], [1.0, 1.0, 1.0, 5.0], [1.0, 5.0, 1.0, 1.0]]  # iteration 2 cycles to 0's
+    for report in reports:  # iteration 1 alone sleeps, in the slot that holds data microbatch 3
+        slot = report.order.index(3)
+        [heavy] = [e for e in report.events if e.action == f"0F{slot}"]
+        assert (heavy.end_ms - heavy.start_ms >= 150.0) == (report.iteration == 1)

@@ -182,11 +182,15 @@ def test_op_times_say_how_much_of_an_op_was_an_injected_sleep(capsys):
     assert op_times(run=run, reports=reports) == {"op_ms_mean": 3.0, "injected_ms_mean": 0.0}
     assert source_lines(op_times(run=run, reports=reports)) == []  # nothing injected: nothing to explain
     _, run = train_gpt.parse(["--stages", "2", "--microbatches", "2", "--scenario", "lognormal", "--t-f", "2"])
-    trace = run.variability.trace(pipeline=run.pipeline)
+    traces = run.variability.traces(pipeline=run.pipeline, iterations=run.train.iterations)
+    assert traces[0] == run.variability.trace(pipeline=run.pipeline) and traces[0] != traces[1]
     times = op_times(run=run, reports=reports)
-    assert times["injected_ms_mean"] == trace.F[0][1] > 0  # the trace's forward of microbatch 1 on stage 0
+    assert times["injected_ms_mean"] == traces[0].F[0][1] > 0  # the trace's forward of microbatch 1 on stage 0
     [line] = source_lines(times)
     assert f"{times['injected_ms_mean']:.1f} ms of it an injected sleep" in line
+    # iteration 1 sleeps its own trace's row of the data microbatch its slot 1 held
+    later = [IterationReport(iteration=1, policy="bf", makespan_ms=3.0, stages=[], events=[event], order=[1, 0])]
+    assert op_times(run=run, reports=later)["injected_ms_mean"] == traces[1].F[0][0]
 
 
 @pytest.mark.parametrize(

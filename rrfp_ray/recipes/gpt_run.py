@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport, append_jsonl, dp_summary
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.recipes.gpt_workload import injected_traces
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.config import PLANNED
@@ -118,10 +119,15 @@ def op_times(*, run: RunConfig, reports: list[IterationReport]) -> Summary:
     events = [e for r in reports for e in r.events]
     if not events:
         return {}
-    scenario = run.variability
-    injected = scenario.trace(pipeline=run.pipeline) if scenario.scenario != "none" or scenario.trace_file else None
-    stages = run.pipeline.stages
-    slept = [0.0 if injected is None else injected.duration(parse_action(e.action, stages=stages)) for e in events]
+    injected = injected_traces(run)
+    slept = []
+    for report in reports:
+        trace = injected[report.iteration % len(injected)] if injected else None
+        for event in report.events:
+            action = parse_action(event.action, stages=run.pipeline.stages)
+            if report.order is not None:  # the slot's data microbatch, whose row the trace's sleep was
+                action = replace(action, microbatch=report.order[action.microbatch])
+            slept.append(0.0 if trace is None else trace.duration(action))
     return {
         "op_ms_mean": statistics.mean(e.end_ms - e.start_ms for e in events),
         "injected_ms_mean": statistics.mean(slept),

@@ -12,6 +12,7 @@ from torch import nn
 
 from rrfp_ray.models.gpt import GPT, GPTConfig, build_layers, lm_loss, lm_loss_sum
 from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.backend import Backend
 from rrfp_ray.train.build import checked, make_workload
@@ -120,9 +121,6 @@ def training_arguments(run: RunConfig) -> dict[str, Any]:
     """`Trainer`'s arguments that `run` sets whatever the model: optimizer, seed, injected delays, device and
     slow devices."""
     train = run.train
-    injected = None
-    if run.variability.scenario != "none" or run.variability.trace_file is not None:
-        injected = run.variability.trace(pipeline=run.pipeline)
     return {
         "optimizer": Optim(
             lr=train.lr,
@@ -133,7 +131,15 @@ def training_arguments(run: RunConfig) -> dict[str, Any]:
             max_grad_norm=train.max_grad_norm,
         ),
         "seed": train.seed,
-        "injected": injected,
+        "injected": injected_traces(run),
         "device": train.device,
         "slow_devices": dict(run.variability.slow_devices),
     }
+
+
+def injected_traces(run: RunConfig) -> tuple[Trace, ...]:
+    """The delays `run` injects, a trace per iteration (iteration k sleeps the k-th, cycling); none for `none`."""
+    variability = run.variability
+    if variability.scenario == "none" and variability.trace_file is None:
+        return ()
+    return variability.traces(pipeline=run.pipeline, iterations=run.train.iterations)

@@ -89,7 +89,7 @@ class Trainer(Resizing):
         val_data: DataSource | None = None,
         backend: Backend | None = None,
         seed: int = 0,
-        injected: Trace | None = None,
+        injected: Trace | Sequence[Trace] | None = None,
         checkpoints: Checkpointing | None = None,
         device: str = "cpu",
         slow_devices: dict[int, float] | None = None,

@@ -57,7 +57,7 @@ def make_workload(
     split_points: Sequence[str] | None = None,
     val_data: DataSource | None = None,
     seed: int = 0,
-    injected: Trace | None = None,
+    injected: Trace | Sequence[Trace] | None = None,
     device: str = "cpu",
     slow_devices: dict[int, float] | None = None,
 ) -> ModelWorkload:
@@ -66,8 +66,9 @@ def make_workload(
         raise ValueError(f"pipeline must be a PipelineConfig, got {type(pipeline).__name__}")
     if not callable(loss_fn):
         raise ValueError(f"loss_fn must be callable as loss_fn(output, targets), got {type(loss_fn).__name__}")
-    if injected is not None:
-        injected.check(stages=pipeline.stages, microbatches=pipeline.microbatches, chunks=pipeline.chunks)
+    injected = () if injected is None else (injected,) if isinstance(injected, Trace) else tuple(injected)
+    for trace in injected:
+        trace.check(stages=pipeline.stages, microbatches=pipeline.microbatches, chunks=pipeline.chunks)
     return ModelWorkload(
         layers=model_layers(model=model, split_points=split_points, seed=seed),
         loss_fn=loss_fn,

@@ -16,8 +16,8 @@ from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.schedule.validate import Hint, parse_order
-from rrfp_ray.sim.trace import Trace
-from rrfp_ray.sim.variability import SCENARIOS, generate
+from rrfp_ray.sim.trace import Trace, load_iterations
+from rrfp_ray.sim.variability import SCENARIOS, generate, generate_iterations
 from rrfp_ray.train.precision import Precision
 from rrfp_ray.train.sections import (
     PLANNED,
@@ -279,7 +279,11 @@ class VariabilityConfig(BaseModel):
     seed: int = Field(0, ge=0, description="seed of the generated trace")
     t_f: float = Field(20.0, gt=0, description="forward time per virtual stage in ms (synthetic workload)")
     params: dict[str, float] = Field(default_factory=dict, description="scenario parameters, e.g. {'sigma': 0.3}")
-    trace_file: str | None = Field(None, description="load this trace JSON instead of generating one")
+    trace_file: str | None = Field(
+        None,
+        description='load this trace JSON (one iteration, or {"iterations": [...]} replayed in turn) instead of '
+        "generating one",
+    )
     slow_devices: dict[int, float] = Field(
         default_factory=dict,
         description="stage:factor pairs, comma-separated, e.g. 2:1.5: that stage's device computes factor (>= 1) "
@@ -326,16 +330,17 @@ class VariabilityConfig(BaseModel):
             raise ValueError(f"variability.slow_devices: stages {outside} are not among the pipeline's {stages} stages")
 
     def trace(self, *, pipeline: PipelineConfig) -> Trace:
+        """The first iteration of `traces`."""
+        return self.traces(pipeline=pipeline)[0]
+
+    def traces(self, *, pipeline: PipelineConfig, iterations: int = 1) -> tuple[Trace, ...]:
+        """A trace file's iterations (either form), else `iterations` iterations of one seeded run of the scenario."""
+        shape = {"stages": pipeline.stages, "microbatches": pipeline.microbatches, "chunks": pipeline.chunks}
         if self.trace_file is not None:
-            trace = Trace.load(self.trace_file)
-            trace.check(stages=pipeline.stages, microbatches=pipeline.microbatches, chunks=pipeline.chunks)
-            return trace
-        return generate(
-            scenario=self.scenario,
-            stages=pipeline.stages,
-            microbatches=pipeline.microbatches,
-            chunks=pipeline.chunks,
-            seed=self.seed,
-            t_f=self.t_f,
-            **self.params,
+            traces = load_iterations(self.trace_file)
+            for trace in traces:
+                trace.check(**shape)
+            return traces
+        return generate_iterations(
+            iterations=iterations, scenario=self.scenario, seed=self.seed, t_f=self.t_f, **shape, **self.params
         )

@@ -127,13 +127,14 @@ class Planning:
 
     def shown(self, iteration: int) -> Seen | None:
         """What `iteration`'s data shows the planner; each replica reads its own M microbatches, in one order. An
-        injected trace that records features stands for the data's cost: its features are what the data shows of
-        each microbatch (every replica's microbatch j sleeps the trace's row j); a plan that packs still sees the
-        data source's samples."""
+        injected trace of the iteration that records features stands for the data's cost: its features are what the
+        data shows of each microbatch (every replica's microbatch j sleeps the trace's row j); a plan that packs
+        still sees the data source's samples."""
         workload, dp = self._run.workload, self._run.pipeline.dp
         data, injected = workload.data, workload.injected
-        if injected is not None and injected.features is not None:
-            features = list(injected.features) * dp
+        trace = injected[iteration % len(injected)] if injected else None
+        if trace is not None and trace.features is not None:
+            features = list(trace.features) * dp
         elif isinstance(data, FeatureSource):
             features = data.features(iteration=iteration)
         else:

@@ -58,7 +58,9 @@ class ModelWorkload:
     data: DataSource
     microbatches: int
     optim: OptimSpec = field(default_factory=Optim)
-    injected: Trace | None = None  # extra delays (ms) per action and message, to inject variability
+    # extra delays (ms) per action and message, to inject variability: iteration k's ops sleep injected[k % count]
+    # (empty: none), its messages take the first trace's latencies
+    injected: tuple[Trace, ...] = ()
     val_data: DataSource | None = None
     device: str = "cpu"  # where each stage computes; payloads move to and from each link's own device
     dp: int = 1  # data-parallel replicas: `data` holds dp x microbatches microbatches an iteration
@@ -118,7 +120,7 @@ class ModelWorkload:
         )
 
     def latency(self, message: Message) -> float:
-        return 0.0 if self.injected is None else self.injected.latency(message)
+        return self.injected[0].latency(message) if self.injected else 0.0
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[Tensor], Tensor]) -> ModelWorkload:
         """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
@@ -172,6 +174,7 @@ class ModelExecutor:
         self._layout = layout
         self._order: tuple[int, ...] | None = None  # begin sets it: the data microbatch of each slot
         self._packing: Packing | None = None  # begin sets it: the samples of each data microbatch (None: the data's)
+        self._injected: Trace | None = None  # begin sets it: the iteration's injected trace
         self._workload = workload
         # a parameter two chunks of this stage share is final once both are: it goes with the one reduced last
         reduced_with = {id(p): c for c in reduce_order(chunks=layout.chunks) for p in runner.chunk_parameters(c)}
@@ -188,6 +191,8 @@ class ModelExecutor:
         )
 
     def begin(self, *, args: IterationArgs) -> None:
+        injected = self._workload.injected
+        self._injected = injected[args.iteration % len(injected)] if injected else None
         self._order = args.order
         self._packing = args.packing
         self._watches = {} if args.measure else None
@@ -262,9 +267,9 @@ class ModelExecutor:
 
     def _inject(self, action: Action) -> None:
         """Sleep the injected trace's time of `action`'s data microbatch (a trace's rows are data microbatches)."""
-        if self._workload.injected is not None:
+        if self._injected is not None:
             data = action if self._order is None else replace(action, microbatch=self._order[action.microbatch])
-            time.sleep(self._workload.injected.duration(data) / 1e3)
+            time.sleep(self._injected.duration(data) / 1e3)
 
     def gradients(self, *, chunk: int) -> ChunkGradients:
         return self._gradients(self._reduced[chunk])
