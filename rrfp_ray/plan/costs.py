@@ -293,6 +293,11 @@ class BackwardCosts:
         backward = {k.value for k in family.kinds} - {Kind.F.value}
         return any(kind in backward and obs for (_, kind), obs in self.models[family].observations.items())
 
+    def untaught(self) -> bool:
+        """Whether no op of either family has been measured yet (every cost is the prior)."""
+        kinds = {k.value for k in Kind}
+        return not any(obs for m in self.models.values() for (_, kind), obs in m.observations.items() if kind in kinds)
+
     def drift(self, *, family: Backward, block: int, features: Sequence[float] | None) -> float:
         """How far the other family's forwards on `block` have moved since `family` last learned (at the features'
         mean): 1 where either was never measured."""

@@ -23,6 +23,7 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
 from rrfp_ray.plan.packing import Packing, packed_padded, packings
 from rrfp_ray.plan.plans import Plan, policy_for
+from rrfp_ray.plan.prior import hypothesised
 from rrfp_ray.plan.scoring import Samples, planned_byte_limits
 from rrfp_ray.plan.search import Found, budgets, search
 from rrfp_ray.policy.arbiter import Cap
@@ -211,9 +212,13 @@ class Planner:
             options, budgets(simulations=config.simulations, samples=config.samples, count=len(options))
         ):
             predicted = self.predicted(iteration=iteration, features=option_features, padded=padded)
+            basis = None if held is None else replace(predicted[0], activation_bytes=held)
+            if self.model.untaught() and option_features is not None and min(option_features) < max(option_features):
+                guarded = hypothesised(predicted, basis=basis)  # `rrfp_ray.plan.prior`
+                predicted, basis = (guarded, None) if budget >= len(guarded) else (predicted, basis)
             got = search(
                 samples=predicted,
-                basis=None if held is None else replace(predicted[0], activation_bytes=held),
+                basis=basis,
                 hints=self.hints(),
                 cap=config.cap,
                 simulations=budget,

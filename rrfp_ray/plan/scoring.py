@@ -11,7 +11,8 @@ raise nor lower the cap: a plan runs with the bytes a fixed schedule holds on th
 
 A full backward need not cost what its two halves cost apart (on a CPU it often costs less), so the
 predicted iterations may come as :class:`Samples`: the split backward's costs, and beside them the
-same draws with a full backward's own costs, which a plan whose hint does not split simulates.
+same draws with a full backward's own costs, which a plan whose hint does not split simulates; before any bytes are
+measured they may carry none, and a `Guard` with the prior's bytes that a fixed hint must fit all the same.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.policy.arbiter import Cap, byte_limits, peak_bytes
@@ -30,17 +32,33 @@ from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
 from rrfp_ray.sim.trace import Trace
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A predicted iteration whose activation bytes a fixed hint must fit, where the samples scored carry none:
+    `trace` as the plan runs it (packed, in data order), `basis` the data before packing (None: `trace`)."""
+
+    trace: Trace
+    basis: Trace | None = None
+
+    def admits(self, *, plan: Plan, policy: Policy) -> bool:
+        limits = planned_limits(cap=plan.cap, trace=self.basis or self.trace, split=policy.split)
+        return within(policy=policy, trace=self.trace.reordered(plan.order), limits=limits)
+
+
 class Samples(tuple[Trace, ...]):
     """Predicted iterations of one shape with the split backward's costs (I in B, and W); `unsplit`: the same
-    draws with a full backward's own costs (B, W 0), one per item."""
+    draws with a full backward's own costs (B, W 0), one per item; `guard`: where given, the bytes a fixed hint
+    must also fit (`Guard`)."""
 
     unsplit: tuple[Trace, ...]
+    guard: Guard | None
 
-    def __new__(cls, split: Sequence[Trace], *, unsplit: Sequence[Trace]) -> Samples:
+    def __new__(cls, split: Sequence[Trace], *, unsplit: Sequence[Trace], guard: Guard | None = None) -> Samples:
         if len(split) != len(unsplit):
             raise ValueError(f"{len(split)} split samples but {len(unsplit)} unsplit ones")
         samples = super().__new__(cls, split)
         samples.unsplit = tuple(unsplit)
+        samples.guard = guard
         return samples
 
 
@@ -108,7 +126,11 @@ def score(*, plans: Sequence[Plan], samples: Sequence[Trace], basis: Trace | Non
                 planned_limits(cap=plan.cap, trace=t if basis is None else basis, split=policy.split) for t in own
             ]
         runs = [t.reordered(plan.order) for t in own]
-        fits.append(all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[key])))
+        guard = samples.guard if isinstance(samples, Samples) else None
+        fits.append(
+            all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[key]))
+            and (guard is None or guard.admits(plan=plan, policy=policy))
+        )
         if fits[-1]:
             cases += [Case(policy=policy, trace=r, cap=plan.cap, byte_limits=x) for r, x in zip(runs, limits[key])]
     makespans = iter(simulate_many(cases=cases))
