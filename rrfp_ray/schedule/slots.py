@@ -126,14 +126,15 @@ class Slots:
 
     @functools.cached_property
     def completions(self) -> list[tuple[int, int, int, int, int, int, int]]:
-        """Per op, the simulator's event of its end: ``(DONE, stage, slot, receiver, receiver's slot, consumer,
-        link)``, the last four those of the delivery of its message (`deliveries`; -1 for each: it sends none).
-        One lookup of one flat tuple brings all that the end of an op needs."""
+        """Per op, the simulator's event of its end: ``(DONE, stage, slot, receiver, receiver's slot, -1, link)``,
+        of 7 as `deliveries`, with the receiver, its slot and the link of the delivery of its message (-1 for
+        each: it sends none). One lookup of one flat tuple brings all that the end of an op needs; the op the
+        delivery makes ready, ``receiver * per_stage + receiver's slot``, is left out, one object less to read."""
         stages, slots, links = self.op_stage, self.op_slot, self.link
         return [
             (DONE, stage, slot, -1, -1, -1, -1)
             if consumer < 0
-            else (DONE, stage, slot, stages[consumer], slots[consumer], consumer, links[consumer])
+            else (DONE, stage, slot, stages[consumer], slots[consumer], -1, links[consumer])
             for stage, slot, consumer in zip(stages, slots, self.sends)
         ]
 

@@ -260,6 +260,7 @@ class _Run:
                     if receiver < 0:
                         continue
                     if not at_once:
+                        consumer = receiver * S + taken
                         if transport is not None and link >= 0:
                             latency = latencies[consumer]
                             delivery = deliveries[consumer]
@@ -283,7 +284,7 @@ class _Run:
                     # unbounded, the arrivals of one instant commute with all else in it: take it now
                     on_arrival(arbiters[receiver], taken)
                     if record:
-                        ready_at[consumer] = now
+                        ready_at[receiver * S + taken] = now
                     if not busy[receiver]:
                         touched.append(receiver)
                 elif kind == DELIVERY:
