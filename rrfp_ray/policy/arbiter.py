@@ -249,10 +249,10 @@ class Arbiter:
     def on_arrival_slot(self, slot: int) -> None:
         """The delivery that `slot`'s action waits for has arrived."""
         state = self._state
-        if (before := state[slot]) & _ARRIVED:
+        if state[slot]:  # an action that waits for a message has no bit set before it arrives
             message = self._slots.message(self._base + slot)
-            raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        state[slot] = before + _ARRIVED
+            raise ValueError(f"stage {self.stage}: duplicate delivery {message}, or one its action does not wait for")
+        state[slot] = _ARRIVED
         buffered = self.buffered = self.buffered + 1
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered

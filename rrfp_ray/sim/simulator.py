@@ -145,9 +145,10 @@ class _Run:
             Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
-        # With `record`, per op: when its delivery arrived, and when it started (an end is its start plus
-        # its duration, as the loop adds them); per stage, the sum of its ops' end - start in their order
-        self.ready_at = [0.0] * slots.ops if record else []
+        # With `record`, per op: when its delivery arrived (None if taken as its sender ended: `_events` works
+        # that out), and when it started (an end is its start plus its duration, as the loop adds them);
+        # per stage, the sum of its ops' end - start in their order
+        self.ready_at: list[float | None] = [None] * slots.ops if record else []
         self.started_at = [0.0] * slots.ops if record else []
         self.compute_ms = [0.0] * layout.stages if record else []
         self.makespan_ms = self._run(latencies=timings[1], record=record)
@@ -283,8 +284,6 @@ class _Run:
                             continue
                     # unbounded, the arrivals of one instant commute with all else in it: take it now
                     on_arrival(arbiters[receiver], taken)
-                    if record:
-                        ready_at[receiver * S + taken] = now
                     if not busy[receiver]:
                         touched.append(receiver)
                 elif kind == DELIVERY:
@@ -341,7 +340,12 @@ class _Run:
         )
 
     def _events(self) -> list[OpEvent]:
-        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
+        texts, follower, starts, durations = self.slots.texts, self.slots.follower, self.started_at, self.durations
+        ready_at = self.ready_at.copy()
+        for sender, consumer in enumerate(self.slots.sends):  # a delivery taken at once arrived as its sender ended
+            if consumer >= 0 and ready_at[consumer] is None:
+                ready_at[consumer] = starts[sender] + durations[sender]
+        ready_at = [0.0 if at is None else at for at in ready_at]  # the ops that wait for no message
         # an op is ready when its delivery has arrived and the op before it on its stage is done
         times = self._stage_times
         for stage, arbiter in enumerate(self.arbiters):
