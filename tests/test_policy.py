@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.arbiter import Arbiter, Cap
 from rrfp_ray.policy.pickers import BFPicker, FixedPicker, ListPicker, Picker, hint_indexes
 from rrfp_ray.policy.policy import Policy, Rule, make_policy, policy_names
-from rrfp_ray.schedule.actions import Action, Placement, parse_action
+from rrfp_ray.schedule.actions import Action, Kind, Placement, parse_action
 from rrfp_ray.schedule.generators import build
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.schedule.slots import slots_of
@@ -296,3 +296,19 @@ def test_bf_admits_no_more_than_the_cap_with_chunks() -> None:
     report = simulate(policy=policy, trace=trace, cap=Cap.parse("3"))
     assert max(s.peak_inflight for s in report.stages) == 3
     assert {e.action for e in report.events} >= {f"{4 + s}{k}{m}" for s in range(4) for k in "FB" for m in range(16)}
+
+
+@pytest.mark.parametrize("policy", ["1f1b", "bfw"])
+def test_a_second_delivery_of_one_message_is_refused_before_and_after_its_action_starts(policy):
+    layout = Layout(stages=2, chunks=1, microbatches=2, split=policy == "bfw")
+    arbiter = Arbiter(
+        layout=layout, stage=1, policy=make_policy(name=policy, stages=2, chunks=1, microbatches=2), cap=Cap.parse("1x")
+    )
+    forward = layout.action(kind=Kind.F, virtual_stage=1, microbatch=0)
+    message = layout.message_need(forward)
+    arbiter.on_arrival(message)
+    with pytest.raises(ValueError, match="duplicate delivery"):
+        arbiter.on_arrival(message)
+    assert arbiter.next_action() == (forward, False)
+    with pytest.raises(ValueError, match="duplicate delivery"):
+        arbiter.on_arrival(message)

@@ -93,6 +93,7 @@ _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under
 # once, so the hot paths add a bit and compare instead of masking (int `&` and `|` are slow in CPython).
 _ARRIVED, _NO_MESSAGE, _STARTED, _DONE = 1, 2, 4, 8
 _FIRST_STATE = bytes([_NO_MESSAGE, 0]) + bytes(254)  # a slot's state before the run, by `Slots.needs_message`
+_RUNNING = tuple(_STARTED <= state < _DONE for state in range(2 * _DONE))  # per state: started, not done
 
 
 @dataclass(frozen=True)
@@ -248,10 +249,10 @@ class Arbiter:
     def on_arrival_slot(self, slot: int) -> None:
         """The delivery that `slot`'s action waits for has arrived."""
         state = self._state
-        if (before := state[slot]) & _ARRIVED:
+        if state[slot]:  # an action that waits for a message has no bit set before it arrives
             message = self._slots.message(self._base + slot)
-            raise ValueError(f"stage {self.stage}: duplicate delivery {message}")
-        state[slot] = before + _ARRIVED
+            raise ValueError(f"stage {self.stage}: duplicate delivery {message}, or one its action does not wait for")
+        state[slot] = _ARRIVED
         buffered = self.buffered = self.buffered + 1
         if buffered > self.peak_buffered:
             self.peak_buffered = buffered
@@ -349,7 +350,7 @@ class Arbiter:
     def on_done_slot(self, slot: int) -> None:
         """Mark the action of `slot` done (what it sends: `Slots.sends`)."""
         state = self._state
-        if not _STARTED <= (before := state[slot]) < _DONE:
+        if not _RUNNING[(before := state[slot])]:
             action = self._slots.action(stage=self.stage, slot=slot)
             raise ValueError(f"stage {self.stage}: {action} done without being started, or twice")
         state[slot] = before + _DONE

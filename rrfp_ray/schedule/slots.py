@@ -116,24 +116,26 @@ class Slots:
         return list(range(self.per_stage)) * self.layout.stages
 
     @functools.cached_property
-    def deliveries(self) -> list[tuple[int, int, int, int, int] | None]:
-        """Per op, the simulator's event of the delivery that makes it ready: ``(DELIVERY, stage, slot,
-        op, link)``; None for an op that waits for no message."""
+    def deliveries(self) -> list[tuple[int, int, int, int, int, int, int] | None]:
+        """Per op, the simulator's event of the delivery that makes it ready: ``(DELIVERY, stage, slot, -1, -1,
+        op, link)``, of 7 as `completions`; None for an op that waits for no message."""
         return [
-            (DELIVERY, stage, slot, op, self.link[op]) if self.needs_message[op] else None
+            (DELIVERY, stage, slot, -1, -1, op, self.link[op]) if self.needs_message[op] else None
             for op, (stage, slot) in enumerate(zip(self.op_stage, self.op_slot))
         ]
 
     @functools.cached_property
     def completions(self) -> list[tuple[int, int, int, int, int, int, int]]:
-        """Per op, the simulator's event of its end: ``(DONE, stage, slot, receiver, receiver's slot, consumer,
-        link)``, the last four those of the delivery of its message (`deliveries`; receiver -1: it sends none).
-        One lookup of one flat tuple brings all that the end of an op needs."""
-        no_message = (-1, -1, -1, -1)
-        deliveries = self.deliveries
+        """Per op, the simulator's event of its end: ``(DONE, stage, slot, receiver, receiver's slot, -1, link)``,
+        of 7 as `deliveries`, with the receiver, its slot and the link of the delivery of its message (-1 for
+        each: it sends none). One lookup of one flat tuple brings all that the end of an op needs; the op the
+        delivery makes ready, ``receiver * per_stage + receiver's slot``, is left out, one object less to read."""
+        stages, slots, links = self.op_stage, self.op_slot, self.link
         return [
-            (DONE, stage, slot, *(no_message if consumer < 0 else deliveries[consumer][1:]))
-            for stage, slot, consumer in zip(self.op_stage, self.op_slot, self.sends)
+            (DONE, stage, slot, -1, -1, -1, -1)
+            if consumer < 0
+            else (DONE, stage, slot, stages[consumer], slots[consumer], -1, links[consumer])
+            for stage, slot, consumer in zip(stages, slots, self.sends)
         ]
 
     @functools.cached_property

@@ -145,9 +145,10 @@ class _Run:
             Arbiter(layout=layout, stage=s, policy=case.policy, cap=case.cap, buffer_limit=case.buffer_limit, memory=m)
             for s, m in enumerate(memory)
         ]
-        # With `record`, per op: when its delivery arrived, and when it started (an end is its start plus
-        # its duration, as the loop adds them); per stage, the sum of its ops' end - start in their order
-        self.ready_at = [0.0] * slots.ops if record else []
+        # With `record`, per op: when its delivery arrived (None if taken as its sender ended: `_events` works
+        # that out), and when it started (an end is its start plus its duration, as the loop adds them);
+        # per stage, the sum of its ops' end - start in their order
+        self.ready_at: list[float | None] = [None] * slots.ops if record else []
         self.started_at = [0.0] * slots.ops if record else []
         self.compute_ms = [0.0] * layout.stages if record else []
         self.makespan_ms = self._run(latencies=timings[1], record=record)
@@ -161,40 +162,43 @@ class _Run:
         slots, durations, ready_at = self.slots, self.durations, self.ready_at
         started_at, compute, arbiters, transport = self.started_at, self.compute_ms, self.arbiters, self.case.transport
         S, completions, deliveries = slots.per_stage, slots.completions, slots.deliveries
-        next_slot = [a.next_slot for a in arbiters]
-        on_done = [a.on_done_slot for a in arbiters]
-        on_arrival = [a.on_arrival_slot for a in arbiters]
+        # called as functions of `arbiters[stage]`: no bound method per stage to bring in from memory
+        next_slot, on_done, on_arrival = Arbiter.next_slot, Arbiter.on_done_slot, Arbiter.on_arrival_slot
         bounded = self.case.buffer_limit is not None
         delayed = latencies.count(None) < len(latencies)  # False: every delivery is due at once
         at_once = transport is None and not delayed and not bounded  # every message is taken as it is sent
         # per receiving stage, per link: deliveries held while its receive buffer is full
-        waiting: list[dict[int, deque[tuple[int, int, int, int, int]]]] = [{} for _ in arbiters]
+        waiting: list[dict[int, deque[tuple[int, int]]]] = [{} for _ in arbiters]  # (slot, consumer)
         busy = [False] * len(arbiters)
         # The clock: the times of pending events in a heap and, per time, its events in the order they
-        # were scheduled. An event is a tuple whose first item is its kind: an op done (`Slots.completions`),
+        # were scheduled. An event is a tuple of 7 whose first item is its kind: an op done (`Slots.completions`),
         # a delivery (`Slots.deliveries`) or, with a transport's `send_ms`, the sender done with a link.
         times: list[float] = []
         due: dict[float, list[tuple]] = {}
         setdefault = due.setdefault
+        instant: list[tuple] | None = None  # the events of `now` while they are applied, out of `due`
 
-        def schedule(time: float, event: tuple) -> None:
+        def schedule(time: float, event: tuple, now: float) -> None:
+            if time == now and instant is not None:  # due at once: it joins the instant being applied
+                instant.append(event)
+                return
             if not (events := setdefault(time, [])):
                 heappush(times, time)
             events.append(event)
 
         # with a transport: per link, its messages by release time, and whether it carries one
-        outgoing: list[list[tuple[float, int, tuple[int, int, int, int, int]]]] = [[] for _ in slots.links]
+        outgoing: list[list[tuple[float, int, tuple[int, ...]]]] = [[] for _ in slots.links]
         carrying = [False] * len(slots.links)
-        link_free = [(LINK_FREE, link) for link in range(len(slots.links))]
+        link_free = [(LINK_FREE, -1, -1, -1, -1, -1, link) for link in range(len(slots.links))]
         frees_on_take = transport is not None and transport.send_ms is None
         sent = 0  # messages queued on links so far: orders messages released at one time
 
         def carry(link: int, now: float) -> None:
             release, _, delivery = heappop(outgoing[link])
             carrying[link] = True
-            schedule(max(now, release) + transport.message_ms, delivery)
+            schedule(max(now, release) + transport.message_ms, delivery, now)
             if transport.send_ms is not None:
-                schedule(max(now, release) + transport.send_ms, link_free[link])
+                schedule(max(now, release) + transport.send_ms, link_free[link], now)
 
         def free(link: int, now: float) -> None:
             carrying[link] = False
@@ -214,7 +218,7 @@ class _Run:
                 touched = sorted(set(touched))
             root = True  # `times[0]` is `now`
             for stage in touched:  # all idle: a stage is touched only while it is
-                slot = next_slot[stage]()
+                slot = next_slot(arbiters[stage])
                 if slot < 0:
                     continue
                 op = stage * S + slot
@@ -232,10 +236,10 @@ class _Run:
                 events.append(completions[op])
                 if bounded and waiting[stage]:
                     arbiter = arbiters[stage]
-                    for queue in waiting[stage].values():
+                    for link, queue in waiting[stage].items():
                         while queue and arbiter.has_room():
-                            _, _, slot, consumer, link = queue.popleft()
-                            on_arrival[stage](slot)
+                            slot, consumer = queue.popleft()
+                            on_arrival(arbiter, slot)
                             if record:
                                 ready_at[consumer] = now
                             if frees_on_take:
@@ -246,19 +250,18 @@ class _Run:
                 return now
             now = times[0]
             touched = []
-            # Events scheduled at `now` while these run join this list (`due[now]` stays until they are
-            # done), so that all of the instant is applied before any stage decides.
-            current = due[now]
-            for event in current:
-                kind = event[0]
+            # Events due at `now` that these schedule join this list (`schedule`, and the bounded deliveries
+            # below), so that all of the instant is applied before any stage decides.
+            instant = current = due.pop(now)
+            for kind, stage, slot, receiver, taken, consumer, link in current:
                 if kind == DONE:
-                    _, stage, slot, receiver, taken, consumer, link = event
                     busy[stage] = False
                     touched.append(stage)
-                    on_done[stage](slot)
+                    on_done(arbiters[stage], slot)
                     if receiver < 0:
                         continue
                     if not at_once:
+                        consumer = receiver * S + taken
                         if transport is not None and link >= 0:
                             latency = latencies[consumer]
                             delivery = deliveries[consumer]
@@ -280,28 +283,25 @@ class _Run:
                             current.append(deliveries[consumer])
                             continue
                     # unbounded, the arrivals of one instant commute with all else in it: take it now
-                    on_arrival[receiver](taken)
-                    if record:
-                        ready_at[consumer] = now
+                    on_arrival(arbiters[receiver], taken)
                     if not busy[receiver]:
                         touched.append(receiver)
                 elif kind == DELIVERY:
-                    _, stage, slot, consumer, link = event
                     # A stage with room has nothing waiting: every pick drains its links right away.
                     # A local hand-off (the V's turn) is not held by the receive buffer, as in the runtime.
                     if not bounded or link < 0 or arbiters[stage].has_room():
-                        on_arrival[stage](slot)
+                        on_arrival(arbiters[stage], slot)
                         if record:
                             ready_at[consumer] = now
                         if frees_on_take and link >= 0:
                             free(link, now)
                     else:
-                        waiting[stage].setdefault(link, deque()).append(event)
+                        waiting[stage].setdefault(link, deque()).append((slot, consumer))
                     if not busy[stage]:  # a busy stage decides when its op is done
                         touched.append(stage)
                 else:  # a sender is done with its link
-                    free(event[1], now)
-            del due[now]
+                    free(link, now)
+            instant = None
 
     @functools.cached_property
     def _stage_times(self) -> list[tuple[Sequence[float], list[float]]]:
@@ -340,7 +340,12 @@ class _Run:
         )
 
     def _events(self) -> list[OpEvent]:
-        texts, follower, ready_at = self.slots.texts, self.slots.follower, self.ready_at.copy()
+        texts, follower, starts, durations = self.slots.texts, self.slots.follower, self.started_at, self.durations
+        ready_at = self.ready_at.copy()
+        for sender, consumer in enumerate(self.slots.sends):  # a delivery taken at once arrived as its sender ended
+            if consumer >= 0 and ready_at[consumer] is None:
+                ready_at[consumer] = starts[sender] + durations[sender]
+        ready_at = [0.0 if at is None else at for at in ready_at]  # the ops that wait for no message
         # an op is ready when its delivery has arrived and the op before it on its stage is done
         times = self._stage_times
         for stage, arbiter in enumerate(self.arbiters):
