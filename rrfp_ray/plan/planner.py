@@ -156,12 +156,7 @@ class Planner:
             [self.model.kind_fit(block=vs, kind=k, family=f, features=features) for vs in range(P * v)]
             for k, f in kinds
         ]
-        mean = [
-            np.array(
-                [self.model.durations(block=vs, kind=k, family=f, features=features, count=M) for vs in range(P * v)]
-            )
-            for k, f in kinds
-        ]
+        mean = [np.array([[fit.predict(feature_of(features, j)) for j in range(M)] for fit in row]) for row in fits]
         sigma = [np.array([f.sigma for f in row])[:, None] for row in fits]
         zero = tuple(tuple(0.0 for _ in range(M)) for _ in range(P * v - 1))
         rng = np.random.default_rng(np.random.SeedSequence(self.config.seed, spawn_key=(iteration,)))

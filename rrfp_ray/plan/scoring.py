@@ -41,6 +41,8 @@ class Guard:
     basis: Trace | None = None
 
     def admits(self, *, plan: Plan, policy: Policy) -> bool:
+        if not policy.fixed:
+            return True
         limits = planned_limits(cap=plan.cap, trace=self.basis or self.trace, split=policy.split)
         return within(policy=policy, trace=self.trace.reordered(plan.order), limits=limits)
 
@@ -96,9 +98,9 @@ def planned_byte_limits(*, cap: Cap, rows: Rows, split: bool, stages: int, chunk
 
 def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:
     """Whether a fixed list (which no cap bends) holds no more bytes than `limits` on `trace` (as run)."""
-    held = held_bytes(trace=trace, layout=layout_for(policy=policy, trace=trace))
-    if limits is None or held is None or not policy.fixed:
+    if limits is None or trace.activation_bytes is None or not policy.fixed:
         return True
+    held = held_bytes(trace=trace, layout=layout_for(policy=policy, trace=trace))
     for stage, (row, (fb, fw)) in enumerate(zip(held, limits)):
         actions = policy.order[stage]
         last = (Kind.W,) if policy.split else (Kind.B,)
@@ -109,13 +111,23 @@ def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:
     return True
 
 
-def score(*, plans: Sequence[Plan], samples: Sequence[Trace], basis: Trace | None = None) -> list[float]:
+LimitsCache = dict[tuple[Cap, bool], list[Limits | None]]  # per (cap, split backward), each sample's byte limits
+
+
+def score(
+    *,
+    plans: Sequence[Plan],
+    samples: Sequence[Trace],
+    basis: Trace | None = None,
+    limits: LimitsCache | None = None,
+) -> list[float]:
     """Per plan, the mean simulated makespan (ms) over `samples` (data-indexed traces of one shape; `Samples`
     for a full backward's own costs); inf for a plan past its cap. `basis`: the data before packing, whose
-    activation bytes in its own order set the cap (None: each sample's own)."""
+    activation bytes in its own order set the cap (None: each sample's own). `limits`: the byte limits already
+    computed for these samples and basis, filled in as needed (a search scores many batches over the same ones)."""
     first = samples[0]
     shape = {"stages": first.stages, "chunks": first.chunks, "microbatches": first.microbatches}
-    limits: dict[tuple[Cap, bool], list[Limits | None]] = {}
+    limits = {} if limits is None else limits
     cases, fits = [], []
     for plan in plans:
         policy = plan.validate(**shape)

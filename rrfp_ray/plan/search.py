@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rrfp_ray.plan.plans import Plan
-from rrfp_ray.plan.scoring import score
+from rrfp_ray.plan.scoring import LimitsCache, score
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.sim.trace import Trace
 
@@ -131,6 +131,7 @@ def search(
         raise ValueError(f"a budget of {simulations} simulations cannot score one plan over {cost} samples")
     seen: dict[Plan, float] = {}
     best: list[Plan] = []
+    limits: LimitsCache = {}
 
     def tried(plans: Sequence[Plan]) -> bool:
         """Score the new plans among `plans` in one batch, as many as the budget allows; False when it ran out."""
@@ -139,7 +140,7 @@ def search(
         if new and room > 0:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
-            for plan, value in zip(new[:room], score(plans=new[:room], samples=samples, basis=basis)):
+            for plan, value in zip(new[:room], score(plans=new[:room], samples=samples, basis=basis, limits=limits)):
                 seen[plan] = value
                 if not best or value < seen[best[0]]:
                     best[:] = [plan]
