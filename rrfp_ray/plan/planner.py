@@ -24,7 +24,7 @@ from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
 from rrfp_ray.plan.packing import Packing, packed_padded, packings
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.prior import hypothesised
-from rrfp_ray.plan.scoring import Samples, planned_byte_limits
+from rrfp_ray.plan.scoring import Samples, planned_byte_limits, replaced
 from rrfp_ray.plan.search import Found, budgets, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
@@ -168,9 +168,10 @@ class Planner:
         held = self.predicted_bytes(features=features, padded=padded)
         shape = {"stages": P, "microbatches": M, "chunks": v, "commF": zero, "commB": zero, "activation_bytes": held}
         none = np.zeros((P * v, M)).tolist()
+        base = Trace(F=none, B=none, W=none, **shape)
         return Samples(
-            [Trace(F=f.tolist(), B=i.tolist(), W=w.tolist(), **shape) for f, i, w, _, _ in draws],
-            unsplit=[Trace(F=f.tolist(), B=b.tolist(), W=none, **shape) for _, _, _, f, b in draws],
+            [replaced(base, F=f, B=i, W=w) for f, i, w, _, _ in draws],
+            unsplit=[replaced(base, F=f, B=b) for _, _, _, f, b in draws],
         )
 
     def predicted_bytes(

@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
 
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.policy.arbiter import Cap, byte_limits, peak_bytes
@@ -29,7 +31,30 @@ from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.memory import Limits, Rows, held_bytes, stage_rows
 from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
-from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.trace import COMM_KEYS, OP_KEYS, Trace
+
+
+def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
+    """`dataclasses.replace(trace, **rows)` for rows the planner computed (F, B, W, commF, commB, activation_bytes;
+    None: absent bytes), checked in bulk (shape, finite, >= 0) rather than number by number as `Trace` does: the same
+    trace, float for float. Anything else, or rows that fail the bulk check, go to `replace`, which names what is
+    wrong."""
+    frozen = {}
+    for key, value in rows.items():
+        if value is None and key == "activation_bytes":
+            frozen[key] = None
+            continue
+        array = np.asarray(value) if key in (*OP_KEYS, *COMM_KEYS, "activation_bytes") else None
+        count = trace.virtual_stages - (key in COMM_KEYS)
+        if array is None or array.dtype != np.float64 or array.shape != (count, trace.microbatches):
+            return replace(trace, **rows)
+        if not ((array >= 0).all() and np.isfinite(array).all()):
+            return replace(trace, **rows)
+        frozen[key] = tuple(map(tuple, array.tolist()))
+    out = object.__new__(Trace)
+    for field in fields(Trace):
+        object.__setattr__(out, field.name, frozen.get(field.name, getattr(trace, field.name)))
+    return out
 
 
 @dataclass(frozen=True)
