@@ -110,6 +110,16 @@ def planned_limits(*, cap: Cap, trace: Trace, split: bool) -> Limits | None:
     )
 
 
+def limits_each(*, cap: Cap, traces: Sequence[Trace], split: bool) -> list[Limits | None]:
+    """`planned_limits` of each of `traces` (of one shape), computed once per bytes they hold in common (the draws of
+    one prediction share theirs)."""
+    made: dict[int, Limits | None] = {}
+    for trace in traces:
+        if id(trace.activation_bytes) not in made:
+            made[id(trace.activation_bytes)] = planned_limits(cap=cap, trace=trace, split=split)
+    return [made[id(trace.activation_bytes)] for trace in traces]
+
+
 def planned_byte_limits(*, cap: Cap, rows: Rows, split: bool, stages: int, chunks: int) -> Limits | None:
     """`planned_limits` over bytes alone: `rows[virtual stage][data microbatch]`, in data order."""
     microbatches = len(rows[0])
@@ -159,9 +169,7 @@ def score(
         own = family(samples, split=policy.split)
         key = (plan.cap, policy.split)
         if key not in limits:
-            limits[key] = [
-                planned_limits(cap=plan.cap, trace=t if basis is None else basis, split=policy.split) for t in own
-            ]
+            limits[key] = limits_each(cap=plan.cap, traces=[basis or t for t in own], split=policy.split)
         runs = [t.reordered(plan.order) for t in own]
         guard = samples.guard if isinstance(samples, Samples) else None
         fits.append(
