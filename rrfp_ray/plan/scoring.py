@@ -18,6 +18,7 @@ measured they may carry none, and a `Guard` with the prior's bytes that a fixed 
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -57,6 +58,26 @@ def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
     return out
 
 
+def reordered(trace: Trace, order: Sequence[int]) -> Trace:
+    """`trace.reordered(order)` for an `order` a validated plan holds (a permutation of the microbatches): the same
+    trace, its columns moved by one item getter per row rather than number by number."""
+    if len(order) < 2:
+        return trace
+    moved = operator.itemgetter(*order)
+    out = object.__new__(Trace)
+    for field in fields(Trace):
+        value = getattr(trace, field.name)
+        if value is not None and field.name in _ROWS:
+            value = tuple(map(moved, value))
+        elif value is not None and field.name in ("features", "samples"):
+            value = moved(value)
+        object.__setattr__(out, field.name, value)
+    return out
+
+
+_ROWS = (*OP_KEYS, *COMM_KEYS, "activation_bytes")  # a trace's fields of rows, each per microbatch
+
+
 @dataclass(frozen=True)
 class Guard:
     """A predicted iteration whose activation bytes a fixed hint must fit, where the samples scored carry none:
@@ -69,7 +90,7 @@ class Guard:
         if not policy.fixed:
             return True
         limits = planned_limits(cap=plan.cap, trace=self.basis or self.trace, split=policy.split)
-        return within(policy=policy, trace=self.trace.reordered(plan.order), limits=limits)
+        return within(policy=policy, trace=reordered(self.trace, plan.order), limits=limits)
 
 
 class Samples(tuple[Trace, ...]):
@@ -170,7 +191,7 @@ def score(
         key = (plan.cap, policy.split)
         if key not in limits:
             limits[key] = limits_each(cap=plan.cap, traces=[basis or t for t in own], split=policy.split)
-        runs = [t.reordered(plan.order) for t in own]
+        runs = [reordered(t, plan.order) for t in own]
         guard = samples.guard if isinstance(samples, Samples) else None
         fits.append(
             all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[key]))
