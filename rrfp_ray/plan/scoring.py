@@ -22,6 +22,7 @@ import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -48,14 +49,18 @@ def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
         array = np.asarray(value) if key in (*OP_KEYS, *COMM_KEYS, "activation_bytes") else None
         count = trace.virtual_stages - (key in COMM_KEYS)
         if array is None or array.dtype != np.float64 or array.shape != (count, trace.microbatches):
-            return replace(trace, **rows)
+            return replace(trace, **_lists(rows))
         if not ((array >= 0).all() and np.isfinite(array).all()):
-            return replace(trace, **rows)
+            return replace(trace, **_lists(rows))
         frozen[key] = tuple(map(tuple, array.tolist()))
     out = object.__new__(Trace)
     for field in fields(Trace):
         object.__setattr__(out, field.name, frozen.get(field.name, getattr(trace, field.name)))
     return out
+
+
+def _lists(rows: dict[str, Any]) -> dict[str, Any]:
+    return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in rows.items()}
 
 
 def reordered(trace: Trace, order: Sequence[int]) -> Trace:
