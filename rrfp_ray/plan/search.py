@@ -68,16 +68,16 @@ def smoothed(cost: np.ndarray, *, ends: int) -> Order:
     in the order that keeps their running cost closest to its even share at every slot (the heavier first
     on ties): every stretch of consecutive slots carries about the mean load, so the stages that a heavy
     microbatch slows catch up on the light ones next to it."""
-    M = len(cost)
-    rising = sorted(range(M), key=lambda j: (cost[j], j))
-    light, left = rising[: min(ends, M)], sorted(rising[min(ends, M) :], key=lambda j: (-cost[j], j))
+    M, each = len(cost), cost.tolist()  # the same floats, without numpy's overhead per scalar
+    rising = sorted(range(M), key=lambda j: (each[j], j))
+    light, left = rising[: min(ends, M)], sorted(rising[min(ends, M) :], key=lambda j: (-each[j], j))
     share = float(np.mean(cost[left])) if left else 0.0
     middle, total = [], 0.0
     for i in range(len(left)):
-        j = min(left, key=lambda j: abs(total + cost[j] - (i + 1) * share))
+        j = min(left, key=lambda j: abs(total + each[j] - (i + 1) * share))
         left.remove(j)
         middle.append(j)
-        total += cost[j]
+        total += each[j]
     return tuple(light[0::2] + middle + light[1::2][::-1])
 
 
