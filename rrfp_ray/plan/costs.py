@@ -94,6 +94,9 @@ def robust_fit(features: np.ndarray, values: np.ndarray) -> Fit:
     return Fit(intercept=intercept, slope=slope, sigma=sigma)
 
 
+_parsed = functools.lru_cache(maxsize=1 << 14)(parse_action)  # every iteration reports the same action texts
+
+
 Key = tuple[int, str]  # (block, kind): kind is an op kind's letter (F, I, W, B), BYTES or PROBE
 
 
@@ -151,7 +154,7 @@ class CostModel:
         samples: dict[Key, list[tuple[float, float]]] = {}
         blocks = 0
         for event in report.events:
-            action = parse_action(event.action, stages=stages)
+            action = _parsed(event.action, stages=stages)
             data = order[action.microbatch]
             blocks = max(blocks, action.virtual_stage + 1)
             samples.setdefault((action.virtual_stage, action.kind.value), []).append(
