@@ -140,6 +140,8 @@ class Planner:
         self.last = last or Plan.identity(microbatches=microbatches, hint=config.hints[0], cap=config.cap)
         self.last.validate(**self.shape)
         self.planned = planned  # the iteration `last` was planned for (None: none yet)
+        zeros = [[0.0] * microbatches] * (stages * chunks)
+        self._idle = Trace(F=zeros, B=zeros, W=zeros, commF=zeros[1:], commB=zeros[1:], **self.shape)  # all ops 0 ms
 
     def predicted(
         self, *, iteration: int, features: Sequence[float] | None, padded: Sequence[float] | None = None
@@ -158,7 +160,6 @@ class Planner:
         ]
         mean = [np.array([[fit.predict(feature_of(features, j)) for j in range(M)] for fit in row]) for row in fits]
         sigma = [np.array([f.sigma for f in row])[:, None] for row in fits]
-        zero = tuple(tuple(0.0 for _ in range(M)) for _ in range(P * v - 1))
         rng = np.random.default_rng(np.random.SeedSequence(self.config.seed, spawn_key=(iteration,)))
         draws = (
             [mean]
@@ -166,9 +167,7 @@ class Planner:
             else [noisy(mean=mean, sigma=sigma, rng=rng) for _ in range(self.config.samples)]
         )
         held = self.predicted_bytes(features=features, padded=padded)
-        shape = {"stages": P, "microbatches": M, "chunks": v, "commF": zero, "commB": zero, "activation_bytes": held}
-        none = np.zeros((P * v, M)).tolist()
-        base = Trace(F=none, B=none, W=none, **shape)
+        base = replaced(self._idle, activation_bytes=held)
         return Samples(
             [replaced(base, F=f, B=i, W=w) for f, i, w, _, _ in draws],
             unsplit=[replaced(base, F=f, B=b) for _, _, _, f, b in draws],

@@ -35,6 +35,9 @@ from rrfp_ray.sim.memory import Limits, Rows, held_bytes, stage_rows
 from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
 from rrfp_ray.sim.trace import COMM_KEYS, OP_KEYS, Trace
 
+_FIELDS = tuple(field.name for field in fields(Trace))
+_ROWS = (*OP_KEYS, *COMM_KEYS, "activation_bytes")  # a trace's fields of rows, each per microbatch
+
 
 def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
     """`dataclasses.replace(trace, **rows)` for rows the planner computed (F, B, W, commF, commB, activation_bytes;
@@ -46,7 +49,7 @@ def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
         if value is None and key == "activation_bytes":
             frozen[key] = None
             continue
-        array = np.asarray(value) if key in (*OP_KEYS, *COMM_KEYS, "activation_bytes") else None
+        array = np.asarray(value) if key in _ROWS else None
         count = trace.virtual_stages - (key in COMM_KEYS)
         if array is None or array.dtype != np.float64 or array.shape != (count, trace.microbatches):
             return replace(trace, **_lists(rows))
@@ -54,8 +57,8 @@ def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
             return replace(trace, **_lists(rows))
         frozen[key] = tuple(map(tuple, array.tolist()))
     out = object.__new__(Trace)
-    for field in fields(Trace):
-        object.__setattr__(out, field.name, frozen.get(field.name, getattr(trace, field.name)))
+    for name in _FIELDS:
+        object.__setattr__(out, name, frozen.get(name, getattr(trace, name)))
     return out
 
 
@@ -70,17 +73,14 @@ def reordered(trace: Trace, order: Sequence[int]) -> Trace:
         return trace
     moved = operator.itemgetter(*order)
     out = object.__new__(Trace)
-    for field in fields(Trace):
-        value = getattr(trace, field.name)
-        if value is not None and field.name in _ROWS:
+    for name in _FIELDS:
+        value = getattr(trace, name)
+        if value is not None and name in _ROWS:
             value = tuple(map(moved, value))
-        elif value is not None and field.name in ("features", "samples"):
+        elif value is not None and name in ("features", "samples"):
             value = moved(value)
-        object.__setattr__(out, field.name, value)
+        object.__setattr__(out, name, value)
     return out
-
-
-_ROWS = (*OP_KEYS, *COMM_KEYS, "activation_bytes")  # a trace's fields of rows, each per microbatch
 
 
 @dataclass(frozen=True)
