@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rrfp_ray.plan.costs import median
+from rrfp_ray.plan.fits import median
 from rrfp_ray.plan.scoring import reordered, replaced
 from rrfp_ray.sim.variability import generate
 
