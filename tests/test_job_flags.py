@@ -24,6 +24,7 @@ JOBS = {
     "bench_measure": "parse",
     "bench_peers": "main",
     "bench_plan_wait": "main",
+    "bench_planner_cpu": "main",
     "bench_planning": "main",
     "bench_policies": None,
     "bench_rebalance": "main",

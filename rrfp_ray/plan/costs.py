@@ -23,6 +23,7 @@ proportional to the feature (mean 1), or 1 without features.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -32,11 +33,11 @@ from typing import Any
 import numpy as np
 
 from rrfp_ray.observe.telemetry import IterationReport
+from rrfp_ray.plan.fits import Fit, median, robust_fit
 from rrfp_ray.schedule.actions import Kind, parse_action
 
 log = logging.getLogger(__name__)
 
-_MAD = 1.4826  # MAD to standard deviation under a normal law
 _SHIFT_MIN = 0.1  # a log shift of the median below this (about 10%) never counts as a change
 _SHIFT_SIGMAS = 4.0  # a change: the new median off the fit by this many of its standard errors
 BYTES = "bytes"  # the pseudo-kind under which activation bytes are kept, against the cost feature
@@ -44,36 +45,7 @@ PADDED = "bytes-padded"  # activation bytes again, against what a microbatch hol
 PROBE = "probe"  # the pseudo-kind under which a device's time for the reference computation is kept
 
 
-@dataclass(frozen=True)
-class Fit:
-    """duration = intercept + slope * feature, with the log-spread of one op around it."""
-
-    intercept: float
-    slope: float
-    sigma: float = 0.0
-
-    def predict(self, feature: float) -> float:
-        return max(0.0, self.intercept + self.slope * feature)
-
-    def __add__(self, other: Fit) -> Fit:
-        return Fit(
-            intercept=self.intercept + other.intercept,
-            slope=self.slope + other.slope,
-            sigma=math.hypot(self.sigma, other.sigma),
-        )
-
-
-def robust_fit(features: np.ndarray, values: np.ndarray) -> Fit:
-    """Theil-Sen line through (feature, value) with the slope kept >= 0; intercept the median offset."""
-    dx = features[None, :] - features[:, None]
-    dy = values[None, :] - values[:, None]
-    upper = np.triu(np.abs(dx) > 1e-9 * max(1.0, float(np.abs(features).max())), k=1)
-    slope = max(0.0, float(np.median(dy[upper] / dx[upper]))) if upper.any() else 0.0
-    intercept = float(np.median(values - slope * features))
-    fitted = np.maximum(intercept + slope * features, 1e-12)
-    residual = np.log(np.maximum(values, 1e-12) / fitted)
-    sigma = _MAD * float(np.median(np.abs(residual - np.median(residual))))
-    return Fit(intercept=intercept, slope=slope, sigma=sigma)
+_parsed = functools.lru_cache(maxsize=1 << 14)(parse_action)  # every iteration reports the same action texts
 
 
 Key = tuple[int, str]  # (block, kind): kind is an op kind's letter (F, I, W, B), BYTES or PROBE
@@ -110,7 +82,7 @@ class CostModel:
         changed = False
         if old is not None and samples:
             logs = [math.log(max(y, 1e-12) / max(old.predict(x), 1e-12)) for x, y in samples]
-            shift = abs(float(np.median(logs)))
+            shift = abs(median(np.array(logs)))
             changed = shift > max(_SHIFT_MIN, _SHIFT_SIGMAS * 1.25 * old.sigma / math.sqrt(len(samples)))
         kept = [] if changed else [o for o in self.observations.get(key, []) if o[0] > iteration - self.window]
         self.observations[key] = kept + [(iteration, float(x), float(y)) for x, y in samples]
@@ -133,7 +105,7 @@ class CostModel:
         samples: dict[Key, list[tuple[float, float]]] = {}
         blocks = 0
         for event in report.events:
-            action = parse_action(event.action, stages=stages)
+            action = _parsed(event.action, stages=stages)
             data = order[action.microbatch]
             blocks = max(blocks, action.virtual_stage + 1)
             samples.setdefault((action.virtual_stage, action.kind.value), []).append(

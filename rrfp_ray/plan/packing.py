@@ -10,6 +10,7 @@ aims at its share of the total instead (the lightest and heaviest bins: those fu
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Sequence
 
@@ -35,10 +36,14 @@ def pack(*, costs: Sequence[float], bins: int, shares: Sequence[float] | None = 
     if shares is not None:
         total = sum(costs)
         load = [-total * share / sum(shares) for share in shares]
+    # each sample, heaviest first, to the bin first by (non-empty, load, count, index): a heap of those keys
+    order = [(False, load[b], 0, b) for b in range(bins)]
+    heapq.heapify(order)
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        b = min(range(bins), key=lambda b: (bool(groups[b]), load[b], len(groups[b]), b))
+        b = order[0][3]
         groups[b].append(i)
         load[b] += costs[i]
+        heapq.heapreplace(order, (True, load[b], len(groups[b]), b))
     for _ in range(4 * len(costs)):
         heavy = max(range(bins), key=lambda b: (load[b], -b))
         light = min(range(bins), key=lambda b: (load[b], b))

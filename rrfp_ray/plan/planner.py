@@ -24,7 +24,7 @@ from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
 from rrfp_ray.plan.packing import Packing, packed_padded, packings
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.prior import hypothesised
-from rrfp_ray.plan.scoring import Samples, planned_byte_limits
+from rrfp_ray.plan.scoring import Samples, planned_byte_limits, replaced
 from rrfp_ray.plan.search import Found, budgets, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
@@ -140,6 +140,8 @@ class Planner:
         self.last = last or Plan.identity(microbatches=microbatches, hint=config.hints[0], cap=config.cap)
         self.last.validate(**self.shape)
         self.planned = planned  # the iteration `last` was planned for (None: none yet)
+        zeros = [[0.0] * microbatches] * (stages * chunks)
+        self._idle = Trace(F=zeros, B=zeros, W=zeros, commF=zeros[1:], commB=zeros[1:], **self.shape)  # all ops 0 ms
 
     def predicted(
         self, *, iteration: int, features: Sequence[float] | None, padded: Sequence[float] | None = None
@@ -156,14 +158,8 @@ class Planner:
             [self.model.kind_fit(block=vs, kind=k, family=f, features=features) for vs in range(P * v)]
             for k, f in kinds
         ]
-        mean = [
-            np.array(
-                [self.model.durations(block=vs, kind=k, family=f, features=features, count=M) for vs in range(P * v)]
-            )
-            for k, f in kinds
-        ]
+        mean = [np.array([[fit.predict(feature_of(features, j)) for j in range(M)] for fit in row]) for row in fits]
         sigma = [np.array([f.sigma for f in row])[:, None] for row in fits]
-        zero = tuple(tuple(0.0 for _ in range(M)) for _ in range(P * v - 1))
         rng = np.random.default_rng(np.random.SeedSequence(self.config.seed, spawn_key=(iteration,)))
         draws = (
             [mean]
@@ -171,11 +167,10 @@ class Planner:
             else [noisy(mean=mean, sigma=sigma, rng=rng) for _ in range(self.config.samples)]
         )
         held = self.predicted_bytes(features=features, padded=padded)
-        shape = {"stages": P, "microbatches": M, "chunks": v, "commF": zero, "commB": zero, "activation_bytes": held}
-        none = np.zeros((P * v, M)).tolist()
+        base = replaced(self._idle, activation_bytes=held)
         return Samples(
-            [Trace(F=f.tolist(), B=i.tolist(), W=w.tolist(), **shape) for f, i, w, _, _ in draws],
-            unsplit=[Trace(F=f.tolist(), B=b.tolist(), W=none, **shape) for _, _, _, f, b in draws],
+            [replaced(base, F=f, B=i, W=w) for f, i, w, _, _ in draws],
+            unsplit=[replaced(base, F=f, B=b) for _, _, _, f, b in draws],
         )
 
     def predicted_bytes(

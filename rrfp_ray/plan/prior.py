@@ -14,11 +14,10 @@ bytes (`Guard`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
-from rrfp_ray.plan.scoring import Guard, Samples
+from rrfp_ray.plan.scoring import Guard, Samples, replaced
 from rrfp_ray.sim.trace import Trace
 
 
@@ -40,7 +39,7 @@ def following(trace: Trace, *, stages: frozenset[int]) -> Trace:
             for vs, row in enumerate(rows)
         ]
 
-    return replace(trace, F=flat(trace.F), B=flat(trace.B), W=flat(trace.W), activation_bytes=None)
+    return replaced(trace, F=flat(trace.F), B=flat(trace.B), W=flat(trace.W), activation_bytes=None)
 
 
 def hypothesised(predicted: Samples, *, basis: Trace | None) -> Samples:

@@ -18,9 +18,13 @@ measured they may carry none, and a `Guard` with the prior's bytes that a fixed 
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
 
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.policy.arbiter import Cap, byte_limits, peak_bytes
@@ -29,7 +33,54 @@ from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.memory import Limits, Rows, held_bytes, stage_rows
 from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
-from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.trace import COMM_KEYS, OP_KEYS, Trace
+
+_FIELDS = tuple(field.name for field in fields(Trace))
+_ROWS = (*OP_KEYS, *COMM_KEYS, "activation_bytes")  # a trace's fields of rows, each per microbatch
+
+
+def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
+    """`dataclasses.replace(trace, **rows)` for rows the planner computed (F, B, W, commF, commB, activation_bytes;
+    None: absent bytes), checked in bulk (shape, finite, >= 0) rather than number by number as `Trace` does: the same
+    trace, float for float. Anything else, or rows that fail the bulk check, go to `replace`, which names what is
+    wrong."""
+    frozen = {}
+    for key, value in rows.items():
+        if value is None and key == "activation_bytes":
+            frozen[key] = None
+            continue
+        array = np.asarray(value) if key in _ROWS else None
+        count = trace.virtual_stages - (key in COMM_KEYS)
+        if array is None or array.dtype != np.float64 or array.shape != (count, trace.microbatches):
+            return replace(trace, **_lists(rows))
+        if not ((array >= 0).all() and np.isfinite(array).all()):
+            return replace(trace, **_lists(rows))
+        frozen[key] = tuple(map(tuple, array.tolist()))
+    out = object.__new__(Trace)
+    for name in _FIELDS:
+        object.__setattr__(out, name, frozen.get(name, getattr(trace, name)))
+    return out
+
+
+def _lists(rows: dict[str, Any]) -> dict[str, Any]:
+    return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in rows.items()}
+
+
+def reordered(trace: Trace, order: Sequence[int]) -> Trace:
+    """`trace.reordered(order)` for an `order` a validated plan holds (a permutation of the microbatches): the same
+    trace, its columns moved by one item getter per row rather than number by number."""
+    if len(order) < 2:
+        return trace
+    moved = operator.itemgetter(*order)
+    out = object.__new__(Trace)
+    for name in _FIELDS:
+        value = getattr(trace, name)
+        if value is not None and name in _ROWS:
+            value = tuple(map(moved, value))
+        elif value is not None and name in ("features", "samples"):
+            value = moved(value)
+        object.__setattr__(out, name, value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -41,8 +92,10 @@ class Guard:
     basis: Trace | None = None
 
     def admits(self, *, plan: Plan, policy: Policy) -> bool:
+        if not policy.fixed:
+            return True
         limits = planned_limits(cap=plan.cap, trace=self.basis or self.trace, split=policy.split)
-        return within(policy=policy, trace=self.trace.reordered(plan.order), limits=limits)
+        return within(policy=policy, trace=reordered(self.trace, plan.order), limits=limits)
 
 
 class Samples(tuple[Trace, ...]):
@@ -83,6 +136,16 @@ def planned_limits(*, cap: Cap, trace: Trace, split: bool) -> Limits | None:
     )
 
 
+def limits_each(*, cap: Cap, traces: Sequence[Trace], split: bool) -> list[Limits | None]:
+    """`planned_limits` of each of `traces` (of one shape), computed once per bytes they hold in common (the draws of
+    one prediction share theirs)."""
+    made: dict[int, Limits | None] = {}
+    for trace in traces:
+        if id(trace.activation_bytes) not in made:
+            made[id(trace.activation_bytes)] = planned_limits(cap=cap, trace=trace, split=split)
+    return [made[id(trace.activation_bytes)] for trace in traces]
+
+
 def planned_byte_limits(*, cap: Cap, rows: Rows, split: bool, stages: int, chunks: int) -> Limits | None:
     """`planned_limits` over bytes alone: `rows[virtual stage][data microbatch]`, in data order."""
     microbatches = len(rows[0])
@@ -96,9 +159,9 @@ def planned_byte_limits(*, cap: Cap, rows: Rows, split: bool, stages: int, chunk
 
 def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:
     """Whether a fixed list (which no cap bends) holds no more bytes than `limits` on `trace` (as run)."""
-    held = held_bytes(trace=trace, layout=layout_for(policy=policy, trace=trace))
-    if limits is None or held is None or not policy.fixed:
+    if limits is None or trace.activation_bytes is None or not policy.fixed:
         return True
+    held = held_bytes(trace=trace, layout=layout_for(policy=policy, trace=trace))
     for stage, (row, (fb, fw)) in enumerate(zip(held, limits)):
         actions = policy.order[stage]
         last = (Kind.W,) if policy.split else (Kind.B,)
@@ -109,23 +172,31 @@ def within(*, policy: Policy, trace: Trace, limits: Limits | None) -> bool:
     return True
 
 
-def score(*, plans: Sequence[Plan], samples: Sequence[Trace], basis: Trace | None = None) -> list[float]:
+LimitsCache = dict[tuple[Cap, bool], list[Limits | None]]  # per (cap, split backward), each sample's byte limits
+
+
+def score(
+    *,
+    plans: Sequence[Plan],
+    samples: Sequence[Trace],
+    basis: Trace | None = None,
+    limits: LimitsCache | None = None,
+) -> list[float]:
     """Per plan, the mean simulated makespan (ms) over `samples` (data-indexed traces of one shape; `Samples`
     for a full backward's own costs); inf for a plan past its cap. `basis`: the data before packing, whose
-    activation bytes in its own order set the cap (None: each sample's own)."""
+    activation bytes in its own order set the cap (None: each sample's own). `limits`: the byte limits already
+    computed for these samples and basis, filled in as needed (a search scores many batches over the same ones)."""
     first = samples[0]
     shape = {"stages": first.stages, "chunks": first.chunks, "microbatches": first.microbatches}
-    limits: dict[tuple[Cap, bool], list[Limits | None]] = {}
+    limits = {} if limits is None else limits
     cases, fits = [], []
     for plan in plans:
         policy = plan.validate(**shape)
         own = family(samples, split=policy.split)
         key = (plan.cap, policy.split)
         if key not in limits:
-            limits[key] = [
-                planned_limits(cap=plan.cap, trace=t if basis is None else basis, split=policy.split) for t in own
-            ]
-        runs = [t.reordered(plan.order) for t in own]
+            limits[key] = limits_each(cap=plan.cap, traces=[basis or t for t in own], split=policy.split)
+        runs = [reordered(t, plan.order) for t in own]
         guard = samples.guard if isinstance(samples, Samples) else None
         fits.append(
             all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[key]))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rrfp_ray.plan.plans import Plan
-from rrfp_ray.plan.scoring import score
+from rrfp_ray.plan.scoring import LimitsCache, score
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.sim.trace import Trace
 
@@ -68,16 +68,16 @@ def smoothed(cost: np.ndarray, *, ends: int) -> Order:
     in the order that keeps their running cost closest to its even share at every slot (the heavier first
     on ties): every stretch of consecutive slots carries about the mean load, so the stages that a heavy
     microbatch slows catch up on the light ones next to it."""
-    M = len(cost)
-    rising = sorted(range(M), key=lambda j: (cost[j], j))
-    light, left = rising[: min(ends, M)], sorted(rising[min(ends, M) :], key=lambda j: (-cost[j], j))
+    M, each = len(cost), cost.tolist()  # the same floats, without numpy's overhead per scalar
+    rising = sorted(range(M), key=lambda j: (each[j], j))
+    light, left = rising[: min(ends, M)], sorted(rising[min(ends, M) :], key=lambda j: (-each[j], j))
     share = float(np.mean(cost[left])) if left else 0.0
     middle, total = [], 0.0
     for i in range(len(left)):
-        j = min(left, key=lambda j: abs(total + cost[j] - (i + 1) * share))
+        j = min(left, key=lambda j: abs(total + each[j] - (i + 1) * share))
         left.remove(j)
         middle.append(j)
-        total += cost[j]
+        total += each[j]
     return tuple(light[0::2] + middle + light[1::2][::-1])
 
 
@@ -131,6 +131,7 @@ def search(
         raise ValueError(f"a budget of {simulations} simulations cannot score one plan over {cost} samples")
     seen: dict[Plan, float] = {}
     best: list[Plan] = []
+    limits: LimitsCache = {}
 
     def tried(plans: Sequence[Plan]) -> bool:
         """Score the new plans among `plans` in one batch, as many as the budget allows; False when it ran out."""
@@ -139,7 +140,7 @@ def search(
         if new and room > 0:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
-            for plan, value in zip(new[:room], score(plans=new[:room], samples=samples, basis=basis)):
+            for plan, value in zip(new[:room], score(plans=new[:room], samples=samples, basis=basis, limits=limits)):
                 seen[plan] = value
                 if not best or value < seen[best[0]]:
                     best[:] = [plan]
