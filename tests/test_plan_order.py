@@ -24,6 +24,11 @@ from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing
 
 TINY = {"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 16, "tie_embeddings": False}
+RUN = RunConfig(
+    model=TINY,
+    pipeline={"stages": 2, "chunks": 1, "microbatches": 4, "timeout_s": 30},
+    train={"micro_batch_size": 2, "seq_len": 16, "iterations": 1},
+)
 
 
 class RecordingSource:
@@ -42,14 +47,9 @@ class RecordingSource:
 
 
 def _train(order: tuple[int, ...] | None):
-    run = RunConfig(
-        model=TINY,
-        pipeline={"stages": 2, "chunks": 1, "microbatches": 4, "timeout_s": 30},
-        train={"micro_batch_size": 2, "seq_len": 16, "iterations": 1},
-    )
-    policy = run.pipeline.resolved_policy("bf")
-    layout = replace(run.pipeline.layout, split=policy.split)
-    workload = gpt_workload(run)
+    policy = RUN.pipeline.resolved_policy("bf")
+    layout = replace(RUN.pipeline.layout, split=policy.split)
+    workload = gpt_workload(RUN)
     source = RecordingSource(workload.data)
     workload = replace(workload, data=source)
     executors = [GradCapture(workload.executor(stage=s, layout=layout)) for s in range(layout.stages)]
@@ -119,15 +119,10 @@ def _injected(*, stages: int, microbatches: int, heavy: int, ms: float, latency_
 
 def test_injected_delays_follow_the_data_microbatch_a_slot_holds():
     order, heavy = (2, 0, 3, 1), 2
-    run = RunConfig(
-        model=TINY,
-        pipeline={"stages": 2, "chunks": 1, "microbatches": 4, "timeout_s": 30},
-        train={"micro_batch_size": 2, "seq_len": 16, "iterations": 1},
-    )
-    policy = run.pipeline.resolved_policy("1f1b")
-    layout = replace(run.pipeline.layout, split=policy.split)
+    policy = RUN.pipeline.resolved_policy("1f1b")
+    layout = replace(RUN.pipeline.layout, split=policy.split)
     trace = _injected(stages=2, microbatches=4, heavy=heavy, ms=300.0, latency_ms=200.0)
-    workload = replace(gpt_workload(run), injected=(trace,))
+    workload = replace(gpt_workload(RUN), injected=(trace,))
     executors = [workload.executor(stage=s, layout=layout) for s in range(layout.stages)]
     with LocalBackend.over(layout=layout, timeout_s=30) as pipeline:
         report = pipeline.run_iteration(
