@@ -60,16 +60,16 @@ logger = logging.getLogger(__name__)
 class Trainer(Resizing):
     """Trains `model` through a readiness-driven pipeline.
 
-    `model`: a list of modules or an `nn.Sequential` (split evenly into stages x chunks),
-    or any module with `split_points` (names of its children to cut before, one part per
-    virtual stage), or a zero-argument builder of either (run under a torch RNG seeded
-    with `seed`, so every stage builds the same weights). Modules given built are copied:
-    the caller's are never trained in place. `optimizer`: `Optim` (AdamW, warmup, cosine,
-    global-norm clipping; the default), or a factory `params -> torch.optim.Optimizer`
-    (its own learning rates, no clipping; `FactoryOptim(factory, max_grad_norm=...)` clips).
-    `backend`: `LocalBackend()` (the default: threads of this process) or
-    `actors.backend.RayBackend()` (one Ray actor per stage). `slow_devices`: stage -> factor, that
-    stage's device emulated as computing factor times slower (`rrfp_ray.runtime.measure.Throttle`).
+    `model`: a list of modules or an `nn.Sequential` (split evenly into stages x chunks), or any module with
+    `split_points` (names of its children to cut before, one part per virtual stage), or a zero-argument builder of
+    either (run under a torch RNG seeded with `seed`, so every stage builds the same weights). Modules given built
+    are copied: the caller's are never trained in place. `optimizer`: `Optim` (AdamW, warmup, cosine, global-norm
+    clipping; the default), or a factory `params -> torch.optim.Optimizer` (its own learning rates, no clipping;
+    `FactoryOptim(factory, max_grad_norm=...)` clips). `backend`: `LocalBackend()` (the default: threads of this
+    process) or `actors.backend.RayBackend()` (one Ray actor per stage). `slow_devices`: stage -> factor, that
+    stage's device emulated as computing factor times slower (`rrfp_ray.runtime.measure.Throttle`). `injected`: a
+    `Trace` of delays every op sleeps, or one per iteration (cycling); its rows are data microbatches, and its
+    features, where it has them, are what the data shows a planner.
 
     With `pipeline.resize_after`, a restart whose stages the cluster does not hold within that
     many seconds runs on at a smaller shape (`rrfp_ray.train.resize`) from the last checkpoint,
