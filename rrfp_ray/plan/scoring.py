@@ -18,7 +18,6 @@ measured they may carry none, and a `Guard` with the prior's bytes that a fixed 
 from __future__ import annotations
 
 import math
-import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -66,23 +65,6 @@ def _lists(rows: dict[str, Any]) -> dict[str, Any]:
     return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in rows.items()}
 
 
-def reordered(trace: Trace, order: Sequence[int]) -> Trace:
-    """`trace.reordered(order)` for an `order` a validated plan holds (a permutation of the microbatches): the same
-    trace, its columns moved by one item getter per row rather than number by number."""
-    if len(order) < 2:
-        return trace
-    moved = operator.itemgetter(*order)
-    out = object.__new__(Trace)
-    for name in _FIELDS:
-        value = getattr(trace, name)
-        if value is not None and name in _ROWS:
-            value = tuple(map(moved, value))
-        elif value is not None and name in ("features", "samples"):
-            value = moved(value)
-        object.__setattr__(out, name, value)
-    return out
-
-
 @dataclass(frozen=True)
 class Guard:
     """A predicted iteration whose activation bytes a fixed hint must fit, where the samples scored carry none:
@@ -95,7 +77,7 @@ class Guard:
         if not policy.fixed:
             return True
         limits = planned_limits(cap=plan.cap, trace=self.basis or self.trace, split=policy.split)
-        return within(policy=policy, trace=reordered(self.trace, plan.order), limits=limits)
+        return within(policy=policy, trace=self.trace.reordered(plan.order), limits=limits)
 
 
 class Samples(tuple[Trace, ...]):
@@ -196,7 +178,7 @@ def score(
         key = (plan.cap, policy.split)
         if key not in limits:
             limits[key] = limits_each(cap=plan.cap, traces=[basis or t for t in own], split=policy.split)
-        runs = [reordered(t, plan.order) for t in own]
+        runs = [t.reordered(plan.order) for t in own]
         guard = samples.guard if isinstance(samples, Samples) else None
         fits.append(
             all(within(policy=policy, trace=r, limits=x) for r, x in zip(runs, limits[key]))

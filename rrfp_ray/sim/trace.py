@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -159,17 +160,20 @@ class Trace:
         """The trace as run when slot i holds data microbatch order[i]: every column moves with its microbatch."""
         if sorted(order) != list(range(self.microbatches)):
             raise ValueError(f"order {list(order)} is not a permutation of the {self.microbatches} microbatches")
+        if self.microbatches == 1:
+            return self
+        column = operator.itemgetter(*order)  # a row's items in the new order, as a tuple
 
         def moved(rows: Rows) -> Rows:
-            return tuple(tuple(row[j] for j in order) for row in rows)
+            return tuple(map(column, rows))
 
         changed: dict[str, Any] = {key: moved(getattr(self, key)) for key in OP_KEYS + COMM_KEYS}
         if self.features is not None:
-            changed["features"] = tuple(self.features[j] for j in order)
+            changed["features"] = column(self.features)
         if self.activation_bytes is not None:
             changed["activation_bytes"] = moved(self.activation_bytes)
         if self.samples is not None:
-            changed["samples"] = tuple(self.samples[j] for j in order)
+            changed["samples"] = column(self.samples)
         # every number is one that this trace's checks passed, moved to another column: nothing new to check
         trace = object.__new__(Trace)
         for field in fields(Trace):
