@@ -1,4 +1,4 @@
-"""The planner's fast paths give what the plain ones give: medians, reordered and replaced traces."""
+"""Fast paths give what the plain ones give: the fits' median, and a trace's reordered and replaced copies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from rrfp_ray.plan.fits import median
-from rrfp_ray.plan.scoring import replaced
 from rrfp_ray.sim.trace import COMM_KEYS, OP_KEYS, Trace
 from rrfp_ray.sim.variability import generate
 
@@ -33,7 +32,7 @@ def test_reordered_and_replaced_are_the_traces_own(scenario: str, chunks: int, d
     order = (4, 0, 5, 2, 1, 3)
     assert trace.reordered(order) == _moved(trace, order)
     rows = np.random.default_rng(0).random((trace.virtual_stages, trace.microbatches))
-    assert replaced(trace, F=rows, activation_bytes=None) == replace(trace, F=rows.tolist(), activation_bytes=None)
+    assert trace.replaced(F=rows, activation_bytes=None) == replace(trace, F=rows.tolist(), activation_bytes=None)
 
 
 def _moved(trace: Trace, order: tuple[int, ...]) -> Trace:
@@ -53,6 +52,6 @@ def test_replaced_refuses_what_a_trace_refuses() -> None:
     bad = np.ones((2, 4))
     bad[1, 2] = -1.0
     with pytest.raises(ValueError, match=r"F\[1\]\[2\]"):
-        replaced(trace, F=bad)
+        trace.replaced(F=bad)
     with pytest.raises(ValueError, match="microbatches"):
-        replaced(trace, B=np.ones((2, 3)))
+        trace.replaced(B=np.ones((2, 3)))

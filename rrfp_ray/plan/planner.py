@@ -24,7 +24,7 @@ from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
 from rrfp_ray.plan.packing import Packing, packed_padded, packings
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.prior import hypothesised
-from rrfp_ray.plan.scoring import Samples, planned_byte_limits, replaced
+from rrfp_ray.plan.scoring import Samples, planned_byte_limits
 from rrfp_ray.plan.search import Found, budgets, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
@@ -167,10 +167,10 @@ class Planner:
             else [noisy(mean=mean, sigma=sigma, rng=rng) for _ in range(self.config.samples)]
         )
         held = self.predicted_bytes(features=features, padded=padded)
-        base = replaced(self._idle, activation_bytes=held)
+        base = self._idle.replaced(activation_bytes=held)
         return Samples(
-            [replaced(base, F=f, B=i, W=w) for f, i, w, _, _ in draws],
-            unsplit=[replaced(base, F=f, B=b) for _, _, _, f, b in draws],
+            [base.replaced(F=f, B=i, W=w) for f, i, w, _, _ in draws],
+            unsplit=[base.replaced(F=f, B=b) for _, _, _, f, b in draws],
         )
 
     def predicted_bytes(

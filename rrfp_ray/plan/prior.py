@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rrfp_ray.plan.scoring import Guard, Samples, replaced
+from rrfp_ray.plan.scoring import Guard, Samples
 from rrfp_ray.sim.trace import Trace
 
 
@@ -39,7 +39,7 @@ def following(trace: Trace, *, stages: frozenset[int]) -> Trace:
             for vs, row in enumerate(rows)
         ]
 
-    return replaced(trace, F=flat(trace.F), B=flat(trace.B), W=flat(trace.W), activation_bytes=None)
+    return trace.replaced(F=flat(trace.F), B=flat(trace.B), W=flat(trace.W), activation_bytes=None)
 
 
 def hypothesised(predicted: Samples, *, basis: Trace | None) -> Samples:

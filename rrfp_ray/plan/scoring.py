@@ -20,10 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any
-
-import numpy as np
+from dataclasses import dataclass
 
 from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.policy.arbiter import Cap, byte_limits, peak_bytes
@@ -32,37 +29,7 @@ from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.memory import Limits, Rows, held_bytes, stage_rows
 from rrfp_ray.sim.simulator import Case, layout_for, simulate_many
-from rrfp_ray.sim.trace import COMM_KEYS, OP_KEYS, Trace
-
-_FIELDS = tuple(field.name for field in fields(Trace))
-_ROWS = (*OP_KEYS, *COMM_KEYS, "activation_bytes")  # a trace's fields of rows, each per microbatch
-
-
-def replaced(trace: Trace, **rows: Sequence[Sequence[float]] | None) -> Trace:
-    """`dataclasses.replace(trace, **rows)` for rows the planner computed (F, B, W, commF, commB, activation_bytes;
-    None: absent bytes), checked in bulk (shape, finite, >= 0) rather than number by number as `Trace` does: the same
-    trace, float for float. Anything else, or rows that fail the bulk check, go to `replace`, which names what is
-    wrong."""
-    frozen = {}
-    for key, value in rows.items():
-        if value is None and key == "activation_bytes":
-            frozen[key] = None
-            continue
-        array = np.asarray(value) if key in _ROWS else None
-        count = trace.virtual_stages - (key in COMM_KEYS)
-        if array is None or array.dtype != np.float64 or array.shape != (count, trace.microbatches):
-            return replace(trace, **_lists(rows))
-        if not ((array >= 0).all() and np.isfinite(array).all()):
-            return replace(trace, **_lists(rows))
-        frozen[key] = tuple(map(tuple, array.tolist()))
-    out = object.__new__(Trace)
-    for name in _FIELDS:
-        object.__setattr__(out, name, frozen.get(name, getattr(trace, name)))
-    return out
-
-
-def _lists(rows: dict[str, Any]) -> dict[str, Any]:
-    return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in rows.items()}
+from rrfp_ray.sim.trace import Trace
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,11 @@ import math
 import operator
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
+
+import numpy as np
 
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.layout import Message
@@ -36,6 +38,7 @@ Rows = tuple[tuple[float, ...], ...]
 OP_KEYS = ("F", "B", "W")
 COMM_KEYS = ("commF", "commB")
 OPTIONAL_KEYS = ("features", "activation_bytes", "samples")
+_ROW_KEYS = (*OP_KEYS, *COMM_KEYS, "activation_bytes")  # the fields of rows, each a number per microbatch
 _HEADER = MappingProxyType({"P": "stages", "M": "microbatches", "v": "chunks"})
 
 
@@ -156,6 +159,35 @@ class Trace:
             f"message {message}: no {message.kind.value} delivery into virtual stage {vs} with V={self.virtual_stages}"
         )
 
+    def replaced(self, **rows: Sequence[Sequence[float]] | None) -> Trace:
+        """A copy with the given rows (F, B, W, commF, commB, activation_bytes; None: no bytes), as
+        `dataclasses.replace` makes it, checked in bulk (shape, finite, >= 0) where they come as float arrays or lists
+        of floats (a planner's predictions) rather than number by number: the same trace, float for float. Rows the
+        bulk check refuses go through `replace`, which names what is wrong."""
+        checked: dict[str, Any] = {}
+        for key, value in rows.items():
+            if value is None and key == "activation_bytes":
+                checked[key] = None
+                continue
+            array = np.asarray(value) if key in _ROW_KEYS else None
+            count = self.virtual_stages - (key in COMM_KEYS)
+            if (
+                array is None
+                or array.dtype != np.float64
+                or array.shape != (count, self.microbatches)
+                or not ((array >= 0).all() and np.isfinite(array).all())
+            ):
+                return replace(self, **{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in rows.items()})
+            checked[key] = tuple(map(tuple, array.tolist()))
+        return self._with(checked)
+
+    def _with(self, changed: Mapping[str, Any]) -> Trace:
+        """This trace with `changed` fields, numbers already checked: not checked again."""
+        trace = object.__new__(Trace)
+        for field in fields(Trace):
+            object.__setattr__(trace, field.name, changed.get(field.name, getattr(self, field.name)))
+        return trace
+
     def reordered(self, order: Sequence[int]) -> Trace:
         """The trace as run when slot i holds data microbatch order[i]: every column moves with its microbatch."""
         if sorted(order) != list(range(self.microbatches)):
@@ -174,11 +206,7 @@ class Trace:
             changed["activation_bytes"] = moved(self.activation_bytes)
         if self.samples is not None:
             changed["samples"] = column(self.samples)
-        # every number is one that this trace's checks passed, moved to another column: nothing new to check
-        trace = object.__new__(Trace)
-        for field in fields(Trace):
-            object.__setattr__(trace, field.name, changed.get(field.name, getattr(self, field.name)))
-        return trace
+        return self._with(changed)  # every number passed this trace's checks, moved to another column
 
     def repacked(self, packing: Sequence[Sequence[int]]) -> Trace:
         """The trace with its samples packed anew: microbatch i holds the samples `packing[i]` (indexes
