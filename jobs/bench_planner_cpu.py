@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rrfp_ray.cli import count
 from rrfp_ray.job import run_job
 from rrfp_ray.plan import scoring
 from rrfp_ray.plan.loop import Planning, run
@@ -43,20 +44,17 @@ def timed(function: Callable[..., Any], spent: list[float]) -> Callable[..., Any
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", type=int, default=2, help="pipeline stages P (default 2)")
-    parser.add_argument("--microbatches", type=int, default=8, help="microbatches M (default 8)")
+    parser.add_argument("--stages", type=count, default=2, help="pipeline stages P (default 2)")
+    parser.add_argument("--microbatches", type=count, default=8, help="microbatches M (default 8)")
     parser.add_argument(
         "--scenario", default="multimodal+lognormal", help="trace scenario (default multimodal+lognormal)"
     )
     parser.add_argument(
         "--docs", type=int, default=0, help="samples per microbatch, which plans pack (default 0: none)"
     )
-    parser.add_argument("--iterations", type=int, default=8, help="planned iterations per run (default 8)")
-    parser.add_argument("--runs", type=int, default=5, help="runs, each a fresh planner (default 5)")
+    parser.add_argument("--iterations", type=count, default=8, help="planned iterations per run (default 8)")
+    parser.add_argument("--runs", type=count, default=5, help="runs, each a fresh planner (default 5)")
     args = parser.parse_args(argv)
-    for name in ("stages", "microbatches", "iterations", "runs"):
-        if getattr(args, name) < 1:
-            parser.error(f"argument --{name}: must be >= 1, got {getattr(args, name)}")
     if args.docs < 0:
         parser.error(f"argument --docs: must be >= 0, got {args.docs}")
     shape = {"stages": args.stages, "chunks": 1, "microbatches": args.microbatches}

@@ -298,6 +298,17 @@ def write_pictures(*, out: Path, runs: dict[str, list], pair: tuple[str, str] | 
     return True
 
 
+def count(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def counts(text: str) -> list[int]:
     """An argparse type: comma-separated integers >= 1, e.g. --stages 8,16,32."""
     try:

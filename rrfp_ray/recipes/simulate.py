@@ -37,6 +37,7 @@ from rrfp_ray.cli import (
     add_flags,
     add_log_level_flag,
     configure_logging,
+    count,
     file_dir,
     model_flags,
     writable_dir,
@@ -142,13 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="write a Perfetto trace and a pipeline diagram per policy into this directory")
     add_log_level_flag(parser)
     return parser
-
-
-def count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 # A trace's shape: given, it must agree with a --trace's; else 4 stages of 1 chunk, 4P microbatches.
