@@ -14,21 +14,19 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.framing import FRAMES, after_sleep, in_thread, ping_pong
+from rrfp_ray.cli import count, counts
 from rrfp_ray.job import run_job
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--payload-elems", default="4096,262144", help="float32 payload sizes, comma-separated")
-    parser.add_argument("--messages", type=int, default=2000, help="timed messages per figure (busy: a tenth)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; it prints their median")
+    parser.add_argument(
+        "--payload-elems", type=counts, default=[4096, 262144], help="float32 payload sizes, comma-separated"
+    )
+    parser.add_argument("--messages", type=count, default=2000, help="timed messages per figure (busy: a tenth)")
+    parser.add_argument("--repeats", type=count, default=3, help="runs per figure; it prints their median")
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(size) for size in args.payload_elems.split(",")]
-    except ValueError:
-        parser.error(f"argument --payload-elems: integers, comma-separated, got {args.payload_elems!r}")
-    if any(size < 1 for size in sizes) or args.messages < 1 or args.repeats < 1:
-        parser.error("--payload-elems, --messages and --repeats must be >= 1")
+    sizes = args.payload_elems
     torch.set_num_threads(1)
     print(
         f"us per message, median of {args.repeats} run(s): frame, send and read back (CPU after sleep: thread CPU time)"

@@ -18,20 +18,19 @@ from pathlib import Path
 
 from benchmarks.console import show_progress
 from benchmarks.policies import SCENARIOS, SENSITIVITY_CAPS, SENSITIVITY_SCENARIOS, markdown, paired, suite_row
+from rrfp_ray.cli import count
 from rrfp_ray.job import run_job
 from rrfp_ray.policy.arbiter import Cap
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", type=int, default=8, help="pipeline stages P (default 8)")
+    parser.add_argument("--stages", type=count, default=8, help="pipeline stages P (default 8)")
     parser.add_argument("--microbatches", type=int, help="microbatches M (default 4P)")
     parser.add_argument("--seeds", type=int, default=10, help="traces per scenario, seeds 0..N-1 (default 10)")
     parser.add_argument("--cap", default="2x", help="in-flight cap of the main table (default 2x)")
     parser.add_argument("--out", help="write the Markdown report here")
     args = parser.parse_args()
-    if args.stages < 1:
-        parser.error(f"argument --stages: must be >= 1, got {args.stages}")
     microbatches = args.microbatches or 4 * args.stages
     if microbatches < args.stages:
         parser.error(f"argument --microbatches: must be >= --stages (1f1b needs M >= P), got {microbatches}")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.rebalancing import SCENARIOS, cell, table, worst_gap
-from rrfp_ray.cli import counts
+from rrfp_ray.cli import count, counts
 from rrfp_ray.job import run_job
 from rrfp_ray.policy.policy import policy_names
 
@@ -25,11 +25,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=counts, default=[8, 16, 32], help="pipeline depths P (M = 4P)")
     parser.add_argument("--policies", default="1f1b,bfw", help="comma-separated policies (default 1f1b,bfw)")
-    parser.add_argument("--layers", type=int, default=4, help="layers per stage at the start (default 4)")
-    parser.add_argument("--iterations", type=int, default=60, help="iterations per run (default 60)")
-    parser.add_argument("--span", type=int, default=30, help="iterations the persistent straggler stays (default 30)")
+    parser.add_argument("--layers", type=count, default=4, help="layers per stage at the start (default 4)")
+    parser.add_argument("--iterations", type=count, default=60, help="iterations per run (default 60)")
+    parser.add_argument("--span", type=count, default=30, help="iterations the persistent straggler stays (default 30)")
     parser.add_argument("--threshold", type=float, default=0.1, help="rebalance_threshold (default 0.1)")
-    parser.add_argument("--window", type=int, default=5, help="rebalance_window, measured iterations (default 5)")
+    parser.add_argument("--window", type=count, default=5, help="rebalance_window, measured iterations (default 5)")
     parser.add_argument("--layer-mb", type=float, default=10.0, help="parameter MB per layer (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traces (default 0)")
     parser.add_argument("--scenarios", help="comma-separated (default all): " + ", ".join(s.label for s in SCENARIOS))
@@ -40,11 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [p for p in policies if p not in policy_names() or p.endswith("hint")]
     if unknown:
         parser.error(f"argument --policies: unknown {unknown}")
-    for flag, value in (("--layers", args.layers), ("--iterations", args.iterations), ("--span", args.span)):
-        if value < 1:
-            parser.error(f"argument {flag}: must be >= 1, got {value}")
-    if args.window < 1 or not args.threshold > 0 or args.layer_mb < 0 or args.seed < 0:
-        parser.error("arguments --window >= 1, --threshold > 0, --layer-mb >= 0 and --seed >= 0")
+    if not args.threshold > 0 or args.layer_mb < 0 or args.seed < 0:
+        parser.error("arguments --threshold > 0, --layer-mb >= 0 and --seed >= 0")
     known = {s.label: s for s in SCENARIOS}
     labels = args.scenarios.split(",") if args.scenarios else list(known)
     if missing := [label for label in labels if label not in known]:

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rrfp_ray.cli import count, counts
 from rrfp_ray.job import run_job
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
@@ -66,8 +67,10 @@ print(json.dumps(out))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", default="8,16,32,64", help="comma-separated P values (default 8,16,32,64)")
-    parser.add_argument("--seeds", type=int, default=3, help="traces per cell, seeds 0..N-1 (default 3)")
+    parser.add_argument(
+        "--stages", type=counts, default=[8, 16, 32, 64], help="comma-separated P values (default 8,16,32,64)"
+    )
+    parser.add_argument("--seeds", type=count, default=3, help="traces per cell, seeds 0..N-1 (default 3)")
     parser.add_argument("--cap", default="2x", help="in-flight cap (default 2x)")
     parser.add_argument("--out", help="write the Markdown report here")
     parser.add_argument(
@@ -77,17 +80,9 @@ def main() -> None:
     parser.add_argument("--speed-only", action="store_true", help="print the speed table and stop")
     args = parser.parse_args()
     try:
-        stages = [int(p) for p in args.stages.split(",")]
-    except ValueError:
-        stages = []
-    if not stages or min(stages) < 1:
-        parser.error(f"argument --stages: expected integers >= 1 like 8,16, got {args.stages!r}")
-    try:
         cap = Cap.parse(args.cap)
     except ValueError as error:
         parser.error(f"argument --cap: {error}")
-    if args.seeds < 1:
-        parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
 
     try:
         shapes = [
@@ -104,7 +99,7 @@ def main() -> None:
     print(timing, flush=True)
     if args.speed_only:
         return
-    rows = [row(scenario=s, stages=p, seeds=args.seeds, cap=cap) for s in SCENARIOS for p in stages]
+    rows = [row(scenario=s, stages=p, seeds=args.seeds, cap=cap) for s in SCENARIOS for p in args.stages]
     report = markdown(timing=timing, rows=rows, cap=cap, seeds=args.seeds)
     if args.out:
         Path(args.out).write_text(report)

@@ -80,6 +80,7 @@ from benchmarks.suite import (
     timed,
 )
 from benchmarks.suite_ray import TP, TP_SCENARIOS, peers_part, runtime_part, tp_part
+from rrfp_ray.cli import count
 from rrfp_ray.job import run_job
 
 
@@ -90,9 +91,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--parts", help=f"comma-separated from {', '.join(PARTS)} (default all); other parts' sections in OUT are kept"
     )
-    parser.add_argument("--iterations", type=int, default=5, help="timed iterations on Ray and PyTorch (default 5)")
+    parser.add_argument("--iterations", type=count, default=5, help="timed iterations on Ray and PyTorch (default 5)")
     parser.add_argument(
-        "--seeds", type=int, default=5, help="traces per scenario on Ray and PyTorch, seeds 1000.. (default 5)"
+        "--seeds", type=count, default=5, help="traces per scenario on Ray and PyTorch, seeds 1000.. (default 5)"
     )
     parser.add_argument("--stages", default="8,16,32", help="comma-separated P for the simulator (default 8,16,32)")
     parser.add_argument("--ray-stages", default="4,8", help="comma-separated P for Ray and PyTorch (default 4,8)")
@@ -104,10 +105,6 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --parts: unknown {unknown or 'empty'}; choose from {', '.join(PARTS)}")
     if args.quick and args.parts is not None and parts != ["sim"]:
         parser.error("argument --parts: --quick runs the simulator part only")
-    if args.iterations < 1:
-        parser.error(f"argument --iterations: must be >= 1, got {args.iterations}")
-    if args.seeds < 1:
-        parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
     for flag in ("stages", "ray_stages"):
         text = getattr(args, flag)
         try:

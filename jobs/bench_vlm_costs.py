@@ -17,20 +17,18 @@ import statistics
 import time
 
 from benchmarks.vlm import add_data_flags
+from rrfp_ray.cli import count
 from rrfp_ray.job import run_job
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", type=int, default=2, help="P: the layers cut evenly into this many (default 2)")
-    parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument("--iterations", type=int, default=24, help="iterations of data timed (default 24)")
+    parser.add_argument("--stages", type=count, default=2, help="P: the layers cut evenly into this many (default 2)")
+    parser.add_argument("--microbatches", type=count, default=8, help="M (default 8)")
+    parser.add_argument("--iterations", type=count, default=24, help="iterations of data timed (default 24)")
     parser.add_argument("--seed", type=int, default=0, help="model init and data (default 0)")
     add_data_flags(parser)
     args = parser.parse_args(argv)
-    for flag in ("stages", "microbatches", "micro_batch_size", "iterations"):
-        if getattr(args, flag) < 1:
-            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
     if args.image_tail < 0:
         parser.error(f"argument --image-tail: must be >= 0, got {args.image_tail:g}")
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from rrfp_ray.cli import count
 from rrfp_ray.models.vlm import VLMConfig
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing, pack
@@ -53,20 +54,17 @@ POLICIES = (*FIXED, *READINESS, *PLANNED, *PACKED)
 
 def add_run_flags(parser: argparse.ArgumentParser, *, iterations_help: str) -> None:
     """The VLM benchmarks' runs: the pipeline, the seeds, the timed and warm-up iterations, and the data."""
-    parser.add_argument("--stages", type=int, default=2, help="P (default 2)")
-    parser.add_argument("--microbatches", type=int, default=8, help="M (default 8)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds S..S+N-1: model init and data (default 5)")
+    parser.add_argument("--stages", type=count, default=2, help="P (default 2)")
+    parser.add_argument("--microbatches", type=count, default=8, help="M (default 8)")
+    parser.add_argument("--seeds", type=count, default=5, help="seeds S..S+N-1: model init and data (default 5)")
     parser.add_argument("--first-seed", type=int, default=0, help="S, the first seed (default 0: a long run split)")
-    parser.add_argument("--iterations", type=int, default=10, help=iterations_help)
+    parser.add_argument("--iterations", type=count, default=10, help=iterations_help)
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
     add_data_flags(parser)
 
 
 def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[VLMConfig, list[RunConfig]]:
     """The model and one run per seed from `add_run_flags`' flags; a bad value exits through `parser.error`."""
-    for flag in ("stages", "microbatches", "micro_batch_size", "seeds", "iterations"):
-        if getattr(args, flag) < 1:
-            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
     if args.warmup < 0 or args.image_tail < 0 or args.first_seed < 0:
         parser.error("arguments --warmup, --image-tail and --first-seed must be >= 0")
     try:
@@ -86,7 +84,7 @@ def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
     """The VLM benchmarks' data: samples a microbatch, and the images' count per sample, tail and size."""
     parser.add_argument(
-        "--micro-batch-size", type=int, default=2, help="samples per microbatch (default 2, as a VLM's pipeline runs)"
+        "--micro-batch-size", type=count, default=2, help="samples per microbatch (default 2, as a VLM's pipeline runs)"
     )
     parser.add_argument("--max-images", type=int, default=8, help="most images a sample holds (default 8)")
     parser.add_argument(
