@@ -19,6 +19,9 @@ from rrfp_ray.plan.planner import default_hints
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
+from rrfp_ray.runtime.synthetic import SyntheticWorkload
+from rrfp_ray.schedule.actions import Kind
+from rrfp_ray.schedule.layout import Message
 from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.backend import LocalBackend
 from rrfp_ray.train.checkpoint import Checkpointing
@@ -133,6 +136,15 @@ def test_injected_delays_follow_the_data_microbatch_a_slot_holds():
     slot = order.index(heavy)
     assert slowest == f"0F{slot}" and forwards[slowest].end_ms - forwards[slowest].start_ms >= 300.0
     assert forwards[f"1F{slot}"].start_ms >= 300.0 + 200.0 - 50.0  # the stages' clocks start within a few ms
+
+
+def test_each_iteration_s_messages_wait_its_own_injected_trace():
+    traces = [_injected(stages=2, microbatches=4, heavy=m, ms=0.0, latency_ms=100.0 * (m + 1)) for m in (1, 3)]
+    late = [Message(kind=Kind.F, virtual_stage=1, microbatch=m) for m in (1, 3)]  # stage 0's activations, sent on
+    for workload in (replace(gpt_workload(RUN), injected=tuple(traces)), SyntheticWorkload(trace=traces[0],
+                     iterations=tuple(traces))):  # fmt: skip
+        waits = [[workload.latency(m, iteration=k) for m in late] for k in range(3)]
+        assert waits == [[200.0, 0.0], [0.0, 400.0], [200.0, 0.0]]  # iteration 2 cycles to 0's
 
 
 def test_each_iteration_sleeps_its_own_injected_trace_and_shows_the_planner_its_features():

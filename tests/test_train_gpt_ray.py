@@ -38,8 +38,8 @@ class _Capturing:
     def executor(self, *, stage, layout):
         return _CapturingExecutor(inner=self.inner.executor(stage=stage, layout=layout), sink=self.sink)
 
-    def latency(self, message):
-        return self.inner.latency(message)
+    def latency(self, message, *, iteration):
+        return self.inner.latency(message, iteration=iteration)
 
     @property
     def ties(self):

@@ -94,8 +94,9 @@ class Workload(Protocol):
 
     def executor(self, *, stage: int, layout: Layout) -> Executor: ...
 
-    def latency(self, message: Message) -> float:
-        """Injected communication latency in ms before a message is handed over (0 for real work)."""
+    def latency(self, message: Message, *, iteration: int) -> float:
+        """Injected communication latency in ms before iteration `iteration`'s `message` is handed over (0 for real
+        work)."""
         ...
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> Workload:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ class StageHost:
         events, stats = self.worker.run_iteration(
             args=args,
             executor=executor if self._profile is None else self._profile(executor, args),
-            latency=self.latency,
+            latency=None if self.latency is None else partial(self.latency, iteration=args.iteration),
             all_reduce=collectives.all_reduce,
             tp=tp,
             dp=self._dp,

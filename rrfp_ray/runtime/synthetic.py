@@ -1,10 +1,9 @@
-"""Trace replay: each action sleeps its trace duration (standing in for GPU kernel time)
-and sends a real tensor of a configurable size. Given a run of `iterations`, iteration k replays its own
-trace, and a microbatch slot sleeps the durations of the data microbatch the iteration's order puts
-there (the trace's rows are data microbatches, as its features are). Under data parallelism each chunk holds a
-synthetic gradient of `grad_elems` float32 elements in `grad_layers` tensors; a chunk's last
-weight-gradient op finalizes them one by one through its duration, the last layer first, as a
-real backward does.
+"""Trace replay: each action sleeps its trace duration (standing in for GPU kernel time) and sends a real tensor of a
+configurable size. Given a run of `iterations`, iteration k replays its own trace (its ops' sleeps and its messages'
+latencies), and a microbatch slot sleeps the durations of the data microbatch the iteration's order puts there (the
+trace's rows are data microbatches, as its features are). Under data parallelism each chunk holds a synthetic
+gradient of `grad_elems` float32 elements in `grad_layers` tensors; a chunk's last weight-gradient op finalizes them
+one by one through its duration, the last layer first, as a real backward does.
 
 The model is `layers` layers per virtual stage, each holding `layer_bytes` bytes of real parameters. A
 trace row is a device's time for the layers an even split gives its virtual stage: one layer on
@@ -90,8 +89,9 @@ class SyntheticWorkload:
         """Every replica replays the same trace (it has no optimizer state to shard)."""
         return self
 
-    def latency(self, message: Message) -> float:
-        return self.trace.latency(message)
+    def latency(self, message: Message, *, iteration: int) -> float:
+        trace = self.iterations[iteration % len(self.iterations)] if self.iterations else self.trace
+        return trace.latency(message)
 
     def with_ties(self, *, reduce: Callable[[tuple[int, ...], torch.Tensor], torch.Tensor]) -> SyntheticWorkload:
         """It has no tied parameters: nothing to sum."""
@@ -113,8 +113,8 @@ class SyntheticWorkload:
                 f"rank_comm[{rank}] is shaped (stages, microbatches, chunks) = {shape}, the trace "
                 f"{(self.trace.stages, self.trace.microbatches, self.trace.chunks)}"
             )
-        trace = replace(self.trace, commF=comm.commF, commB=comm.commB)
-        return replace(self, trace=trace, rank_comm=(), in_step=in_step)
+        own = [replace(t, commF=comm.commF, commB=comm.commB) for t in (self.trace, *self.iterations)]
+        return replace(self, trace=own[0], iterations=tuple(own[1:]), rank_comm=(), in_step=in_step)
 
 
 @dataclass(frozen=True)

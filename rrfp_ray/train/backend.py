@@ -29,7 +29,7 @@ from rrfp_ray.runtime.local import ThreadFabric
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import Channel
-from rrfp_ray.schedule.layout import Layout, Message
+from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.memory import DataBytes
 from rrfp_ray.train.checkpoint import Manifest, StageFile
 from rrfp_ray.train.config import PipelineConfig
@@ -242,10 +242,10 @@ class LocalBackend:
         packing: Packing | None = None,
         data_bytes: DataBytes | None = None,
         executors: Sequence[Executor] | None = None,
-        latency: Callable[[Message], float] | None = None,
+        latency: Callable[..., float] | None = None,
     ) -> IterationReport:
         """With `executors` given, every actor runs its own from this iteration on, each message delayed by
-        `latency` (None: not at all)."""
+        `latency(message, iteration=k)` ms, as `Workload.latency` (None: not at all)."""
         if executors is not None:
             self.executors = executors
             for handle in self.fabric.handles:

@@ -134,8 +134,8 @@ class FaultyWorkload:
         shard = mesh.index(replica=self.replica, stage=stage, rank=self.rank)
         return FaultyExecutor(inner=self.inner.executor(stage=stage, layout=layout), plan=self.plan, shard=shard)
 
-    def latency(self, message: Message) -> float:
-        return self.inner.latency(message)
+    def latency(self, message: Message, *, iteration: int) -> float:
+        return self.inner.latency(message, iteration=iteration)
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> FaultyWorkload:
         return replace(

@@ -58,8 +58,8 @@ class ModelWorkload:
     data: DataSource
     microbatches: int
     optim: OptimSpec = field(default_factory=Optim)
-    # extra delays (ms) per action and message, to inject variability: iteration k's ops sleep injected[k % count]
-    # (empty: none), its messages take the first trace's latencies
+    # extra delays (ms) per action and message, to inject variability: iteration k's ops sleep, and its messages
+    # wait, injected[k % count] (empty: none)
     injected: tuple[Trace, ...] = ()
     val_data: DataSource | None = None
     device: str = "cpu"  # where each stage computes; payloads move to and from each link's own device
@@ -119,8 +119,8 @@ class ModelWorkload:
             stage=stage, runner=runner, layout=layout, workload=self, tied=tied, layers=held, first_layers=first
         )
 
-    def latency(self, message: Message) -> float:
-        return self.injected[0].latency(message) if self.injected else 0.0
+    def latency(self, message: Message, *, iteration: int) -> float:
+        return self.injected[iteration % len(self.injected)].latency(message) if self.injected else 0.0
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[Tensor], Tensor]) -> ModelWorkload:
         """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
