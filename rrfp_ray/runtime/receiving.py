@@ -99,7 +99,8 @@ class StageReceiving:
         done = time.perf_counter()
         self._recv_busy += done - began
         self._breakdown.add(Phase.ARRIVAL, done - arrived)
-        self._messages.delivered(header=header, received=received, into=self._breakdown, timed=timed)
+        if timed:
+            self._messages.delivered(header=header, received=received, into=self._breakdown)
 
     def _await_arrival(self, *, timeout_s: float) -> None:
         """Under the lock, on the compute thread: wait up to `timeout_s` for a message (or a failure)."""
