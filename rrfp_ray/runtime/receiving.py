@@ -93,7 +93,7 @@ class StageReceiving:
         consumer = self._ops.consumer(header.message)
         self._arbiter.on_arrival_slot(consumer)
         self._inbox[consumer] = (payload, fence)
-        now = self._now()
+        now = (began - self._start) * 1e3  # ms into the iteration, as `_now`
         if self._ready_at[consumer] < now:
             self._ready_at[consumer] = now
         done = time.perf_counter()
