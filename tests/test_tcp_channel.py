@@ -14,6 +14,8 @@ from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.iteration import IterationArgs
+from rrfp_ray.runtime.polled import PolledLinks
+from rrfp_ray.runtime.streams import Handoff
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.tcp_channel import TcpChannel, TcpLinks
 from rrfp_ray.runtime.tcp_pair import Secret
@@ -231,3 +233,33 @@ def test_a_neighbour_gone_mid_iteration_fails_the_polling_stage_at_once_naming_t
         )
     assert time.monotonic() - began < 10  # not its 60 s timeout
     ends[1].close()
+
+
+def test_polled_links_take_only_the_messages_an_iteration_expects_and_leave_the_next_ones_in_the_socket() -> None:
+    sending, receiving, out, inbound = _pair()
+    polled = PolledLinks(channels={LINK: inbound})
+    writer = MessageWriter(channel=out)
+    for iteration, microbatch in ((0, 0), (0, 1), (1, 0)):
+        header = Header(message=Message(kind=Kind.F, virtual_stage=1, microbatch=microbatch), iteration=iteration)
+        writer.send(header=header, payload=torch.full((4,), float(microbatch)))
+    taken: list[tuple[int, int]] = []
+
+    def take(iteration: int, *, timeout_s: float) -> None:
+        polled.take(
+            has_room=lambda: True,
+            iteration=iteration,
+            deliver=lambda header, payload, fence: taken.append((header.iteration, header.message.microbatch)),
+            handoff=Handoff(),
+            timeout_s=timeout_s,
+        )
+
+    polled.expect({LINK: 2})
+    while len(taken) < 2:
+        take(0, timeout_s=5.0)
+    take(0, timeout_s=0.2)  # the link brings nothing more this iteration: the third message is not read
+    assert taken == [(0, 0), (0, 1)]
+    polled.expect({LINK: 1})
+    take(1, timeout_s=5.0)
+    assert taken[2:] == [(1, 0)]
+    sending.close()
+    receiving.close()

@@ -32,14 +32,21 @@ class Phase(enum.Enum):
     __hash__ = object.__hash__  # by identity: Enum's own hashes the name in Python, and every sample hashes a phase
 
 
+_PHASES = tuple(Phase)  # iterated without the enum's own iterator, a Python generator
+
+
 class Breakdown:
     """One stage's samples for one iteration; callers serialise `add` (the worker's lock, or one thread per phase)."""
 
     def __init__(self) -> None:
-        self._samples: dict[Phase, list[float]] = {phase: [] for phase in Phase}
+        self._samples: dict[Phase, list[float]] = {phase: [] for phase in _PHASES}
 
     def add(self, phase: Phase, seconds: float) -> None:
         self._samples[phase].append(seconds)
+
+    def samples(self, phase: Phase) -> list[float]:
+        """`phase`'s samples in seconds, to append to: a per-op path holds it where `add` would look it up."""
+        return self._samples[phase]
 
     def extend(self, other: Breakdown) -> None:
         for phase, samples in other._samples.items():
@@ -75,11 +82,9 @@ class MessageClock:
         self.waiting = False
         self._woken_for: list[float] = []  # release times of the messages delivered during the wait
 
-    def delivered(self, *, header: Header, received: float, into: Breakdown, timed: bool = True) -> None:
-        """`header`'s message is delivered; its frame came in at `received` (wall-clock seconds). Not `timed`:
-        read by the compute thread after an op, at some unknown time after it came (no sample)."""
-        if not timed:
-            return
+    def delivered(self, *, header: Header, received: float, into: Breakdown) -> None:
+        """`header`'s message is delivered; its frame came in at `received` (wall-clock seconds). Called for the
+        messages the compute thread waited for only: one it read after an op came at some unknown time during it."""
         into.add(Phase.TRANSIT, received - header.sent_at)
         if self.waiting:
             self._woken_for.append(header.released_at)

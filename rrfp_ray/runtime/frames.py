@@ -15,6 +15,7 @@ Both lay out the same bytes, so a frame built either way reads back either way.
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -88,18 +89,18 @@ class HostFrames:
         return buffer[offset : offset + size].tobytes()
 
     def put_tensor(self, buffer: np.ndarray, offset: int, tensor: torch.Tensor) -> None:
-        if tensor.device.type != "cpu":
+        if not tensor.is_cpu:
             tensor = tensor.detach().cpu()
         if not tensor.is_contiguous():
             tensor = tensor.detach().contiguous()
-        size = tensor.numel() * tensor.element_size()
+        size = tensor.nbytes
         if size:  # the tensor stays referenced while its memory is read
             source = (ctypes.c_char * size).from_address(tensor.data_ptr())
             buffer[offset : offset + size] = np.frombuffer(source, dtype=np.uint8)
 
     def view(self, buffer: np.ndarray, offset: int, *, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         carrier = _NUMPY.get(dtype) or _BITS[dtype]
-        size = np.dtype(carrier).itemsize * _count(shape)
+        size = dtype.itemsize * math.prod(shape)
         tensor = torch.from_numpy(buffer[offset : offset + size].view(carrier).reshape(shape))
         return tensor if dtype in _NUMPY else tensor.view(dtype)
 
@@ -134,17 +135,10 @@ class DeviceFrames:
         buffer[offset : offset + flat.numel()] = flat
 
     def view(self, buffer: torch.Tensor, offset: int, *, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        size = dtype.itemsize * _count(shape)
+        size = dtype.itemsize * math.prod(shape)
         return buffer[offset : offset + size].view(dtype).view(shape)
 
 
 def frames_for(device: str) -> Frames:
     """Host frames for a channel whose tensors live on the CPU, device frames otherwise."""
     return HostFrames() if torch.device(device).type == "cpu" else DeviceFrames(device=device)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count

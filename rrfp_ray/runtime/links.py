@@ -45,7 +45,8 @@ class LinkSender:
         self._writer = MessageWriter(channel=channel)
         self._handoff = handoff
         self._on_error = on_error
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # `post` takes it bare (a C call), not via `_cond`
+        self._cond = threading.Condition(self._lock)
         self._channel = channel
         self._direct = hasattr(channel, "try_send")  # a `NonBlockingChannel`
         # (release, seq, header, payload, fence, frames left)
@@ -53,7 +54,7 @@ class LinkSender:
         self._seq = itertools.count()
         self._sending = False
         self._busy_s = 0.0
-        self._breakdown = Breakdown()
+        self._start_breakdown()
         self.clock = ThreadClock()  # the send thread's CPU
         self._thread = threading.Thread(target=self._loop, name=f"send {link}", daemon=True)
         self._thread.start()
@@ -62,7 +63,7 @@ class LinkSender:
         """Queue a message; it leaves at `release` (perf_counter seconds) or later, once `fence` is passed;
         written at once from this thread where it can be (see the module's doc)."""
         written = False
-        with self._cond:
+        with self._lock:
             rest = None
             if self._direct and fence is None and not self._queue and not self._sending and _small(header):
                 taken = time.perf_counter()
@@ -91,8 +92,8 @@ class LinkSender:
             return None
         sent = time.perf_counter()
         self._busy_s += sent - taken
-        self._breakdown.add(Phase.HANDOFF, taken - release)
-        self._breakdown.add(Phase.SEND, sent - taken)
+        self._handoffs.append(taken - release)
+        self._sends.append(sent - taken)
         return None
 
     def wait_idle(self, *, timeout_s: float) -> bool:
@@ -111,8 +112,13 @@ class LinkSender:
         with self._cond:
             busy, self._busy_s = self._busy_s, 0.0
             into.extend(self._breakdown)
-            self._breakdown = Breakdown()
+            self._start_breakdown()
         return busy
+
+    def _start_breakdown(self) -> None:
+        """Under the lock (or before the thread starts): a fresh `Breakdown`, its hand-off and send samples at hand."""
+        self._breakdown = Breakdown()
+        self._handoffs, self._sends = self._breakdown.samples(Phase.HANDOFF), self._breakdown.samples(Phase.SEND)
 
     def close(self, *, timeout_s: float) -> None:
         """Send STOP after whatever is queued, and end the thread."""
@@ -144,8 +150,8 @@ class LinkSender:
                 self._sending = False
                 if not header.is_stop:
                     self._busy_s += sent - taken
-                    self._breakdown.add(Phase.HANDOFF, taken - release)
-                    self._breakdown.add(Phase.SEND, sent - taken)
+                    self._handoffs.append(taken - release)
+                    self._sends.append(sent - taken)
                 self._cond.notify_all()
             if header.is_stop:
                 return
@@ -162,7 +168,9 @@ def wait_idle(senders: Iterable[LinkSender], *, timeout_s: float) -> Link | None
 
 def _small(header: Header) -> bool:
     """A message the posting thread may write itself (never STOP: it ends the send thread)."""
-    return (
-        not header.is_stop
-        and sum(leaf.dtype.itemsize * math.prod(leaf.shape) for leaf in header.leaves) <= DIRECT_BYTES
-    )
+    if header.message is None:
+        return False
+    nbytes = 0
+    for leaf in header.leaves:
+        nbytes += leaf.dtype.itemsize * math.prod(leaf.shape)
+    return nbytes <= DIRECT_BYTES

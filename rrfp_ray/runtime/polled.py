@@ -53,6 +53,7 @@ class PolledLinks:
         self._fd = [channel.fileno() for channel in channels.values()]
         self._index_of = {fd: i for i, fd in enumerate(self._fd)}
         self._left = [0] * len(self.links)  # per link, the messages the running iteration has yet to bring
+        self._open: list[int] = []  # the links (indices) whose `_left` is not 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -63,11 +64,12 @@ class PolledLinks:
     def expect(self, counts: Mapping[Link, int]) -> None:
         """How many messages the next iteration brings on each link (set while no `take` runs)."""
         self._left = [counts.get(link, 0) for link in self.links]
+        self._open = [i for i, n in enumerate(self._left) if n]
 
     def readable(self, links: list[int], *, timeout_s: float) -> list[int]:
         """Those of `links` (indices into `links`) with bytes to read, waiting up to `timeout_s` (0: a look) for
         one, or for `wake`."""
-        if links != self._watched:
+        if links is not self._watched and links != self._watched:
             for i in self._watched:
                 if i not in links:
                     self._poll.unregister(self._fd[i])
@@ -76,6 +78,8 @@ class PolledLinks:
                     self._poll.register(self._fd[i], _READABLE)
             self._watched = links
         ready = self._poll.poll(math.ceil(timeout_s * 1e3) if timeout_s > 0 else 0)
+        if not ready:
+            return ready
         links_ready = []
         for fd, _ in ready:
             if fd == self._wake_r:
@@ -98,7 +102,7 @@ class PolledLinks:
         on (`expect`) while there is room (`has_room`), then read and `deliver` such links' messages, one a link
         in turn, while they hold some. A STOP or a message of another iteration fails."""
         left = self._left
-        links = [i for i, n in enumerate(left) if n] if has_room() else []
+        links = self._open if has_room() else []
         if unlocked is None:
             ready = self.readable(links, timeout_s=timeout_s) if links or timeout_s else []
         else:
@@ -110,11 +114,13 @@ class PolledLinks:
                     continue
                 header, payload, fence = handoff.receive(reader=self._by_index[i])
                 left[i] -= 1
-                if header.is_stop or header.iteration != iteration:
+                if not left[i]:
+                    self._open = [j for j, n in enumerate(left) if n]
+                if header.message is None or header.iteration != iteration:
                     what = "STOP" if header.is_stop else f"a message of iteration {header.iteration}"
                     raise ConnectionError(f"{self.links[i]}: {what} came during iteration {iteration}")
                 deliver(header, payload, fence)
-            links = [i for i, n in enumerate(left) if n] if has_room() else []
+            links = self._open if has_room() else []
             ready = self.readable(links, timeout_s=0.0) if links else []
 
     def read(self, link: Link, *, handoff: Handoff) -> tuple[Header, Tree | None, Fence]:

@@ -93,13 +93,14 @@ class StageReceiving:
         consumer = self._ops.consumer(header.message)
         self._arbiter.on_arrival_slot(consumer)
         self._inbox[consumer] = (payload, fence)
-        now = self._now()
+        now = (began - self._start) * 1e3  # ms into the iteration, as `_now`
         if self._ready_at[consumer] < now:
             self._ready_at[consumer] = now
         done = time.perf_counter()
         self._recv_busy += done - began
         self._breakdown.add(Phase.ARRIVAL, done - arrived)
-        self._messages.delivered(header=header, received=received, into=self._breakdown, timed=timed)
+        if timed:
+            self._messages.delivered(header=header, received=received, into=self._breakdown)
 
     def _await_arrival(self, *, timeout_s: float) -> None:
         """Under the lock, on the compute thread: wait up to `timeout_s` for a message (or a failure)."""

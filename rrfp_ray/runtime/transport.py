@@ -17,6 +17,7 @@ torch ops, frames on a GPU with them (`rrfp_ray.runtime.frames`).
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import queue
 import time
@@ -35,7 +36,8 @@ _FIXED = 11  # code, virtual stage, microbatch, iteration, description bytes, bo
 # ndim, requires grad
 MAX_DIMS = HEADER_LEN - _FIXED  # a lone tensor with more dims travels with a description
 _ALIGN = 8
-_KIND_CODE = {Kind.F: 1, Kind.B: 2}
+_F_CODE, _B_CODE = 1, 2
+_KIND_CODE = {Kind.F: _F_CODE, Kind.B: _B_CODE}
 _STOP = 0
 DTYPES = (
     torch.float32,
@@ -121,7 +123,7 @@ class Header:
         leaf = self.leaves[0] if not described else _DESCRIBED
         shape = leaf.shape
         return [
-            _KIND_CODE[m.kind],
+            _F_CODE if m.kind is Kind.F else _B_CODE,  # a message is an F's output or a backward's
             m.virtual_stage,
             m.microbatch,
             self.iteration,
@@ -141,9 +143,9 @@ class Header:
         code, vs, mb, iteration, _, _, sent_us, released_us, dtype, ndim, grad, *shape = fields
         if code == _STOP:
             return _STOP_HEADER
-        message = Message(kind=_CODE_KIND[code], virtual_stage=vs, microbatch=mb)
+        message = _message(code, vs, mb)
         if not description:
-            leaf = Leaf(dtype=DTYPES[dtype], shape=tuple(shape[:ndim]), requires_grad=bool(grad))
+            leaf = _leaf(dtype, tuple(shape[:ndim]), grad)
             return cls(
                 message=message,
                 iteration=iteration,
@@ -173,6 +175,18 @@ class Header:
     @property
     def is_stop(self) -> bool:
         return self.message is None
+
+
+@functools.lru_cache(maxsize=4096)
+def _message(code: int, virtual_stage: int, microbatch: int) -> Message:
+    """A header's message, made once (a link brings the same few again each iteration)."""
+    return Message(kind=_CODE_KIND[code], virtual_stage=virtual_stage, microbatch=microbatch)
+
+
+@functools.lru_cache(maxsize=256)
+def _leaf(dtype: int, shape: tuple[int, ...], grad: int) -> Leaf:
+    """A header's lone leaf, made once per dtype code, shape and gradient flag."""
+    return Leaf(dtype=DTYPES[dtype], shape=shape, requires_grad=bool(grad))
 
 
 _STOP_HEADER = Header(message=None)
@@ -205,15 +219,15 @@ class MessageWriter:
     def frames(self, *, header: Header, payload: Tree | None) -> list[torch.Tensor | Buffer]:
         """The frames of one message, to go out in order on this writer's channel (the caller sends them)."""
         frames = self._frames
-        described = b"" if header.is_stop else header.description()
-        if payload is None:
-            tensors = []
-        elif isinstance(payload, torch.Tensor):
-            tensors = [payload]
+        if isinstance(payload, torch.Tensor) and header.structure == LEAF and payload.dim() <= MAX_DIMS:
+            described, tensors = b"", (payload,)  # a lone tensor, described by the header alone
+            sections = (0, -(-payload.nbytes // _ALIGN) * _ALIGN)
+            body_bytes = sections[1]
         else:
-            tensors = flatten(payload)[0]
-        sections = [_aligned(len(described))] + [_aligned(t.numel() * t.element_size()) for t in tensors]
-        body_bytes = sum(sections)
+            described = b"" if header.is_stop else header.description()
+            tensors = [] if payload is None else [payload] if isinstance(payload, torch.Tensor) else flatten(payload)[0]
+            sections = [_aligned(len(described))] + [_aligned(t.numel() * t.element_size()) for t in tensors]
+            body_bytes = sum(sections)
         inline = HEADER_BYTES + body_bytes == self._frame_bytes
         frame = self._frame if inline and self._frame is not None else frames.empty(self._frame_bytes)
         frames.put_header(frame, header.fields(described=described, body_bytes=body_bytes))
@@ -225,7 +239,7 @@ class MessageWriter:
             frames.put_tensor(body, offset, tensor)
             offset += size
         out = self._out
-        if inline or header.is_stop:
+        if inline or header.message is None:
             if inline and self._reuse:
                 self._frame = frame
             return [out(frame)]

@@ -61,7 +61,8 @@ class StageWorker(StageReceiving):
             link: LinkSender(link=link, channel=channel, handoff=self._handoff, on_error=self._fail)
             for link, channel in outbound.items()
         }
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # the compute thread's per-op path takes it bare (a C call), not via `_cond`
+        self._cond = threading.Condition(self._lock)
         self._arbiter: Arbiter | None = None
         self._iteration = -1
         self._start = 0.0
@@ -121,9 +122,10 @@ class StageWorker(StageReceiving):
         ops = stage_ops(layout, self.stage)
         with self._cond:
             self._raise_if_failed()
+            if ops is not self._ops:  # the same layout again: the same (cached) ops, the same links
+                self._sender_of = [None if link is None else self._senders[link] for link in ops.link]
             self._arbiter, self._iteration, self._ops = arbiter, iteration, ops
             self._expected = dict(ops.arrivals)
-            self._sender_of = [None if link is None else self._senders[link] for link in ops.link]
             self._delay_s = delays(ops=ops, order=args.order, latency=latency)
             if self._polled is not None:
                 self._polled.expect(self._expected)
@@ -144,34 +146,36 @@ class StageWorker(StageReceiving):
         if dp is not None:
             dp.reducer.begin()
         try:
+            lock, inbox, sends, use, run = self._lock, self._inbox, ops.sends, self._handoff.use, executor.run
+            op_clock, origin, perf_counter, thread_time = self._cpu.op, self._start, time.perf_counter, time.thread_time
             while True:
-                with self._cond:
+                with lock:
                     if arbiter.finished:
                         break
                     if agreement is None:
                         slot = self._wait_for_slot(arbiter)
-                        payload = self._inbox.pop(slot, None)
+                        payload = inbox.pop(slot, None)
                 if agreement is not None:
                     slot, coordinating = self._agree_on_slot(arbiter, agreement)
                     tp_ms += coordinating
-                    with self._cond:
-                        payload = self._inbox.pop(slot, None)
+                    with lock:
+                        payload = inbox.pop(slot, None)
                 if payload is not None:
-                    payload = self._handoff.use(*payload)
+                    payload = use(*payload)
                 action = actions[slot]
                 release = None if dp is None else dp.release(action=action, weight_ops_left=weight_ops_left)
-                start, op_cpu = self._now(), time.thread_time()
-                output = executor.run(action=action, iteration=iteration, payload=payload, release=release)
-                end = self._now()
-                self._cpu.op.add(since=op_cpu)
+                start, op_cpu = (perf_counter() - origin) * 1e3, thread_time()
+                output = run(action=action, iteration=iteration, payload=payload, release=release)
+                end = (perf_counter() - origin) * 1e3
+                op_clock.cpu_s += thread_time() - op_cpu
                 consumer, follower = local_consumer[slot], follower_of[slot]
-                with self._cond:
+                with lock:
                     arbiter.on_done_slot(slot)
                     if consumer >= 0:
                         self._hand_over(slot, consumer, output)
                     if follower >= 0 and ready_at[follower] < end:
                         ready_at[follower] = end
-                if consumer < 0 and ops.sends[slot] is not None:  # outside the lock: receive threads deliver meanwhile
+                if consumer < 0 and sends[slot] is not None:  # outside the lock: receive threads deliver meanwhile
                     self._post(ops, slot, iteration, output)
                 ran.append((slot, start, end))
                 if release is not None:
@@ -273,15 +277,17 @@ class StageWorker(StageReceiving):
         ]
 
     def _wait_for_slot(self, arbiter: Arbiter) -> int:
-        deadline = time.monotonic() + self.timeout_s
+        deadline = None  # set by the first wait
         arbitrating, woke, looked = 0.0, None, False
+        perf_counter = time.perf_counter
         while True:
-            self._raise_if_failed()
-            if not looked:  # after a wait, its own last look stands
+            if self._error is not None:
+                self._raise_if_failed()
+            if not looked and self._polled is not None:  # after a wait, its own last look stands
                 self._take_polled()
-            began = time.perf_counter()
+            began = perf_counter()
             chosen = arbiter.next_slot()
-            arbitrating += time.perf_counter() - began
+            arbitrating += perf_counter() - began
             if chosen >= 0:
                 self._breakdown.add(Phase.ARBITRATION, arbitrating)
                 if woke is not None:
@@ -289,6 +295,8 @@ class StageWorker(StageReceiving):
                 if self._threads:
                     self._cond.notify_all()  # a consumed message frees receive-buffer room
                 return chosen
+            if deadline is None:
+                deadline = time.monotonic() + self.timeout_s
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PipelineError(
