@@ -62,11 +62,11 @@ def run(
     planner = Planner(config=config, **shape)
     done: list[tuple[Plan, IterationReport]] = []
     ran: list[Trace] = []  # each iteration's data as packed by its plan
-    ranks = None  # the oracle's last `Found.ranks`
+    last: Found | None = None  # the oracle's last plan, which its next search starts from as the planner's does
     for k, trace in enumerate(traces):
         if planning is Planning.ORACLE:
-            found = oracle(trace=trace if plan_on is None else plan_on[k], config=config, iteration=k, previous=ranks)
-            plan, ranks = found.plan, found.ranks
+            last = oracle(trace=trace if plan_on is None else plan_on[k], config=config, iteration=k, last=last)
+            plan = last.plan
         else:
             if k >= LAG:
                 seen, (plan_seen, report_seen) = ran[k - LAG], done[k - LAG]
@@ -88,10 +88,12 @@ def run(
     return done
 
 
-def oracle(*, trace: Trace, config: PlannerConfig, iteration: int, previous: Sequence[int] | None = None) -> Found:
+def oracle(*, trace: Trace, config: PlannerConfig, iteration: int, last: Found | None = None) -> Found:
     """The best plan the same search finds with the iteration's true durations (the ceiling), after packing
     the samples by their features, in each way `packing_shares` gives, where `config.arrange` packs (the cap measured
-    on the data before packing); `previous`: the last iteration's `Found.ranks`, as the planner keeps them."""
+    on the data before packing); starting, as the planner does, from the `last` iteration's plan (its hint first,
+    its pattern of ranks among the orders)."""
+    hints = config.hints if last is None else tuple(sorted(config.hints, key=lambda hint: hint != last.plan.hint))
     tried: list[Packing | None] = [None]
     if trace.samples is not None and config.arrange.packs:
         costs = [x for row in trace.samples for x in row]
@@ -104,12 +106,12 @@ def oracle(*, trace: Trace, config: PlannerConfig, iteration: int, previous: Seq
         found = search(
             samples=[trace if packing is None else trace.repacked(packing)],
             basis=None if packing is None else trace,
-            hints=config.hints,
+            hints=hints,
             cap=config.cap,
             simulations=budget,
             seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
             reorder=config.arrange.orders,
-            previous=previous,
+            previous=None if last is None else last.ranks,
         )
         if found is None:
             raise RuntimeError("a search without a deadline always finds a plan")
