@@ -15,7 +15,7 @@ from rrfp_ray.plan.loop import LAG, Planning, run
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import score
-from rrfp_ray.plan.search import neighbours, search, smoothed
+from rrfp_ray.plan.search import by_cost, heuristic_orders, neighbours, predicted_cost, search, smoothed
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
@@ -122,6 +122,18 @@ def test_a_smoothed_order_keeps_every_stretch_near_the_mean_load_between_light_e
     assert smoothed(np.ones(5), ends=0) == (0, 1, 2, 3, 4)
 
 
+def test_the_last_plans_pattern_of_ranks_is_tried_on_new_data():
+    samples = [generate(scenario="multimodal", **SHAPE, seed=1)]
+    found = search(samples=samples, hints=("bfw",), cap=CAP, simulations=24, seed=0)
+    assert tuple(by_cost(predicted_cost(samples))[r] for r in found.ranks) == found.plan.order
+    new = [generate(scenario="multimodal", **SHAPE, seed=3)]
+    rising = by_cost(predicted_cost(new))
+    mapped = tuple(rising[r] for r in found.ranks)  # slot i: the new microbatch of the rank slot i held
+    assert heuristic_orders(new, previous=found.ranks)[1] == mapped
+    assert mapped not in heuristic_orders(new)
+    assert heuristic_orders(new, previous=found.ranks[:-1]) == heuristic_orders(new)  # another shape: not mapped
+
+
 def test_a_search_past_its_deadline_reports_no_plan():
     samples = [generate(scenario="multimodal", **SHAPE, seed=1)]
     assert search(samples=samples, hints=("bfw",), cap=CAP, simulations=8, seed=0, deadline=0.0) is None
@@ -154,6 +166,7 @@ def test_planner_is_deterministic_under_its_seed_and_its_state_round_trips():
             restored.observe(**seen)
         restored = Planner.from_dict(json.loads(json.dumps(restored.to_dict())))
         assert whole.plan(iteration=k, features=trace.features) == restored.plan(iteration=k, features=trace.features)
+        assert whole.ranks == Planner.from_dict(json.loads(json.dumps(whole.to_dict()))).ranks is not None
 
 
 def test_changing_durations_of_iteration_k_but_not_its_features_leaves_plan_k_unchanged():

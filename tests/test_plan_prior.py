@@ -12,7 +12,7 @@ import pytest
 from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
-from rrfp_ray.plan.prior import following, hypotheses, hypothesised
+from rrfp_ray.plan.prior import adaptive, following, hypotheses, hypothesised
 from rrfp_ray.plan.scoring import Guard, Samples, score
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.sim.variability import generate, generate_iterations
@@ -63,6 +63,17 @@ def test_a_fixed_hint_past_the_cap_on_the_prior_bytes_scores_inf_though_the_samp
     held, gated = score(plans=[fixed, ready], samples=guarded)
     assert held == math.inf and math.isfinite(gated)
     assert Guard(trace=predicted[0]).admits(plan=replace(fixed, order=tuple(range(8))), policy=fixed.validate(**SHAPE))
+
+
+def test_an_untaught_planner_chooses_among_the_hints_that_adapt_whatever_its_budget():
+    assert adaptive(("bfw", "zb-h1", "ready-zb-h1", "1f1b"), **SHAPE) == ("bfw", "ready-zb-h1")
+    assert adaptive(("zb-h1", "1f1b"), **SHAPE) == ("zb-h1", "1f1b")  # nothing adapts: the fixed ones as given
+    for seed in range(6):  # a large budget reaches every hint; the prediction shows no spread, yet ops jitter
+        trace = generate(scenario="multimodal+lognormal", **SHAPE, seed=seed)
+        plan = planner(simulations=256).plan(iteration=0, features=trace.features)
+        assert not plan.validate(**SHAPE).fixed, (seed, plan.hint)
+    fixed = planner(simulations=256, hints=("zb-h1", "1f1b")).plan(iteration=0, features=FEATURES)
+    assert fixed.hint in ("zb-h1", "1f1b")
 
 
 @pytest.mark.parametrize("simulations", [2, 32])

@@ -14,10 +14,14 @@ import enum
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints, oracle
+from rrfp_ray.plan.packing import Packing, packings
+from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import planned_limits
+from rrfp_ray.plan.search import Found, budgets, search
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.trace import Trace
 
@@ -58,9 +62,11 @@ def run(
     planner = Planner(config=config, **shape)
     done: list[tuple[Plan, IterationReport]] = []
     ran: list[Trace] = []  # each iteration's data as packed by its plan
+    last: Found | None = None  # the oracle's last plan, which its next search starts from as the planner's does
     for k, trace in enumerate(traces):
         if planning is Planning.ORACLE:
-            plan = oracle(trace=trace if plan_on is None else plan_on[k], config=config, iteration=k).plan
+            last = oracle(trace=trace if plan_on is None else plan_on[k], config=config, iteration=k, last=last)
+            plan = last.plan
         else:
             if k >= LAG:
                 seen, (plan_seen, report_seen) = ran[k - LAG], done[k - LAG]
@@ -80,3 +86,37 @@ def run(
         )
         done.append((plan, replace(report, policy=f"{planning.value}:{plan.hint}")))
     return done
+
+
+def oracle(*, trace: Trace, config: PlannerConfig, iteration: int, last: Found | None = None) -> Found:
+    """The best plan the same search finds with the iteration's true durations (the ceiling), after packing
+    the samples by their features, in each way `packing_shares` gives, where `config.arrange` packs (the cap measured
+    on the data before packing); starting, as the planner does, from the `last` iteration's plan (its hint first,
+    its pattern of ranks among the orders)."""
+    hints = config.hints if last is None else tuple(sorted(config.hints, key=lambda hint: hint != last.plan.hint))
+    tried: list[Packing | None] = [None]
+    if trace.samples is not None and config.arrange.packs:
+        costs = [x for row in trace.samples for x in row]
+        shape = {"microbatches": trace.microbatches, "blocks": trace.virtual_stages}
+        tried = [packing for packing, _, _ in packings(samples=trace.samples, costs=costs, **shape)]
+    best: Found | None = None
+    for packing, budget in zip(
+        tried, budgets(simulations=config.simulations, samples=config.samples, count=len(tried))
+    ):
+        found = search(
+            samples=[trace if packing is None else trace.repacked(packing)],
+            basis=None if packing is None else trace,
+            hints=hints,
+            cap=config.cap,
+            simulations=budget,
+            seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
+            reorder=config.arrange.orders,
+            previous=None if last is None else last.ranks,
+        )
+        if found is None:
+            raise RuntimeError("a search without a deadline always finds a plan")
+        if best is None or found.score_ms < best.score_ms:
+            best = replace(found, plan=replace(found.plan, packing=packing))
+    if best is None:
+        raise RuntimeError("the oracle searched no packing")
+    return best

@@ -23,9 +23,9 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.costs import Backward, BackwardCosts, feature_of, padded_size
 from rrfp_ray.plan.packing import Packing, packed_padded, packings
 from rrfp_ray.plan.plans import Plan, policy_for
-from rrfp_ray.plan.prior import hypothesised
+from rrfp_ray.plan.prior import adaptive, hypothesised
 from rrfp_ray.plan.scoring import Samples, planned_byte_limits
-from rrfp_ray.plan.search import Found, budgets, search
+from rrfp_ray.plan.search import budgets, search
 from rrfp_ray.policy.arbiter import Cap
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout
@@ -131,6 +131,7 @@ class Planner:
         model: BackwardCosts | None = None,
         last: Plan | None = None,
         planned: int | None = None,
+        ranks: tuple[int, ...] | None = None,
     ) -> None:
         self.config = config
         self.shape = {"stages": stages, "chunks": chunks, "microbatches": microbatches}
@@ -140,6 +141,7 @@ class Planner:
         self.last = last or Plan.identity(microbatches=microbatches, hint=config.hints[0], cap=config.cap)
         self.last.validate(**self.shape)
         self.planned = planned  # the iteration `last` was planned for (None: none yet)
+        self.ranks = ranks  # `last`'s slots by the rank of their microbatch's predicted cost (`Found.ranks`)
         zeros = [[0.0] * microbatches] * (stages * chunks)
         self._idle = Trace(F=zeros, B=zeros, W=zeros, commF=zeros[1:], commB=zeros[1:], **self.shape)  # all ops 0 ms
 
@@ -208,13 +210,16 @@ class Planner:
         ):
             predicted = self.predicted(iteration=iteration, features=option_features, padded=padded)
             basis = None if held is None else replace(predicted[0], activation_bytes=held)
+            hints = tuple(sorted(self.hints(), key=lambda hint: hint != self.last.hint))  # the last plan's first
             if self.model.untaught() and option_features is not None and min(option_features) < max(option_features):
                 guarded = hypothesised(predicted, basis=basis)  # `rrfp_ray.plan.prior`
-                predicted, basis = (guarded, None) if budget >= len(guarded) else (predicted, basis)
+                if budget >= len(guarded):
+                    predicted, basis, hints = guarded, None, adaptive(hints, **self.shape)
             got = search(
                 samples=predicted,
                 basis=basis,
-                hints=self.hints(),
+                previous=self.ranks,
+                hints=hints,
                 cap=config.cap,
                 simulations=budget,
                 seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
@@ -227,7 +232,7 @@ class Planner:
             if found is None or got.score_ms < found.score_ms:
                 found, packing = got, option
         if found is not None:
-            self.last = replace(found.plan, packing=packing)
+            self.last, self.ranks = replace(found.plan, packing=packing), found.ranks
             self.last.validate(**self.shape)
             log.debug("iteration %d: %s (%.1f ms predicted)", iteration, found.plan.hint, found.score_ms)
         else:
@@ -323,6 +328,7 @@ class Planner:
             "model": self.model.to_dict(),
             "last": self.last.to_dict(),
             "planned": self.planned,
+            "ranks": None if self.ranks is None else list(self.ranks),
         }
 
     @classmethod
@@ -333,6 +339,7 @@ class Planner:
             model=BackwardCosts.from_dict(data["model"]),
             last=Plan.from_dict(data["last"]),
             planned=data.get("planned"),
+            ranks=None if data.get("ranks") is None else tuple(int(r) for r in data["ranks"]),
         )
 
 
@@ -360,34 +367,3 @@ def measured_bytes(
             for slot, nbytes in enumerate(row):
                 rows[vs][order[slot]] = float(nbytes)
     return rows
-
-
-def oracle(*, trace: Trace, config: PlannerConfig, iteration: int) -> Found:
-    """The best plan the same search finds with the iteration's true durations (the ceiling), after packing
-    the samples by their features, in each way `packing_shares` gives, where `config.arrange` packs (the cap measured
-    on the data before packing)."""
-    tried: list[Packing | None] = [None]
-    if trace.samples is not None and config.arrange.packs:
-        costs = [x for row in trace.samples for x in row]
-        shape = {"microbatches": trace.microbatches, "blocks": trace.virtual_stages}
-        tried = [packing for packing, _, _ in packings(samples=trace.samples, costs=costs, **shape)]
-    best: Found | None = None
-    for packing, budget in zip(
-        tried, budgets(simulations=config.simulations, samples=config.samples, count=len(tried))
-    ):
-        found = search(
-            samples=[trace if packing is None else trace.repacked(packing)],
-            basis=None if packing is None else trace,
-            hints=config.hints,
-            cap=config.cap,
-            simulations=budget,
-            seed=int(np.random.SeedSequence(config.seed, spawn_key=(iteration, 1)).generate_state(1)[0]),
-            reorder=config.arrange.orders,
-        )
-        if found is None:
-            raise RuntimeError("a search without a deadline always finds a plan")
-        if best is None or found.score_ms < best.score_ms:
-            best = replace(found, plan=replace(found.plan, packing=packing))
-    if best is None:
-        raise RuntimeError("the oracle searched no packing")
-    return best

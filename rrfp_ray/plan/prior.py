@@ -9,6 +9,10 @@ front half, the back half), each a predicted iteration whose other stages cost t
 score is its mean makespan over them. The scored iterations weigh every microbatch the same (no bytes measured
 yet, as a trace without bytes does), while a fixed hint, which no cap bends, must still fit its cap on the prior's
 bytes (`Guard`).
+
+The predicted iterations show no spread either (none is measured), and on an iteration whose ops take exactly their
+predicted time a fixed list scores as well as readiness over it, although it falls behind wherever ops jitter: so
+these plans choose among the hints that adapt (`adaptive`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rrfp_ray.plan.plans import policy_for
 from rrfp_ray.plan.scoring import Guard, Samples
 from rrfp_ray.sim.trace import Trace
 
@@ -51,3 +56,10 @@ def hypothesised(predicted: Samples, *, basis: Trace | None) -> Samples:
         unsplit=[following(t, stages=s) for s in sets for t in predicted.unsplit],
         guard=Guard(trace=predicted[0], basis=basis),
     )
+
+
+def adaptive(hints: Sequence[str], *, stages: int, chunks: int, microbatches: int) -> tuple[str, ...]:
+    """The hints among `hints` that are not fixed lists (all of them where every one is fixed), in their order."""
+    shape = {"stages": stages, "chunks": chunks, "microbatches": microbatches}
+    ready = tuple(hint for hint in hints if not policy_for(name=hint, **shape).fixed)
+    return ready or tuple(hints)

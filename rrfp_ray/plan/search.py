@@ -1,4 +1,5 @@
-"""The search for a plan: heuristic orders first, then the hint, then local moves, under a budget of simulations.
+"""The search for a plan: heuristic orders first (the last plan's pattern among them), then the hint, then local
+moves, under a budget of simulations.
 
 The local search scores a batch of `NEIGHBOURS` random orders one move from the best so far (a swap of
 two slots, or a block of consecutive microbatches moved elsewhere) and moves to the batch's best when it
@@ -36,30 +37,46 @@ class Found:
     plan: Plan
     score_ms: float  # mean simulated makespan over the samples
     simulations: int  # simulated iterations spent
+    ranks: tuple[int, ...]  # per slot, the rank of its microbatch by predicted cost (`by_cost`)
 
 
-def heuristic_orders(samples: Sequence[Trace]) -> list[Order]:
+def predicted_cost(samples: Sequence[Trace]) -> np.ndarray:
+    """Per virtual stage and data microbatch, its predicted work (F + B + W) summed over the samples."""
+    first = samples[0]
+    work = np.zeros((first.virtual_stages, first.microbatches))
+    for t in samples:
+        work += np.array(t.F) + np.array(t.B) + np.array(t.W)
+    return work
+
+
+def by_cost(work: np.ndarray) -> list[int]:
+    """The data microbatches by rising predicted cost (`predicted_cost`'s columns; the lower index first on ties)."""
+    cost = work.sum(axis=0)
+    return sorted(range(len(cost)), key=lambda j: (cost[j], j))
+
+
+def heuristic_orders(samples: Sequence[Trace], *, previous: Sequence[int] | None = None) -> list[Order]:
     """Candidate orders from the predicted cost of each data microbatch, identity first.
 
-    Light at both ends and heavy in the middle (the pipeline fills and drains on light ones, and the heavy
-    ones overlap while it is full), smoothed (`smoothed`: about the mean load in every stretch of slots, with
-    light ones at the ends, as many as half to twice the virtual stages, the pipeline's fill and drain), and
-    Johnson's rule over the front and back halves of the virtual stages (microbatches heavier
+    Then the last plan's pattern (`previous`, its `Found.ranks`): slot i holds this iteration's microbatch of the
+    rank the last plan's slot i held, so what the last search learned of where heavy and light microbatches go
+    carries over to new data. Then light at both ends and heavy in the middle (the pipeline fills and drains on
+    light ones, and the heavy ones overlap while it is full), smoothed (`smoothed`: about the mean load in every
+    stretch of slots, with light ones at the ends, as many as half to twice the virtual stages, the pipeline's fill
+    and drain), and Johnson's rule over the front and back halves of the virtual stages (microbatches heavier
     at the back go first, by rising front cost; the others last, by falling back cost), as for a
     two-machine flow shop.
     """
-    first = samples[0]
-    V, M = first.virtual_stages, first.microbatches
-    work = np.zeros((V, M))
-    for t in samples:
-        work += np.array(t.F) + np.array(t.B) + np.array(t.W)
+    work = predicted_cost(samples)
+    V, M = work.shape
     cost, front, back = work.sum(axis=0), work[: (V + 1) // 2].sum(axis=0), work[(V + 1) // 2 :].sum(axis=0)
-    rising = sorted(range(M), key=lambda j: (cost[j], j))
+    rising = by_cost(work)
     early = sorted((j for j in range(M) if front[j] < back[j]), key=lambda j: (front[j], j))
     late = sorted((j for j in range(M) if front[j] >= back[j]), key=lambda j: (-back[j], j))
     smooth = [smoothed(cost, ends=math.ceil(share * V)) for share in (1 / 2, 1, 3 / 2, 2)]
     ends = [light_ends(rising, front=share) for share in (1 / 2, 1 / 3, 2 / 3)]
-    candidates = [tuple(range(M)), *ends, *smooth, tuple(early + late)]
+    learned = [] if previous is None or len(previous) != M else [tuple(rising[r] for r in previous)]
+    candidates = [tuple(range(M)), *learned, *ends, *smooth, tuple(early + late)]
     return list(dict.fromkeys(candidates))
 
 
@@ -120,10 +137,13 @@ def search(
     deadline: float | None = None,
     reorder: bool = True,
     basis: Trace | None = None,
+    previous: Sequence[int] | None = None,
 ) -> Found | None:
     """The best plan found within `simulations` simulated iterations; None when `deadline`
     (a `time.monotonic()` instant) passed first. `reorder` False: the hints and the cap only, the data
-    microbatches in their order. `basis`: the data before packing, on which the cap is measured (`score`)."""
+    microbatches in their order. `basis`: the data before packing, on which the cap is measured (`score`).
+    `previous`: the last plan's `Found.ranks`, a candidate order (`heuristic_orders`). The orders are scored under
+    the first hint, then every hint under the best order (so a caller lists first the hint it expects to win)."""
     if not hints:
         raise ValueError("the search needs at least one hint")
     cost = len(samples)
@@ -147,7 +167,7 @@ def search(
         return len(new) <= room
 
     try:
-        orders = heuristic_orders(samples) if reorder else [tuple(range(samples[0].microbatches))]
+        orders = heuristic_orders(samples, previous=previous) if reorder else [tuple(range(samples[0].microbatches))]
         if tried([Plan(order=order, hint=hints[0], cap=cap) for order in orders]):
             order = best[0].order
             if tried([Plan(order=order, hint=hint, cap=cap) for hint in hints[1:]]) and reorder:
@@ -161,7 +181,9 @@ def search(
     except TimeoutError:
         log.warning("plan search stopped at its deadline after %d candidates; keeping the last plan", len(seen))
         return None
-    return Found(plan=best[0], score_ms=seen[best[0]], simulations=len(seen) * cost)
+    rank = {j: r for r, j in enumerate(by_cost(predicted_cost(samples)))}
+    ranks = tuple(rank[j] for j in best[0].order)
+    return Found(plan=best[0], score_ms=seen[best[0]], simulations=len(seen) * cost, ranks=ranks)
 
 
 def budgets(*, simulations: int, samples: int, count: int) -> list[int]:
