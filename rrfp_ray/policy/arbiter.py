@@ -37,55 +37,15 @@ can wait on a message queued behind buffered ones; measured at P=4, M=16 they ne
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from heapq import heappush
 
+from rrfp_ray.policy.caps import Cap, Memory
 from rrfp_ray.policy.pickers import hint_indexes, picker_for, ranked, take
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.layout import Layout, Message
 from rrfp_ray.schedule.slots import FREES_FB, FREES_FW
-
-_CAP = re.compile(r"^(?:(\d+(?:\.\d+)?)x|(\d+)|inf)$")
-
-
-@dataclass(frozen=True)
-class Cap:
-    """An in-flight cap: a multiple of the hint schedule's own peak (`2x`), a count (`6`) or `inf`."""
-
-    multiple: float | None = None
-    count: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> Cap:
-        match = _CAP.match(text.strip().lower())
-        if match is None:
-            raise ValueError(f"cap must look like '1x', '2x', '1.5x', an integer >= 1 or 'inf', got {text!r}")
-        multiple, count = match.groups()
-        if multiple is not None:
-            if float(multiple) <= 0:
-                raise ValueError(f"cap multiple must be > 0, got {text!r}")
-            return cls(multiple=float(multiple))
-        if count is not None:
-            if int(count) < 1:
-                raise ValueError(f"cap must be >= 1 microbatch, got {text!r}")
-            return cls(count=int(count))
-        return cls()
-
-    def limit(self, *, peak: int) -> float:
-        if self.count is not None:
-            return self.count
-        if self.multiple is not None:
-            return max(1, math.ceil(self.multiple * peak))
-        return math.inf
-
-    def __str__(self) -> str:
-        if self.count is not None:
-            return str(self.count)
-        return "inf" if self.multiple is None else f"{self.multiple:g}x"
-
 
 _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under it
 # An arbiter's state of each slot, bits of one int: the delivery its action waits for has arrived, or it waits
@@ -94,16 +54,6 @@ _SLACK = 1e-9  # relative: byte sums that equal a limit up to rounding fit under
 _ARRIVED, _NO_MESSAGE, _STARTED, _DONE = 1, 2, 4, 8
 _FIRST_STATE = bytes([_NO_MESSAGE, 0]) + bytes(254)  # a slot's state before the run, by `Slots.needs_message`
 _RUNNING = tuple(_STARTED <= state < _DONE for state in range(2 * _DONE))  # per state: started, not done
-
-
-@dataclass(frozen=True)
-class Memory:
-    """One stage's activation memory in bytes: per microbatch, what it holds on the stage from its
-    chunk-0 F on (all its chunks), and the F->B and F->W limits (inf: none)."""
-
-    held: tuple[float, ...]
-    limit_fb: float
-    limit_fw: float = math.inf
 
 
 def peak_bytes(actions: Sequence[Action], *, held: Sequence[float], release: tuple[Kind, ...]) -> float:
@@ -137,6 +87,15 @@ def byte_limits(
 
 
 class Arbiter:
+    # hot first: what the per-op paths read sits together in the object
+    __slots__ = (
+        "_pick", "_gate_bytes", "_room", "_state", "_begun", "buffered", "_admissions", "_heaps", "_heap_of",
+        "_key_of", "_block", "_done_count", "_frees", "_follower", "peak_buffered", "inflight_fb", "inflight_fw",
+        "peak_inflight", "cap_fb", "cap_fw", "memory", "buffer_limit", "bytes_fb", "bytes_fw", "peak_bytes",
+        "layout", "stage", "policy", "_slots", "_total", "_picker", "_base", "_replayed", "_seen", "_overtook",
+        "_hint_pos", "_started_by", "_unstarted_hint",
+    )  # fmt: skip
+
     def __init__(
         self,
         *,
@@ -179,8 +138,8 @@ class Arbiter:
         # from the start order: `_replayed` starts are in `_overtook`, with `_seen` what they started.
         self._begun: list[int] = []
         self._replayed = 0
-        self._seen = [False] * size
-        self._overtook = [False] * size
+        self._seen: list[bool] = []  # both made by the first `_catch_up` that needs them (a fixed list never does)
+        self._overtook: list[bool] = []
         self._hint_pos = index.position
         # `outside` ends the list: never started, it stops the scan for the first unstarted hint action
         self._started_by = [*index.started_by, slots.outside]
@@ -232,7 +191,7 @@ class Arbiter:
     def overtook(self, slot: int) -> bool:
         """Whether the started action of `slot` overtook an earlier hint action."""
         self._catch_up()
-        return self._overtook[slot]
+        return bool(self._overtook) and self._overtook[slot]
 
     @property
     def overtakes(self) -> int:
@@ -331,6 +290,8 @@ class Arbiter:
         if self.policy.fixed:  # its picker starts the list's actions in their order: none overtakes
             self._unstarted_hint = self._replayed = len(begun)
             return
+        if not self._seen:
+            self._seen, self._overtook = [False] * len(self._state), [False] * len(self._state)
         seen, overtook, hint_pos, started_by = self._seen, self._overtook, self._hint_pos, self._started_by
         first = self._unstarted_hint
         for slot in begun[self._replayed :]:

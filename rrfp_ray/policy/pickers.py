@@ -115,6 +115,7 @@ def _index(*, policy: Policy, slots: Slots, stage: int) -> HintIndex:
 class _Heaps:
     """The ready set: slot `s` waits in `heaps[heap_of[s]]` under key `key_of[s]`."""
 
+    __slots__ = ("heaps", "heap_of", "key_of")
     heaps: tuple[list[int], ...]
     heap_of: list[int]
     key_of: list[int]
@@ -142,6 +143,8 @@ class FixedPicker(_Heaps):
     Ready slots wait under their first place in the list, in the heap of that place mod `_BUCKETS`
     (forwards that arrive long before their place pile up: spread, each pop sifts a small heap);
     a slot not in the list, in a heap never read."""
+
+    __slots__ = ("_next", "_order")
 
     def __init__(self, *, index: HintIndex) -> None:
         self._order = index.order
@@ -171,6 +174,8 @@ class FixedPicker(_Heaps):
 
 class ListPicker(_Heaps):
     """The first ready action in list order, admissions only while the cap allows."""
+
+    __slots__ = ("_other", "_admit", "_order")
 
     def __init__(self, *, index: HintIndex) -> None:
         if index.missing is not None:
@@ -242,6 +247,8 @@ class BFPicker(_Heaps):
     microbatch on, so backwards come late and the pipeline drains.
     """
 
+    __slots__ = ("_backward_turn", "_b", "_f_later", "_f_admit", "_w", "_backward_slot", "_w_slot", "_with_w")
+
     def __init__(self, *, slots: Slots, with_w: bool) -> None:
         self._with_w = with_w
         self._backward_turn = True
@@ -297,6 +304,8 @@ class CPWPicker(BFPicker):
     BFW. The picker needs no durations: it counts its own chunk-0 F and B picks, which equals
     the arbiter's F->B count because a stage finishes each action before it picks the next.
     """
+
+    __slots__ = ("_chunks", "_admissions", "_block", "_held", "_admitted_at")
 
     def __init__(self, *, slots: Slots) -> None:
         super().__init__(slots=slots, with_w=True)
