@@ -34,7 +34,7 @@ from actors.teardown import await_exit
 from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.worker import PipelineError
 from rrfp_ray.sim.memory import DataBytes

@@ -24,7 +24,7 @@ from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPGather
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.group import StageGroup

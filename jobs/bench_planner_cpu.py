@@ -25,7 +25,7 @@ from rrfp_ray.job import run_job
 from rrfp_ray.plan import scoring
 from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.sim.variability import generate_iterations
 
 

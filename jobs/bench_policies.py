@@ -20,7 +20,7 @@ from benchmarks.console import show_progress
 from benchmarks.policies import SCENARIOS, SENSITIVITY_CAPS, SENSITIVITY_SCENARIOS, markdown, paired, suite_row
 from rrfp_ray.cli import count
 from rrfp_ray.job import run_job
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 
 
 def main() -> None:

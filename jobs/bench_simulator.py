@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rrfp_ray.cli import count, counts
 from rrfp_ray.job import run_job
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.bounds import bounds
 from rrfp_ray.sim.simulator import Case, simulate, simulate_many
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 # and the makespans, as JSON.
 BASELINE = """
 import json, sys, time
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 try:
     from rrfp_ray.policy.policy import make_policy
 except ImportError:  # a revision from before policy/policy.py

@@ -23,7 +23,7 @@ from rrfp_ray.cli import add_log_level_flag, configure_logging
 from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.layout import Layout

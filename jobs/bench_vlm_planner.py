@@ -24,7 +24,7 @@ from benchmarks.vlm import add_run_flags, run_configs, spread
 from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.plans import Plan
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.train.api import Trainer
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rrfp_ray.job import run_job
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import parse_action
 from rrfp_ray.schedule.layout import Layout

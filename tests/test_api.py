@@ -19,7 +19,7 @@ from toy_vlm import SPLIT_POINTS, Captions, ToyVLM, text_loss
 from examples.mlp import Regression, mlp
 from rrfp_ray import FactoryOptim, InMemoryData, LocalBackend, Optim, PipelineConfig, Trainer
 from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.train.layers import to_layers
 from rrfp_ray.train.partition import partition

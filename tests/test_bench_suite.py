@@ -32,7 +32,7 @@ from benchmarks.suite import (
 )
 from benchmarks.suite_ray import by_layout, tp_figures, tp_workload
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.simulator import simulate

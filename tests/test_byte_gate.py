@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap, Memory
+from rrfp_ray.policy.caps import Cap, Memory
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.synthetic import SyntheticWorkload

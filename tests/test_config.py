@@ -8,7 +8,7 @@ import pickle
 import pytest
 from pydantic import ValidationError
 
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.train.config import SECTION_OF, PipelineConfig, ShapeConfig
 

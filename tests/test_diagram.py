@@ -11,7 +11,7 @@ from PIL import Image
 
 from rrfp_ray.observe.diagram import compare_png, pipeline_png
 from rrfp_ray.observe.telemetry import IterationReport, StageStats
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import generate

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rrfp_ray import InMemoryData, PipelineConfig, Trainer
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.runtime.worker import PipelineError

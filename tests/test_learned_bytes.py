@@ -12,7 +12,7 @@ from rrfp_ray.plan.costs import CostModel, padded_size
 from rrfp_ray.plan.planner import Planner, PlannerConfig, measured_bytes, packed_padded
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import planned_limits
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.trace import Trace
 from rrfp_ray.train.bytegate import ByteGate

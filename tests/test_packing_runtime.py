@@ -11,7 +11,7 @@ from gradients import GradCapture
 from rrfp_ray.models.vlm import VLMConfig
 from rrfp_ray.plan.packing import pack, packings
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import corpus_source, gpt_trainer
 from rrfp_ray.recipes.vlm_workload import caption_source, vlm_trainer

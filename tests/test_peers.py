@@ -11,7 +11,7 @@ import torch
 import bench_peers
 from benchmarks.peers.sleep_module import delivery_wait_s, stage_costs
 from benchmarks.peers.torch_pipelining import KEYS, measure, measure_all
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.simulator import simulate

@@ -9,7 +9,7 @@ import pytest
 
 from rrfp_ray.observe.perfetto import BLOCKED, COMPUTE, RECV, SEND, blocked_spans, chrome_trace, write_trace
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, StageStats, merge_stage_reports, stage_stats
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import action_kind
 from rrfp_ray.sim.simulator import simulate

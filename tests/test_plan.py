@@ -16,7 +16,7 @@ from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import score
 from rrfp_ray.plan.search import by_cost, heuristic_orders, neighbours, predicted_cost, search, smoothed
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.trace import Trace

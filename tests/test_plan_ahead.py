@@ -17,7 +17,7 @@ from examples.mlp import Regression, mlp
 from rrfp_ray import Optim, PipelineConfig, Trainer
 from rrfp_ray.plan.ahead import Lookahead, seen
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.train.checkpoint import Checkpointing
 from rrfp_ray.train.faults import Fault, FaultPlan, FaultyWorkload, Moment
 

@@ -13,7 +13,7 @@ from rrfp_ray.plan.costs import Backward
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import Samples, planned_limits, score
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.sim.memory import limits_for

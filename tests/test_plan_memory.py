@@ -10,7 +10,8 @@ import pytest
 from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import PlannerConfig, default_hints
 from rrfp_ray.plan.scoring import planned_limits, reference_for
-from rrfp_ray.policy.arbiter import Cap, peak_bytes
+from rrfp_ray.policy.arbiter import peak_bytes
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.sim.memory import limits_for

@@ -16,7 +16,7 @@ from rrfp_ray import Optim, PipelineConfig, Trainer
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.costs import Backward
 from rrfp_ray.plan.planner import default_hints
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.runtime.synthetic import SyntheticWorkload

@@ -12,7 +12,7 @@ from rrfp_ray.plan.packing import light_ends, loads, pack, packing_shares, sprea
 from rrfp_ray.plan.planner import PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.search import budgets
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.sim.trace import Trace, iterations_from_json, iterations_to_json
 from rrfp_ray.sim.variability import generate, generate_iterations
 

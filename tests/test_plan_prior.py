@@ -14,7 +14,7 @@ from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.prior import adaptive, following, hypotheses, hypothesised
 from rrfp_ray.plan.scoring import Guard, Samples, score
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.sim.variability import generate, generate_iterations
 
 CAP = Cap.parse("1x")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.arbiter import Arbiter
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.pickers import BFPicker, FixedPicker, ListPicker, Picker, hint_indexes
 from rrfp_ray.policy.policy import Policy, Rule, make_policy, policy_names
 from rrfp_ray.schedule.actions import Action, Kind, Placement, parse_action

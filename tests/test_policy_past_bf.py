@@ -12,7 +12,8 @@ from test_policy import Driven
 from test_simulator import bf_choice, builds, readiness, traces
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.arbiter import Arbiter
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.pickers import BFPicker, CPWPicker, hint_indexes, picker_for
 from rrfp_ray.policy.policy import Policy, Rule, make_policy
 from rrfp_ray.runtime.synthetic import SyntheticWorkload

@@ -20,7 +20,7 @@ from rrfp_ray.plan.rebalance import (
     predicted_ms,
     stage_work,
 )
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.train.config import PipelineConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout, Message

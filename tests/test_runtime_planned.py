@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from benchmarks.runtime_planned import summarize
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.synthetic import SleepExecutor

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy, policy_names
 from rrfp_ray.sim.simulator import simulate
 from rrfp_ray.sim.variability import SCENARIOS, generate

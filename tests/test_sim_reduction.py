@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rrfp_ray.observe.telemetry import dp_summary
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.reduction import ReduceModel, with_reduction
 from rrfp_ray.sim.simulator import layout_for, simulate

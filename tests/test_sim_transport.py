@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.simulator import TransportModel, simulate
 from rrfp_ray.sim.variability import generate

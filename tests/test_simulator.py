@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, stage_stats
-from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.arbiter import Arbiter
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy, make_policy
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
 from rrfp_ray.schedule.layout import Layout

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.streams import Handoff

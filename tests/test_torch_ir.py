@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.schedule.actions import Kind, Placement, parse_action

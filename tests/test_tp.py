@@ -14,7 +14,8 @@ from torch import nn
 from rrfp_ray.models.gpt import GPT, Block, GPTConfig, lm_loss
 from rrfp_ray.models.tp import TPBlock, TPLayers, check_tp, shard_block_tensors
 from rrfp_ray.policy.agreement import Agreement, TPContext, TPProtocol, decide, offer, op_id
-from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.arbiter import Arbiter
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload

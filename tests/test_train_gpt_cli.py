@@ -273,7 +273,7 @@ def _reports(policy: str, *, losses: list[float], ms: float) -> list:
 
 
 def test_the_closing_lines_name_the_faster_fixed_schedule_the_memory_and_whether_losses_agree():
-    from rrfp_ray.policy.arbiter import Cap
+    from rrfp_ray.policy.caps import Cap
     from rrfp_ray.recipes.gpt_run import compared, outcome_lines
 
     def summary(policy: str, ms: float) -> dict:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gradients import GradCapture, gpt_reference
 
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import gpt_workload
 from rrfp_ray.train.backend import LocalBackend

@@ -15,7 +15,7 @@ from gradients import GradCapture
 from rrfp_ray.models.vlm import VLM, VLMConfig, caption_loss
 from rrfp_ray.plan.costs import Backward
 from rrfp_ray.plan.planner import HINTS, Planner, PlannerConfig
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_run import dp_check
 from rrfp_ray.recipes.gpt_workload import corpus_source

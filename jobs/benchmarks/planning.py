@@ -34,7 +34,7 @@ from typing import Any
 
 from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.planner import HINTS, PlannerConfig, default_hints
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.bounds import bounds
 from rrfp_ray.sim.simulator import simulate

@@ -9,7 +9,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy, make_policy
 from rrfp_ray.sim.bounds import bounds
 from rrfp_ray.sim.simulator import simulate

@@ -27,7 +27,7 @@ from typing import Any
 
 from rrfp_ray.plan.rebalance import Rebalancer, RebalanceSettings
 from rrfp_ray.plan.rebalance_loop import Pipeline, run
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.sim.variability import generate_iterations
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks.rows import BufferRow, SimRow
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy, make_policy, policy_names
 from rrfp_ray.schedule.actions import Kind, action_kind
 from rrfp_ray.schedule.generators import SCHEDULES

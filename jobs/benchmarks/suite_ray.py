@@ -14,7 +14,7 @@ from typing import Any
 from benchmarks.rows import Agreement, TPRow
 from benchmarks.suite import Run, Scenario, figures, where
 from rrfp_ray.observe.telemetry import IterationReport, tp_summary
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.schedule.actions import Placement
 from rrfp_ray.sim.simulator import simulate
 

@@ -26,7 +26,7 @@ from rrfp_ray.plan.plans import Plan, policy_for
 from rrfp_ray.plan.prior import adaptive, hypothesised
 from rrfp_ray.plan.scoring import Samples, planned_byte_limits
 from rrfp_ray.plan.search import budgets, search
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.memory import DataBytes

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from rrfp_ray.plan.packing import Packing
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy, make_policy
 
 

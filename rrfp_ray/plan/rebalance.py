@@ -38,7 +38,7 @@ import numpy as np
 
 from rrfp_ray.observe.telemetry import StageStats
 from rrfp_ray.plan.costs import PROBE, CostModel
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.generators import peak_inflight

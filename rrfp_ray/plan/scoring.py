@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rrfp_ray.plan.plans import Plan, policy_for
-from rrfp_ray.policy.arbiter import Cap, byte_limits, peak_bytes
+from rrfp_ray.policy.arbiter import byte_limits, peak_bytes
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Kind
 from rrfp_ray.schedule.layout import Layout

@@ -23,7 +23,7 @@ import numpy as np
 
 from rrfp_ray.plan.plans import Plan
 from rrfp_ray.plan.scoring import LimitsCache, score
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.sim.trace import Trace
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from rrfp_ray.plan.loop import Planning, run
 from rrfp_ray.plan.packing import spread
 from rrfp_ray.plan.planner import PlannerConfig
 from rrfp_ray.plan.plans import Plan
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy, make_policy
 from rrfp_ray.schedule.validate import Hint, parse_order, read_hint
 from rrfp_ray.sim.bounds import bounds

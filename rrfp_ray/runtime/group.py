@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from rrfp_ray.observe.telemetry import IterationReport, merge_stage_reports
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.executor import Workload

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap, Memory
+from rrfp_ray.policy.caps import Cap, Memory
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.layout import Layout
 

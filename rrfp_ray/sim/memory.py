@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rrfp_ray.policy.arbiter import Cap, Memory, byte_limits
+from rrfp_ray.policy.arbiter import byte_limits
+from rrfp_ray.policy.caps import Cap, Memory
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.sim.trace import Trace

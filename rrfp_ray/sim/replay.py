@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.actions import Action, Kind, parse_action
 from rrfp_ray.schedule.layout import Layout

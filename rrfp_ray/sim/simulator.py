@@ -22,7 +22,8 @@ from heapq import heappop, heappush, heapreplace
 from operator import add, itemgetter
 
 from rrfp_ray.observe.telemetry import IterationReport, OpEvent, totals_stats
-from rrfp_ray.policy.arbiter import Arbiter, Cap
+from rrfp_ray.policy.arbiter import Arbiter
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.schedule.layout import Layout
 from rrfp_ray.schedule.slots import DELIVERY, DONE, LINK_FREE, Slots, slots_of

@@ -19,7 +19,7 @@ from torch import Tensor
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.policy.agreement import TPProtocol
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.group import StageGroup

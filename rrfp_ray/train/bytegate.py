@@ -16,7 +16,7 @@ from rrfp_ray.plan.ahead import Seen
 from rrfp_ray.plan.costs import CostModel, padded_size
 from rrfp_ray.plan.packing import Packing
 from rrfp_ray.plan.planner import measured_bytes
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy
 from rrfp_ray.sim.memory import DataBytes
 from rrfp_ray.train.backend import Backend

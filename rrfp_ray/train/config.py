@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rrfp_ray.plan.planner import Arrangement, default_hints
 from rrfp_ray.policy.agreement import TPGather, TPProtocol
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy, make_policy
 from rrfp_ray.runtime.reduce import DPSpec
 from rrfp_ray.runtime.transport import LinkTransport

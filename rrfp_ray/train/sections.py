@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from rrfp_ray.plan.planner import Arrangement
 from rrfp_ray.policy.agreement import TPGather, TPProtocol
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import describe_policies
 from rrfp_ray.runtime.transport import LinkTransport
 from rrfp_ray.train.precision import Precision

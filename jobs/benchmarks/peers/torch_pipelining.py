@@ -44,7 +44,7 @@ import torch.multiprocessing as mp
 from torch.distributed import pipelining
 
 from benchmarks.peers.sleep_module import SleepStage, microbatch_inputs, stage_costs
-from rrfp_ray.policy.arbiter import Cap
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.runtime.cpu import Meter, OpClock, idle_rate, per_op_us
 from rrfp_ray.schedule.actions import Action, Placement, parse_action
