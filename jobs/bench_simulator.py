@@ -43,7 +43,10 @@ REPO = Path(__file__).resolve().parents[1]
 # and the makespans, as JSON.
 BASELINE = """
 import json, sys, time
-from rrfp_ray.policy.caps import Cap
+try:
+    from rrfp_ray.policy.caps import Cap
+except ImportError:  # a revision from before policy/caps.py
+    from rrfp_ray.policy.arbiter import Cap
 try:
     from rrfp_ray.policy.policy import make_policy
 except ImportError:  # a revision from before policy/policy.py
