@@ -1,6 +1,6 @@
 """Activation memory in bytes for an iteration, from per-microbatch activation bytes.
 
-A stage holds a microbatch's bytes of all its chunks from its chunk-0 F on (`rrfp_ray.policy.arbiter.Memory`).
+A stage holds a microbatch's bytes of all its chunks from its chunk-0 F on (`rrfp_ray.policy.caps.Memory`).
 A cap `Kx` is K x the peak bytes per stage of the policy's own reference list on the same data
 (`rrfp_ray.policy.arbiter.byte_limits`); a trace without bytes weighs every microbatch 1, which is the
 count of microbatches the arbiter keeps without a `Memory`. The simulator (`memories`, over a trace) and the
