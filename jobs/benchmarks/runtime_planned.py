@@ -26,7 +26,7 @@ from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.scoring import planned_limits
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
 from rrfp_ray.sim.memory import DataBytes
-from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.trace import Trace, of_iteration
 from rrfp_ray.train.config import PLANNED, PipelineConfig
 
 Run = dict[str, Any]
@@ -95,7 +95,7 @@ def _planned(*, driver, pipeline: PipelineConfig, traces: tuple[Trace, ...], bas
     )
 
     def shows(iteration: int) -> Seen | None:
-        features = traces[iteration % len(traces)].features
+        features = of_iteration(traces, iteration).features
         return None if features is None else seen(features, replicas=1, microbatches=pipeline.microbatches)
 
     lookahead = Lookahead(planner=Planner(config=config, **shape), shows=shows, timeout_s=pipeline.timeout_s)

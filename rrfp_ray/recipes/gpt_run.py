@@ -14,6 +14,7 @@ from rrfp_ray.policy.caps import Cap
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.recipes.gpt_workload import injected_traces
 from rrfp_ray.schedule.actions import parse_action
+from rrfp_ray.sim.trace import of_iteration
 from rrfp_ray.train.api import Trainer
 from rrfp_ray.train.config import PLANNED
 
@@ -122,7 +123,7 @@ def op_times(*, run: RunConfig, reports: list[IterationReport]) -> Summary:
     injected = injected_traces(run)
     slept = []
     for report in reports:
-        trace = injected[report.iteration % len(injected)] if injected else None
+        trace = of_iteration(injected, report.iteration)
         for event in report.events:
             action = parse_action(event.action, stages=run.pipeline.stages)
             if report.order is not None:  # the slot's data microbatch, whose row the trace's sleep was

@@ -29,7 +29,7 @@ from rrfp_ray.runtime.reduce import ChunkGradients, GradSink
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.grad_ready import even_split
 from rrfp_ray.schedule.layout import Layout, Message
-from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.trace import Trace, of_iteration
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,7 @@ class SyntheticWorkload:
         return self
 
     def latency(self, message: Message, *, iteration: int) -> float:
-        trace = self.iterations[iteration % len(self.iterations)] if self.iterations else self.trace
-        return trace.latency(message)
+        return (of_iteration(self.iterations, iteration) or self.trace).latency(message)
 
     def with_ties(self, *, reduce: Callable[[tuple[int, ...], torch.Tensor], torch.Tensor]) -> SyntheticWorkload:
         """It has no tied parameters: nothing to sum."""
@@ -197,7 +196,7 @@ class SleepExecutor:
 
     def begin(self, *, args: IterationArgs) -> None:
         self._watched = {} if args.measure else None
-        self._run_trace = self._run_traces[args.iteration % len(self._run_traces)]
+        self._run_trace = of_iteration(self._run_traces, args.iteration)
         self._order = args.order
 
     def measure(self) -> Costs:

@@ -318,6 +318,11 @@ def iterations_to_json(traces: Sequence[Trace]) -> dict[str, Any]:
     return {"iterations": [t.to_json() for t in traces]}
 
 
+def of_iteration(traces: Sequence[Trace], iteration: int) -> Trace | None:
+    """The trace that iteration `iteration` of a run of `traces` replays (they cycle); None where there are none."""
+    return traces[iteration % len(traces)] if traces else None
+
+
 def load_iterations(path: str | os.PathLike[str]) -> tuple[Trace, ...]:
     """Every iteration of a trace file, either form; ValueError naming what is wrong."""
     with open(path, encoding="utf-8") as f:

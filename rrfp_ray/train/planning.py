@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
+from rrfp_ray.sim.trace import of_iteration
 from rrfp_ray.train.backend import Backend
 from rrfp_ray.train.bytegate import ByteGate
 from rrfp_ray.train.config import PipelineConfig
@@ -131,8 +132,7 @@ class Planning:
         data shows of each microbatch (every replica's microbatch j sleeps the trace's row j); a plan that packs
         still sees the data source's samples."""
         workload, dp = self._run.workload, self._run.pipeline.dp
-        data, injected = workload.data, workload.injected
-        trace = injected[iteration % len(injected)] if injected else None
+        data, trace = workload.data, of_iteration(workload.injected, iteration)
         if trace is not None and trace.features is not None:
             features = list(trace.features) * dp
         elif isinstance(data, FeatureSource):

@@ -31,7 +31,7 @@ from rrfp_ray.runtime.reduce import ChunkGradients, GradSink, gather_owned, owne
 from rrfp_ray.schedule.actions import Action, Kind
 from rrfp_ray.schedule.grad_ready import reduce_order
 from rrfp_ray.schedule.layout import Layout, Message
-from rrfp_ray.sim.trace import Trace
+from rrfp_ray.sim.trace import Trace, of_iteration
 from rrfp_ray.train.boundary import on_device
 from rrfp_ray.train.checkpoint import Manifest, StageFile, save_stage
 from rrfp_ray.train.layers import ModelLayers
@@ -120,7 +120,8 @@ class ModelWorkload:
         )
 
     def latency(self, message: Message, *, iteration: int) -> float:
-        return self.injected[iteration % len(self.injected)].latency(message) if self.injected else 0.0
+        trace = of_iteration(self.injected, iteration)
+        return 0.0 if trace is None else trace.latency(message)
 
     def with_tp(self, *, rank: int, size: int, all_reduce: Callable[[Tensor], Tensor]) -> ModelWorkload:
         """The GPT's blocks split Megatron-style over `size` ranks (other models: ValueError at build)."""
@@ -191,8 +192,7 @@ class ModelExecutor:
         )
 
     def begin(self, *, args: IterationArgs) -> None:
-        injected = self._workload.injected
-        self._injected = injected[args.iteration % len(injected)] if injected else None
+        self._injected = of_iteration(self._workload.injected, args.iteration)
         self._order = args.order
         self._packing = args.packing
         self._watches = {} if args.measure else None
