@@ -161,12 +161,14 @@ def main(argv: list[str] | None = None) -> dict:
     from rrfp_ray.train.config import PLANNED
 
     if PLANNED in names:
-        return planned(args=args, pipeline=pipeline, names=names)
+        from benchmarks import runtime_planned
+
+        return runtime_planned.job(args=args, pipeline=pipeline, names=names)
     import ray
 
     from actors.driver import PipelineDriver
     from actors.teardown import end_actors
-    from benchmarks import runtime
+    from benchmarks import runtime, runtime_rebalance
     from rrfp_ray.runtime.synthetic import SyntheticWorkload
 
     model = runtime.layer_model(args, pipeline=pipeline)
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
         if pipeline.balance.rebalance:
-            return rebalanced(driver=driver, pipeline=pipeline, workload=workload, names=names, args=args)
+            return runtime_rebalance.job(driver=driver, pipeline=pipeline, workload=workload, names=names, args=args)
         reports = runtime.measure(driver=driver, pipeline=pipeline, names=names, iterations=args.iterations)
         backend = ray.get(driver.link_transport.remote())
         ray.get(driver.shutdown.remote())
@@ -210,98 +212,6 @@ def main(argv: list[str] | None = None) -> dict:
         "send_ms": transport.send_ms,
         "links": backend.value,
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.json}")
-    return summary
-
-
-def rebalanced(*, driver, pipeline: PipelineConfig, workload, names: list[str], args: argparse.Namespace) -> dict:
-    """--rebalance: each policy rebalanced on its own pipeline, and on the best split
-    (`benchmarks.runtime_rebalance`)."""
-    import ray
-
-    from actors.driver import PipelineDriver
-    from actors.teardown import end_actors
-    from benchmarks import runtime_rebalance
-
-    plain = PipelineDriver.remote(pipeline=pipeline.replaced(rebalance=False, measure_every=None), workload=workload)
-    try:
-        results = runtime_rebalance.run(
-            driver=driver, pipeline=pipeline, workload=workload, names=names, iterations=args.iterations, plain=plain
-        )
-        for each in (driver, plain):
-            ray.get(each.shutdown.remote())
-        end_actors([driver, plain], timeout_s=30.0)
-    finally:
-        ray.kill(plain)
-    print(
-        f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} "
-        f"{args.layers} layers a stage at the start, measured every {pipeline.balance.measure_period}, "
-        f"threshold {pipeline.balance.rebalance_threshold:g}, window {pipeline.balance.rebalance_window}"
-    )
-    print("\n".join(runtime_rebalance.table(results)))
-    summary = {"policies": results}
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.json}")
-    return summary
-
-
-def planned(*, args: argparse.Namespace, pipeline: PipelineConfig, names: list[str]) -> dict:
-    """`planned` beside the fixed schedules of --policies over --seeds generated runs of --iterations iterations
-    (`benchmarks.runtime_planned`)."""
-    import ray
-
-    from actors.driver import PipelineDriver
-    from actors.teardown import end_actors
-    from benchmarks import runtime, runtime_planned
-    from rrfp_ray.cli import variability
-    from rrfp_ray.runtime.synthetic import SyntheticWorkload
-    from rrfp_ray.sim.variability import generate_iterations
-    from rrfp_ray.train.config import PLANNED
-
-    config = variability(args, flags=runtime.VARIABILITY)
-    model = runtime.layer_model(args, pipeline=pipeline)
-
-    def traces_for(seed: int) -> tuple:
-        shape = {"stages": pipeline.stages, "microbatches": pipeline.microbatches, "chunks": pipeline.chunks}
-        return generate_iterations(
-            iterations=args.iterations, scenario=config["scenario"], **shape, seed=seed, t_f=config["t_f"],
-            **config["params"],
-        )  # fmt: skip
-
-    def workload_for(traces: tuple) -> SyntheticWorkload:
-        return SyntheticWorkload(
-            trace=traces[0],
-            iterations=traces,
-            payload_elems=args.payload_elems,
-            layers=args.layers,
-            layer_bytes=model.layer_bytes,
-            layer_split=model.split,
-        )
-
-    seeds = range(args.variability_seed, args.variability_seed + args.seeds)
-    fixed = [name for name in names if name != PLANNED and pipeline.resolved_policy(name).fixed]
-    print(start_ray(num_cpus=max(2, pipeline.actors), log_level=configure_logging(args)))
-    driver = PipelineDriver.remote(pipeline=pipeline, workload=workload_for(traces_for(seeds[0])))
-    try:
-        print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
-        results = runtime_planned.run(
-            driver=driver, pipeline=pipeline, names=names, seeds=seeds, traces_for=traces_for,
-            workload_for=workload_for,
-        )  # fmt: skip
-        ray.get(driver.shutdown.remote())
-        end_actors([driver], timeout_s=30.0)
-    finally:
-        ray.kill(driver)
-    summary = runtime_planned.summarize(results, fixed=fixed)
-    print(
-        f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} t_f={args.t_f:g} "
-        f"seeds {seeds.start}-{seeds.stop - 1}, {args.iterations} iterations a seed and policy"
-    )
-    print("\n".join(runtime_planned.lines(summary, names=names, fixed=fixed)))
-    summary["runs"] = results
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"wrote {args.json}")

@@ -14,10 +14,13 @@ admissions on them (`planned`: its cap over its reference list on the data in it
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rrfp_ray.observe.telemetry import IterationReport
@@ -198,3 +201,62 @@ def lines(summary: dict[str, Any], *, names: Sequence[str], fixed: Sequence[str]
         + f" ms; planning median {summary['planning_ms_median']:.1f} ms, late plans {summary['late_plans']}"
     )
     return out
+
+
+def job(*, args: argparse.Namespace, pipeline: PipelineConfig, names: list[str]) -> dict:
+    """The job's `planned` among --policies: beside the fixed schedules of --policies over --seeds generated runs of
+    --iterations iterations; prints the summary and writes --json."""
+    import ray
+
+    from actors.driver import PipelineDriver
+    from actors.local_ray import start_ray
+    from actors.teardown import end_actors
+    from benchmarks import runtime
+    from rrfp_ray.cli import configure_logging, variability
+    from rrfp_ray.sim.variability import generate_iterations
+
+    config = variability(args, flags=runtime.VARIABILITY)
+    model = runtime.layer_model(args, pipeline=pipeline)
+
+    def traces_for(seed: int) -> tuple:
+        shape = {"stages": pipeline.stages, "microbatches": pipeline.microbatches, "chunks": pipeline.chunks}
+        return generate_iterations(
+            iterations=args.iterations, scenario=config["scenario"], **shape, seed=seed, t_f=config["t_f"],
+            **config["params"],
+        )  # fmt: skip
+
+    def workload_for(traces: tuple) -> SyntheticWorkload:
+        return SyntheticWorkload(
+            trace=traces[0],
+            iterations=traces,
+            payload_elems=args.payload_elems,
+            layers=args.layers,
+            layer_bytes=model.layer_bytes,
+            layer_split=model.split,
+        )
+
+    seeds = range(args.variability_seed, args.variability_seed + args.seeds)
+    fixed = [name for name in names if name != PLANNED and pipeline.resolved_policy(name).fixed]
+    print(start_ray(num_cpus=max(2, pipeline.actors), log_level=configure_logging(args)))
+    driver = PipelineDriver.remote(pipeline=pipeline, workload=workload_for(traces_for(seeds[0])))
+    try:
+        print(f"{pipeline.actors} stage actors up in {ray.get(driver.startup_seconds.remote()):.1f} s")
+        results = run(
+            driver=driver, pipeline=pipeline, names=names, seeds=seeds, traces_for=traces_for,
+            workload_for=workload_for,
+        )  # fmt: skip
+        ray.get(driver.shutdown.remote())
+        end_actors([driver], timeout_s=30.0)
+    finally:
+        ray.kill(driver)
+    summary = summarize(results, fixed=fixed)
+    print(
+        f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} t_f={args.t_f:g} "
+        f"seeds {seeds.start}-{seeds.stop - 1}, {args.iterations} iterations a seed and policy"
+    )
+    print("\n".join(lines(summary, names=names, fixed=fixed)))
+    summary["runs"] = results
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.json}")
+    return summary

@@ -21,9 +21,12 @@ the new split. Then the same pipeline runs on the best contiguous split for the 
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from rrfp_ray.plan.rebalance import best_split
@@ -143,3 +146,34 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
                 f"taking turns) {r['plain_wall_ms']:.1f} ms: with / without {r['with_over_without']:.4f}"
             )
     return lines
+
+
+def job(*, driver, pipeline: PipelineConfig, workload, names: list[str], args: argparse.Namespace) -> dict:
+    """The job's --rebalance: each policy rebalanced on its own pipeline beside `driver`'s plain one, and on the
+    best split; prints the table and writes --json."""
+    import ray
+
+    from actors.driver import PipelineDriver
+    from actors.teardown import end_actors
+
+    plain = PipelineDriver.remote(pipeline=pipeline.replaced(rebalance=False, measure_every=None), workload=workload)
+    try:
+        results = run(
+            driver=driver, pipeline=pipeline, workload=workload, names=names, iterations=args.iterations, plain=plain
+        )
+        for each in (driver, plain):
+            ray.get(each.shutdown.remote())
+        end_actors([driver, plain], timeout_s=30.0)
+    finally:
+        ray.kill(plain)
+    print(
+        f"P={pipeline.stages} M={pipeline.microbatches} cap={pipeline.cap} scenario={args.scenario} "
+        f"{args.layers} layers a stage at the start, measured every {pipeline.balance.measure_period}, "
+        f"threshold {pipeline.balance.rebalance_threshold:g}, window {pipeline.balance.rebalance_window}"
+    )
+    print("\n".join(table(results)))
+    summary = {"policies": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.json}")
+    return summary
