@@ -14,7 +14,7 @@ from rrfp_ray.plan.costs import CostModel, robust_fit
 from rrfp_ray.plan.loop import LAG, Planning, run
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.plans import Plan
-from rrfp_ray.plan.scoring import score
+from rrfp_ray.plan.scoring import planned_limits, score
 from rrfp_ray.plan.search import by_cost, heuristic_orders, neighbours, predicted_cost, search, smoothed
 from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
@@ -208,3 +208,19 @@ def test_a_reordered_trace_is_the_checked_trace_of_its_moved_columns():
     assert trace.reordered(order) == Trace.from_json({**data, **moved})
     with pytest.raises(ValueError, match="not a permutation"):
         trace.reordered((0, 0, 1, 2, 3, 4, 5, 6))
+
+
+def test_a_planned_cap_over_data_without_bytes_holds_the_reference_s_microbatches_whatever_the_hint():
+    trace = generate(scenario="multimodal+lognormal", **SHAPE, seed=3)
+    planner = Planner(config=config(hints=("zb-h2", "ready-zb-h2")), **SHAPE)
+    plan = planner.plan(iteration=0, features=trace.features)
+    assert plan.hint == "ready-zb-h2"  # zb-h2's list holds more in flight than zb-h1's, which the 1x cap is over
+    policy = plan.validate(**SHAPE)
+    limits = planned_limits(cap=plan.cap, trace=trace, split=policy.split)
+    gate = planner.data_bytes(plan=plan, features=None, samples=None)
+    assert gate.limits == limits
+    ran = simulate(policy=policy, trace=trace.reordered(plan.order), cap=plan.cap, byte_limits=limits)
+    reference = simulate(policy=make_policy(name="zb-h1", **SHAPE), trace=trace, cap=CAP)
+    own = simulate(policy=make_policy(name="zb-h2", **SHAPE), trace=trace, cap=CAP)
+    assert all(a.peak_inflight <= b.peak_inflight for a, b in zip(ran.stages, reference.stages))
+    assert [s.peak_inflight for s in own.stages] != [s.peak_inflight for s in reference.stages]

@@ -19,7 +19,6 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from rrfp_ray.plan.ahead import Lookahead, Seen, seen
 from rrfp_ray.plan.planner import Planner, PlannerConfig, default_hints
 from rrfp_ray.plan.scoring import planned_limits
 from rrfp_ray.runtime.synthetic import SyntheticWorkload
-from rrfp_ray.sim.memory import DataBytes
+from rrfp_ray.sim.memory import DataBytes, weights
 from rrfp_ray.sim.trace import Trace, of_iteration
 from rrfp_ray.train.config import PLANNED, PipelineConfig
 
@@ -111,16 +110,17 @@ def _planned(*, driver, pipeline: PipelineConfig, traces: tuple[Trace, ...], bas
             if k + 1 < len(traces):
                 lookahead.ask(iteration=base + k + 1)
             trace = traces[k]
-            gate = trace_bytes(trace)
-            if gate is not None and not policy.fixed:
-                gate = replace(gate, limits=planned_limits(cap=taken.plan.cap, trace=trace, split=policy.split))
+            gate = None
+            if not policy.fixed:
+                limits = planned_limits(cap=taken.plan.cap, trace=trace, split=policy.split)
+                gate = DataBytes(rows=tuple(map(tuple, weights(trace))), limits=limits)
             report = ray.get(
                 driver.run_iteration.remote(
                     iteration=base + k,
                     policy=policy,
                     cap=taken.plan.cap,
                     order=tuple(taken.plan.order),
-                    data_bytes=None if policy.fixed else gate,
+                    data_bytes=gate,
                 )
             )
             lookahead.observe(report=report, taken=taken)

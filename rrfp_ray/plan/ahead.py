@@ -161,11 +161,11 @@ class Lookahead:
             data_bytes=self._bytes(plan, shown),
         )
 
-    def _bytes(self, plan: Plan, shown: Seen | None) -> DataBytes | None:
-        """What the arbiters gate `plan` by on the data `shown` (`Planner.data_bytes`; None: counted microbatches)."""
-        return (
-            None if shown is None else self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
-        )
+    def _bytes(self, plan: Plan, shown: Seen | None) -> DataBytes:
+        """What the arbiters gate `plan` by on the data `shown` (None: nothing shown) (`Planner.data_bytes`)."""
+        if shown is None:
+            return self.planner.data_bytes(plan=plan, features=None, samples=None)
+        return self.planner.data_bytes(plan=plan, features=shown.planned, samples=shown.samples)
 
     def _observe(self, report: IterationReport, taken: Taken) -> None:
         shown = taken.seen

@@ -177,15 +177,15 @@ class Planner:
 
     def predicted_bytes(
         self, *, features: Sequence[float] | None, padded: Sequence[float] | None = None
-    ) -> list[list[float]] | None:
+    ) -> list[list[float]]:
         """Per virtual stage and data microbatch, the activation bytes the model predicts: fitted from
         telemetry (against the features, or the padded sizes `padded` where those fit better), else proportional
-        to the features; None where every microbatch weighs the same."""
+        to the features (1 each without features)."""
         P, v, M = self.shape["stages"], self.shape["chunks"], self.shape["microbatches"]
         rows = [self.model.activation_bytes(block=vs, features=features, count=M, padded=padded) for vs in range(P * v)]
         if any(row is None for row in rows):
             rows = [[feature_of(features, j) for j in range(M)] for _ in range(P * v)]
-        return None if all(max(row) == min(row) for row in rows) else rows
+        return rows
 
     def plan(
         self, *, iteration: int, features: Sequence[float] | None, samples: Sequence[Sequence[float]] | None = None
@@ -242,14 +242,13 @@ class Planner:
 
     def data_bytes(
         self, *, plan: Plan, features: Sequence[float] | None, samples: Sequence[Sequence[float]] | None
-    ) -> DataBytes | None:
+    ) -> DataBytes:
         """What the runtime's arbiters gate `plan` by, as its search scored it: the predicted activation bytes of
         each (packed) data microbatch, and `plan.cap` over the reference list on the data before packing, in its
-        own order (`planned_byte_limits`); None where every microbatch weighs the same. `features` and `samples`
-        are the data's as the plan was made from them (before packing)."""
+        own order (`planned_byte_limits`). `features` and `samples` are the data's as the plan was made from them
+        (before packing)."""
         padded = None if samples is None else [padded_size(row) for row in samples]
-        basis = self.predicted_bytes(features=features, padded=padded)
-        rows = basis
+        basis = rows = self.predicted_bytes(features=features, padded=padded)
         if plan.packing is not None:
             if samples is None:
                 raise ValueError("a packed plan's bytes need the samples it packed")
@@ -258,12 +257,10 @@ class Planner:
             rows = self.predicted_bytes(
                 features=packed_features, padded=packed_padded(samples=samples, packing=plan.packing)
             )
-        if rows is None:
-            return None
         split = plan.validate(**self.shape).split
         limits = planned_byte_limits(
             cap=plan.cap,
-            rows=rows if basis is None else basis,
+            rows=basis,
             split=split,
             stages=self.shape["stages"],
             chunks=self.shape["chunks"],

@@ -33,6 +33,13 @@ def stage_rows(*, rows: Rows, layout: Layout) -> list[list[float]]:
     ]
 
 
+def weights(trace: Trace) -> Rows:
+    """`trace`'s activation bytes; 1 for every microbatch where it has none."""
+    if trace.activation_bytes is not None:
+        return trace.activation_bytes
+    return ((1.0,) * trace.microbatches,) * trace.virtual_stages
+
+
 def held_bytes(*, trace: Trace, layout: Layout) -> list[list[float]] | None:
     """Per stage and microbatch, the bytes its chunks hold there; None for a trace without bytes."""
     return None if trace.activation_bytes is None else stage_rows(rows=trace.activation_bytes, layout=layout)
@@ -60,8 +67,10 @@ def memories(
     *, cap: Cap, policy: Policy, trace: Trace, layout: Layout, limits: Limits | None
 ) -> Sequence[Memory | None]:
     """Per stage, its `Memory` for the arbiter on `trace` (as run; None: count microbatches). `limits` None:
-    those of `cap` over the policy's own list on this trace."""
-    return gates(cap=cap, policy=policy, rows=trace.activation_bytes, layout=layout, limits=limits)
+    those of `cap` over the policy's own list on this trace; given, they gate a trace without bytes by its
+    `weights` (a planned cap over another list than the policy's own)."""
+    rows = trace.activation_bytes if limits is None else weights(trace)
+    return gates(cap=cap, policy=policy, rows=rows, layout=layout, limits=limits)
 
 
 @dataclass(frozen=True)
