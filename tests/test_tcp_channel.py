@@ -12,6 +12,7 @@ import torch
 
 from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import make_policy
+from rrfp_ray.runtime.breakdown import Phase
 from rrfp_ray.runtime.errors import PipelineError
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.polled import PolledLinks
@@ -216,6 +217,28 @@ def test_tcp_links_are_read_by_the_compute_thread_within_the_buffer_bound() -> N
     assert max(s.peak_buffered for s in stats) == 1
     for end in ends.values():
         end.close()
+
+
+def test_a_message_the_compute_thread_waited_for_has_its_read_timed_from_the_poll_s_return() -> None:
+    workers, ends, layout = _workers(microbatches=2, timeout_s=60)
+    policy = make_policy(name="1f1b", stages=2, chunks=1, microbatches=2)
+    workload = SyntheticWorkload(
+        trace=generate(scenario="none", stages=2, microbatches=2, chunks=1, seed=0, t_f=1.0), payload_elems=64
+    )
+    args = IterationArgs(iteration=0, layout=layout, policy=policy, cap=Cap.parse("1x"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        waiting = pool.submit(workers[1].run_iteration, args=args, executor=workload.executor(stage=1, layout=layout))
+        time.sleep(0.05)  # stage 1 is in its wait for stage 0's first output before stage 0 starts
+        sending = pool.submit(workers[0].run_iteration, args=args, executor=workload.executor(stage=0, layout=layout))
+        phases = waiting.result(timeout=60)[1].overhead_us
+        sending.result(timeout=60)
+        for future in [pool.submit(w.close) for w in workers]:
+            future.result(timeout=30)
+    for end in ends.values():
+        end.close()
+    read, transit = phases[Phase.READ.value], phases[Phase.TRANSIT.value]
+    assert 1 <= len(read) <= len(transit)  # one a wait that brought messages, the first it read
+    assert 0 <= read[0] <= 60e6
 
 
 def test_a_neighbour_gone_mid_iteration_fails_the_polling_stage_at_once_naming_the_link() -> None:

@@ -23,6 +23,9 @@ class Phase(enum.Enum):
     HANDOFF = "compute->send"  # an output posted by the compute thread until its link's send thread takes it
     SEND = "send"  # the send thread's transfer of one message (header, description, payload)
     TRANSIT = "send->received"  # a frame stamped until the receiving thread has it (the stages share a clock)
+    # a polled link's message the compute thread waited for: its wait's return until the message is read (its
+    # Python and system calls); the rest of send->received is the sender's framing and write and the wake-up
+    READ = "poll->read"
     ARRIVAL = "arrival->ready"  # a message's header received until its action is marked ready
     WAKEUP = "compute wake-up"  # an arrival's notify until the waiting compute thread runs again
     # one message: the sending compute thread's hand-off (plus the latency injected on its link) until the receiving

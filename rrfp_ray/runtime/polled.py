@@ -60,6 +60,7 @@ class PolledLinks:
         self._poll = select.poll()
         self._poll.register(self._wake_r, select.POLLIN)
         self._watched: list[int] = []  # the links (indices) the poll object holds, as `readable` last got them
+        self.woke_at = 0.0  # perf_counter when the last wait (`take` with a timeout) returned with bytes to read
 
     def expect(self, counts: Mapping[Link, int]) -> None:
         """How many messages the next iteration brings on each link (set while no `take` runs)."""
@@ -108,6 +109,8 @@ class PolledLinks:
         else:
             with unlocked:
                 ready = self.readable(links, timeout_s=timeout_s)
+                if ready:
+                    self.woke_at = time.perf_counter()
         while ready:
             for i in ready:
                 if not (left[i] and has_room()):

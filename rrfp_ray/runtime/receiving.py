@@ -115,8 +115,15 @@ class StageReceiving:
         if self._polled is None:
             return
 
+        polled = self._polled
+        woke_at = polled.woke_at
+
         def deliver(header: Header, payload: Tree | None, fence: Fence) -> None:
+            nonlocal woke_at
             arrived, received = time.perf_counter(), time.time()
+            if timed and polled.woke_at != woke_at:  # the first message read since this call's wait returned
+                woke_at = polled.woke_at
+                self._breakdown.add(Phase.READ, arrived - woke_at)
             self._deliver(header=header, payload=payload, fence=fence, arrived=arrived, received=received, timed=timed)
 
         try:
