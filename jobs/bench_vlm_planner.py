@@ -22,7 +22,7 @@ import statistics
 import sys
 from contextlib import ExitStack
 
-from benchmarks.vlm import add_run_flags, run_configs, spread
+from benchmarks.vlm import add_run_flags, run_configs, spread, switch_interval
 from rrfp_ray.job import run_job
 from rrfp_ray.models.vlm import VLMConfig
 from rrfp_ray.observe.telemetry import IterationReport
@@ -34,24 +34,10 @@ from rrfp_ray.train.api import Trainer
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_flags(parser, iterations_help="timed iterations per seed (default 10)")
-    parser.add_argument(
-        "--switch-interval-ms",
-        type=float,
-        default=None,
-        help="the interpreter's switch interval for the whole run, both trainers (default: CPython's, 5 ms)",
-    )
     args = parser.parse_args(argv)
-    if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
-        parser.error(f"argument --switch-interval-ms: must be > 0, got {args.switch_interval_ms:g}")
     model, runs_of = run_configs(parser, args)
-
-    found = sys.getswitchinterval()
-    if args.switch_interval_ms is not None:
-        sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    try:
+    with switch_interval(ms=args.switch_interval_ms):
         return _compare(args=args, model=model, runs_of=runs_of)
-    finally:
-        sys.setswitchinterval(found)
 
 
 def _compare(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunConfig]) -> dict:

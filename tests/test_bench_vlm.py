@@ -22,8 +22,10 @@ import bench_vlm_planner
 def test_a_tiny_run_measures_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "vlm.json"
     args = ["--seeds", "1", "--iterations", "2", "--warmup", "0", "--microbatches", "4", "--image-size", "24"]
-    bench_vlm.main([*args, "--max-images", "4", "--json", str(data)])
+    found = sys.getswitchinterval()
+    bench_vlm.main([*args, "--max-images", "4", "--json", str(data), "--switch-interval-ms", "1"])
     text = capsys.readouterr().out
+    assert "switch interval 1 ms" in text and sys.getswitchinterval() == found
     for name in POLICIES:
         assert f"| {name} |" in text
     assert (
@@ -82,6 +84,7 @@ def test_the_plans_handed_in_train_as_the_planned_trainer_did(capsys: pytest.Cap
     ("job", "args", "flag"),
     [
         (bench_vlm_planner, ["--switch-interval-ms", "0"], "--switch-interval-ms"),
+        (bench_vlm, ["--switch-interval-ms", "-1"], "--switch-interval-ms"),
         (bench_vlm_gil, ["--intervals-ms", "1", "-2"], "--intervals-ms"),
         (bench_vlm_gil, ["--image-size", "7"], "patch_size"),
     ],
