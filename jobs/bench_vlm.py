@@ -43,9 +43,12 @@ from benchmarks.vlm import (
     run_interleaved,
     run_seed,
     spread,
+    switch_interval,
     table,
 )
 from rrfp_ray.job import run_job
+from rrfp_ray.models.vlm import VLMConfig
+from rrfp_ray.recipes.config import RunConfig
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -55,7 +58,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)
     model, runs_of = run_configs(parser, args)
+    with switch_interval(ms=args.switch_interval_ms):
+        return _measure(args=args, model=model, runs_of=runs_of)
 
+
+def _measure(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunConfig]) -> dict:
+    """Every policy over the seeds, then the table and the targets (the module's docstring)."""
     import torch
 
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(1)
         where = f"{args.stages} stage threads of one process"
     seeds = f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}"
-    print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {seeds}")
+    interval = f"switch interval {1e3 * sys.getswitchinterval():g} ms"
+    print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {seeds}; {interval}")
     runs = {name: PolicyRuns() for name in POLICIES}
     for seed, run in enumerate(runs_of, start=args.first_seed):
         timing = {"seed": seed, "warmup": args.warmup, "iterations": args.iterations, "runs": runs}

@@ -2,14 +2,15 @@
 
     python jobs/bench_vlm_planner.py --stages 2 --seeds 5 --iterations 10
 
-Per seed, two trainers from the same weights on the same data take turns, one iteration each, the first of the
-two alternating by seed and iteration. One runs `planned` (order and packing): its planner, on a thread of this
-process, makes the next iteration's plan while this one runs. The other runs each iteration under the plan the
-first made for it, handed in, with no planning beside it. Plans, data and weights being the same, the ratio of
-their makespans (the op schedule, the optimizer step left out) is what the planner's work costs the stage threads:
-the cores and the interpreter's lock they share with it. Prints per seed both medians, their ratio (the handed-in
-median over the planned one: below 1, planning slows the stages; geometric mean over the seeds, lowest-highest)
-and the planner's wall and CPU time per iteration.
+Per seed, two trainers from the same weights on the same data take turns, one iteration each, the first of the two
+alternating by seed and iteration. One runs `planned` (order and packing): its planner, on a thread of this process,
+makes the next iteration's plan while this one runs. The other runs each iteration under the plan the first made for
+it, handed in with the activation bytes its arbiters gated by, with no planning beside it. Plans, gates, data and
+weights being the same, the ratio of their makespans (the op schedule, the optimizer step left out) is what the
+planner's work costs the stage threads: the cores and the interpreter's lock they share with it (`--switch-interval-ms`:
+how often the lock is forced from a thread that holds it, for the whole run). Prints per seed both medians,
+their ratio (the handed-in median over the planned one: below 1, planning slows the stages; geometric mean over the
+seeds, lowest-highest) and the planner's wall and CPU time per iteration.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import argparse
 import math
 import os
 import statistics
+import sys
 from contextlib import ExitStack
 
-from benchmarks.vlm import add_run_flags, run_configs, spread
+from benchmarks.vlm import add_run_flags, run_configs, spread, switch_interval
 from rrfp_ray.job import run_job
+from rrfp_ray.models.vlm import VLMConfig
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.plans import Plan
-from rrfp_ray.policy.caps import Cap
+from rrfp_ray.plan.ahead import Taken
+from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.train.api import Trainer
 
 
@@ -33,14 +36,22 @@ def main(argv: list[str] | None = None) -> dict:
     add_run_flags(parser, iterations_help="timed iterations per seed (default 10)")
     args = parser.parse_args(argv)
     model, runs_of = run_configs(parser, args)
+    with switch_interval(ms=args.switch_interval_ms):
+        return _compare(args=args, model=model, runs_of=runs_of)
 
+
+def _compare(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunConfig]) -> dict:
+    """Per seed, `planned` and the same plans handed in, taking turns (the module's docstring)."""
     import torch
 
     from rrfp_ray.plan.planner import Arrangement
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
 
     torch.set_num_threads(1)
-    print(f"P={args.stages} M={args.microbatches} on stage threads of one process, {os.cpu_count()} cores")
+    print(
+        f"P={args.stages} M={args.microbatches} on stage threads of one process, {os.cpu_count()} cores; "
+        f"switch interval {1e3 * sys.getswitchinterval():g} ms"
+    )
     medians: dict[str, list[float]] = {"planned": [], "handed in": []}
     losses: dict[str, list[float]] = {name: [] for name in medians}
     planning_ms: list[float] = []
@@ -49,19 +60,17 @@ def main(argv: list[str] | None = None) -> dict:
             planned, handed = (stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail)) for _ in "ab")
             shape = {k: getattr(run.pipeline, k) for k in ("stages", "chunks", "microbatches")}
             times: dict[str, list[float]] = {name: [] for name in medians}
-            plan = None  # the plan the planned trainer made for the iteration both run next (None: not made yet)
+            ahead = None  # the plan the planned trainer made for the iteration both run next (None: not made yet)
             for i in range(args.warmup + args.iterations):
-                first = plan is not None and (seed + i) % 2 == 1  # the handed-in trainer's turn first
+                first = ahead is not None and (seed + i) % 2 == 1  # the handed-in trainer's turn first
                 if first:
-                    other = _handed(handed, plan=plan, shape=shape)
+                    other = _handed(handed, taken=ahead, shape=shape)
                 report = planned.step(policy="planned", arrange=Arrangement.BOTH)
                 if planned.planner_state() is None:
                     raise TimeoutError(f"the planner did not settle within {run.pipeline.timeout_s} s")
                 if not first:
-                    ran = _plan_of(report, cap=run.pipeline.cap, microbatches=args.microbatches)
-                    other = _handed(handed, plan=ran, shape=shape)
-                made = planned.planner  # settled: its last plan is the next iteration's
-                plan = made.last if made is not None and made.planned == planned.iteration else None
+                    other = _handed(handed, taken=planned.planning.ran, shape=shape)
+                ahead = planned.planning.ahead(iteration=planned.iteration)  # settled: made, unless it failed
                 losses["planned"].append(report.loss)
                 losses["handed in"].append(other.loss)
                 if i >= args.warmup:
@@ -86,21 +95,19 @@ def main(argv: list[str] | None = None) -> dict:
     }
 
 
-def _plan_of(report: IterationReport, *, cap: Cap, microbatches: int) -> Plan:
-    """The plan `report`'s iteration ran (its hint, order and packing, under `cap`)."""
-    order = tuple(range(microbatches)) if report.order is None else tuple(report.order)
-    packing = None if report.packing is None else tuple(tuple(group) for group in report.packing)
-    return Plan(order=order, hint=report.policy, cap=cap, packing=packing)
-
-
-def _handed(trainer: Trainer, *, plan: Plan, shape: dict[str, int]) -> IterationReport:
-    """One iteration of `trainer` under `plan`, handed in."""
+def _handed(trainer: Trainer, *, taken: Taken | None, shape: dict[str, int]) -> IterationReport:
+    """One iteration of `trainer` under the plan `taken`, handed in, gated by the bytes it was gated by when planned."""
+    if taken is None:
+        raise RuntimeError("the planned trainer ran no plan to hand in")
+    plan = taken.plan
+    policy = plan.validate(**shape)
     report = trainer.backend.run_iteration(
         iteration=trainer.iteration,
-        policy=plan.validate(**shape),
+        policy=policy,
         cap=plan.cap,
         order=plan.order,
         packing=plan.packing,
+        data_bytes=None if policy.fixed else taken.data_bytes,
     )
     trainer.iteration += 1
     return report

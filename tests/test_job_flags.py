@@ -34,6 +34,7 @@ JOBS = {
     "bench_tp": None,
     "bench_vlm": "main",
     "bench_vlm_costs": "main",
+    "bench_vlm_gil": "main",
     "bench_vlm_planner": "main",
     "dashboard_shots": "parse",
     "export": "main",

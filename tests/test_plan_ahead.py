@@ -8,7 +8,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from torch import nn
@@ -205,3 +205,27 @@ def test_the_arbiters_gate_by_the_bytes_of_the_iteration_that_runs():
     gate.set()
     assert late.plan == ran.plan and ran.data_bytes is not None and late.data_bytes is None
     slow.close()
+
+
+def test_the_plan_that_ran_and_the_one_made_ahead_are_shown_without_waiting():
+    """`ran` is the plan `take` gave last; `ahead(iteration=k)` the plan asked for k once it is made, never a plan
+    still being made or one asked for another iteration."""
+    source = Featured(microbatches=M)
+    gate = threading.Event()
+    shows = lambda k: gate.wait(30) and seen(source.features(iteration=k), replicas=1, microbatches=M)  # noqa: E731
+    planner = Planner(config=PlannerConfig(hints=("bfw",), cap=Cap.parse("1x")), **_shape())
+    lookahead = Lookahead(planner=planner, shows=shows, timeout_s=30)
+    assert lookahead.ran is None and lookahead.ahead(iteration=0) is None
+    gate.set()
+    taken = lookahead.take(iteration=0)
+    assert lookahead.ran is taken and taken.iteration == 0
+    gate.clear()
+    lookahead.ask(iteration=1)
+    assert lookahead.ahead(iteration=1) is None  # still waiting for its data
+    gate.set()
+    assert lookahead.settle(timeout_s=30)
+    made = lookahead.ahead(iteration=1)
+    assert made is not None and made.iteration == 1 and made.data_bytes is not None
+    assert lookahead.ahead(iteration=2) is None and lookahead.ran is taken
+    assert lookahead.take(iteration=1) == replace(made, wait_s=lookahead.ran.wait_s)
+    lookahead.close()

@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -60,6 +62,13 @@ def add_run_flags(parser: argparse.ArgumentParser, *, iterations_help: str) -> N
     parser.add_argument("--first-seed", type=int, default=0, help="S, the first seed (default 0: a long run split)")
     parser.add_argument("--iterations", type=count, default=10, help=iterations_help)
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations before them (default 2)")
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="this process's switch interval for the run: how long a thread may hold the interpreter's lock "
+        "while another waits (default: CPython's, 5 ms)",
+    )
     add_data_flags(parser)
 
 
@@ -67,6 +76,8 @@ def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
     """The model and one run per seed from `add_run_flags`' flags; a bad value exits through `parser.error`."""
     if args.warmup < 0 or args.image_tail < 0 or args.first_seed < 0:
         parser.error("arguments --warmup, --image-tail and --first-seed must be >= 0")
+    if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
+        parser.error(f"argument --switch-interval-ms: must be > 0, got {args.switch_interval_ms:g}")
     try:
         model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
         return model, [
@@ -79,6 +90,18 @@ def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
         ]
     except ValidationError as error:
         parser.error("; ".join(e["msg"] for e in error.errors()))
+
+
+@contextmanager
+def switch_interval(*, ms: float | None) -> Iterator[None]:
+    """The interpreter's switch interval at `ms` (None: as it is) while the block runs, as it was after."""
+    found = sys.getswitchinterval()
+    if ms is not None:
+        sys.setswitchinterval(ms / 1e3)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(found)
 
 
 def add_data_flags(parser: argparse.ArgumentParser) -> None:

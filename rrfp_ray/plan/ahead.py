@@ -125,6 +125,20 @@ class Lookahead:
         self._ran = taken
         return taken
 
+    @property
+    def ran(self) -> Taken | None:
+        """The plan `take` gave last (None: none yet)."""
+        return self._ran
+
+    def ahead(self, *, iteration: int) -> Taken | None:
+        """The plan asked for `iteration` ahead, without waiting for it (None: not asked, not made yet, or failed)."""
+        if self._ahead is None or self._ahead[0] != iteration:
+            return None
+        future = self._ahead[1]
+        if not future.done() or future.cancelled() or future.exception() is not None:
+            return None
+        return future.result()
+
     def ask(self, *, iteration: int) -> None:
         """Plan `iteration` in the background, after every observation handed over so far."""
         self._ahead = (iteration, self._pool.submit(self._plan, iteration))

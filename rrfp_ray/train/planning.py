@@ -7,7 +7,7 @@ import logging
 from typing import Any, Protocol
 
 from rrfp_ray.observe.telemetry import IterationReport
-from rrfp_ray.plan.ahead import Lookahead, Seen, seen
+from rrfp_ray.plan.ahead import Lookahead, Seen, Taken, seen
 from rrfp_ray.plan.planner import Arrangement, Planner, PlannerConfig, default_hints
 from rrfp_ray.sim.trace import of_iteration
 from rrfp_ray.train.backend import Backend
@@ -49,6 +49,15 @@ class Planning:
             logger.warning("the planner did not settle within %.1f s: its state is left out", timeout_s)
             return None
         return None if self.planner is None else self.planner.to_dict()
+
+    @property
+    def ran(self) -> Taken | None:
+        """The plan the last planned iteration ran, with the bytes its arbiters gated by (None: none yet)."""
+        return None if self._lookahead is None else self._lookahead.ran
+
+    def ahead(self, *, iteration: int) -> Taken | None:
+        """The plan made ahead for `iteration`, if it is made (`Lookahead.ahead`)."""
+        return None if self._lookahead is None else self._lookahead.ahead(iteration=iteration)
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Take a checkpoint's planner state (`state`) when it plans the pipeline in use as the pipeline asks
