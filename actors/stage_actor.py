@@ -19,6 +19,7 @@ from actors.dashboard import ProfiledExecutor, StageMetrics
 from rrfp_ray.observe.telemetry import OpEvent, StageStats
 from rrfp_ray.runtime.executor import Workload
 from rrfp_ray.runtime.host import GroupSums, RoundCollectives, StageHost, tie_sum
+from rrfp_ray.runtime.interval import STAGE_INTERVAL_S
 from rrfp_ray.runtime.iteration import IterationArgs
 from rrfp_ray.runtime.mesh import Mesh
 from rrfp_ray.runtime.reduce import DPSpec
@@ -34,10 +35,6 @@ logger = logging.getLogger(__name__)
 # In the stage actors' own runtime env, whatever the job's: RAY_PROFILING puts their op spans on
 # the Ray timeline (the dashboard's Task Timeline) however the cluster was started.
 STAGE_ENV = {"RAY_PROFILING": "1"}
-# Python's switch interval in a stage actor's process (5 ms by default): how long a thread that wants the GIL
-# waits before it makes the holder give it up. A stage's compute thread takes the GIL back after every op, wait and
-# system call; with 0.2 ms its messages and ops cost less wall time and CPU (docs/results/runtime_cost.md).
-SWITCH_INTERVAL_S = 2e-4
 
 
 @ray.remote
@@ -56,7 +53,7 @@ class StageActor:
         layout: Layout | None = None,
     ) -> None:
         torch.set_num_threads(1)
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        sys.setswitchinterval(STAGE_INTERVAL_S)  # for the process's life (`rrfp_ray.runtime.interval`)
         collective.register_backends()
         self.mesh = mesh
         self.index = index

@@ -36,6 +36,7 @@ from benchmarks.vlm import (
     best_readiness,
     ceiling,
     encoder_spread,
+    local_backend,
     op_medians,
     ratios,
     replay_ratio,
@@ -43,7 +44,6 @@ from benchmarks.vlm import (
     run_interleaved,
     run_seed,
     spread,
-    switch_interval,
     table,
 )
 from rrfp_ray.job import run_job
@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)
     model, runs_of = run_configs(parser, args)
-    with switch_interval(ms=args.switch_interval_ms):
-        return _measure(args=args, model=model, runs_of=runs_of)
+    if args.ray and args.switch_interval_ms != parser.get_default("switch_interval_ms"):
+        parser.error("argument --switch-interval-ms: the stage actors keep their own; it applies in-process only")
+    return _measure(args=args, model=model, runs_of=runs_of)
 
 
 def _measure(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunConfig]) -> dict:
@@ -78,7 +79,7 @@ def _measure(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunCon
         torch.set_num_threads(1)
         where = f"{args.stages} stage threads of one process"
     seeds = f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}"
-    interval = f"switch interval {1e3 * sys.getswitchinterval():g} ms"
+    interval = f"switch interval {args.switch_interval_ms:g} ms"
     print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {seeds}; {interval}")
     runs = {name: PolicyRuns() for name in POLICIES}
     for seed, run in enumerate(runs_of, start=args.first_seed):
@@ -88,7 +89,12 @@ def _measure(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunCon
                 run_seed(trainer=trainer, **timing)
         else:
             with ExitStack() as stack:
-                trainers = {n: stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail)) for n in runs}
+                trainers = {
+                    n: stack.enter_context(
+                        vlm_trainer(run, model=model, tail=args.image_tail, backend=local_backend(args))
+                    )
+                    for n in runs
+                }
                 run_interleaved(trainers=trainers, **timing)
                 trainer = trainers["1f1b"]
         print(f"seed {seed}: " + ", ".join(f"{n} {runs[n].medians()[-1]:.1f} ms" for n in POLICIES), flush=True)

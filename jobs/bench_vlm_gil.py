@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import enum
 import statistics
-import sys
 import threading
 import time
 
 from rrfp_ray.cli import count
 from rrfp_ray.job import run_job
+from rrfp_ray.runtime.interval import switch_interval
 
 
 class Beside(enum.Enum):
@@ -70,19 +70,15 @@ def main(argv: list[str] | None = None) -> dict:
         return time.perf_counter() - started
 
     passes(3)
-    found = sys.getswitchinterval()
     ms: dict[tuple[float, Beside], list[float]] = {}
     loops: dict[tuple[float, Beside], list[float]] = {}
-    try:
-        for _ in range(args.rounds):
-            for interval in args.intervals_ms:
-                sys.setswitchinterval(interval / 1e3)
+    for _ in range(args.rounds):
+        for interval in args.intervals_ms:
+            with switch_interval(interval / 1e3):
                 for beside in Beside:
                     wall, rate = _case(beside=beside, passes=lambda: passes(args.reps), torch=torch)
                     ms.setdefault((interval, beside), []).append(1e3 * wall / args.reps)
                     loops.setdefault((interval, beside), []).append(rate)
-    finally:
-        sys.setswitchinterval(found)
     print(f"the VLM's encoder forward and backward on {args.images} images of {config.image_size} px, one thread")
     result = {}
     for interval in args.intervals_ms:

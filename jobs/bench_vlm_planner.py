@@ -19,10 +19,9 @@ import argparse
 import math
 import os
 import statistics
-import sys
 from contextlib import ExitStack
 
-from benchmarks.vlm import add_run_flags, run_configs, spread, switch_interval
+from benchmarks.vlm import add_run_flags, local_backend, run_configs, spread
 from rrfp_ray.job import run_job
 from rrfp_ray.models.vlm import VLMConfig
 from rrfp_ray.observe.telemetry import IterationReport
@@ -36,8 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     add_run_flags(parser, iterations_help="timed iterations per seed (default 10)")
     args = parser.parse_args(argv)
     model, runs_of = run_configs(parser, args)
-    with switch_interval(ms=args.switch_interval_ms):
-        return _compare(args=args, model=model, runs_of=runs_of)
+    return _compare(args=args, model=model, runs_of=runs_of)
 
 
 def _compare(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunConfig]) -> dict:
@@ -50,14 +48,17 @@ def _compare(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunCon
     torch.set_num_threads(1)
     print(
         f"P={args.stages} M={args.microbatches} on stage threads of one process, {os.cpu_count()} cores; "
-        f"switch interval {1e3 * sys.getswitchinterval():g} ms"
+        f"switch interval {args.switch_interval_ms:g} ms"
     )
     medians: dict[str, list[float]] = {"planned": [], "handed in": []}
     losses: dict[str, list[float]] = {name: [] for name in medians}
     planning_ms: list[float] = []
     for seed, run in enumerate(runs_of, start=args.first_seed):
         with ExitStack() as stack:
-            planned, handed = (stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail)) for _ in "ab")
+            planned, handed = (
+                stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail, backend=local_backend(args)))
+                for _ in "ab"
+            )
             shape = {k: getattr(run.pipeline, k) for k in ("stages", "chunks", "microbatches")}
             times: dict[str, list[float]] = {name: [] for name in medians}
             ahead = None  # the plan the planned trainer made for the iteration both run next (None: not made yet)

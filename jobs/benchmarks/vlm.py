@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -42,9 +40,11 @@ from rrfp_ray.plan.scoring import Samples, score
 from rrfp_ray.plan.search import search
 from rrfp_ray.policy.policy import make_policy
 from rrfp_ray.recipes.config import RunConfig
+from rrfp_ray.runtime.interval import STAGE_INTERVAL_S
 from rrfp_ray.schedule.actions import Kind, parse_action
 from rrfp_ray.sim.replay import measured_trace, replay
 from rrfp_ray.train.api import Trainer
+from rrfp_ray.train.backend import LocalBackend
 
 FIXED = ("1f1b", "zb-h1")
 
@@ -65,9 +65,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, iterations_help: str) -> N
     parser.add_argument(
         "--switch-interval-ms",
         type=float,
-        default=None,
-        help="this process's switch interval for the run: how long a thread may hold the interpreter's lock "
-        "while another waits (default: CPython's, 5 ms)",
+        default=1e3 * STAGE_INTERVAL_S,
+        help="the switch interval the stage threads run with: how long a thread may hold the interpreter's lock "
+        f"while another waits (default {1e3 * STAGE_INTERVAL_S:g}, the in-process backend's; CPython's is 5)",
     )
     add_data_flags(parser)
 
@@ -76,7 +76,7 @@ def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
     """The model and one run per seed from `add_run_flags`' flags; a bad value exits through `parser.error`."""
     if args.warmup < 0 or args.image_tail < 0 or args.first_seed < 0:
         parser.error("arguments --warmup, --image-tail and --first-seed must be >= 0")
-    if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
+    if not args.switch_interval_ms > 0:
         parser.error(f"argument --switch-interval-ms: must be > 0, got {args.switch_interval_ms:g}")
     try:
         model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
@@ -92,16 +92,9 @@ def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
         parser.error("; ".join(e["msg"] for e in error.errors()))
 
 
-@contextmanager
-def switch_interval(*, ms: float | None) -> Iterator[None]:
-    """The interpreter's switch interval at `ms` (None: as it is) while the block runs, as it was after."""
-    found = sys.getswitchinterval()
-    if ms is not None:
-        sys.setswitchinterval(ms / 1e3)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(found)
+def local_backend(args: argparse.Namespace) -> LocalBackend:
+    """A trainer's in-process backend, its stage threads at `--switch-interval-ms`."""
+    return LocalBackend(switch_interval_s=args.switch_interval_ms / 1e3)
 
 
 def add_data_flags(parser: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ from rrfp_ray.policy.policy import Policy
 from rrfp_ray.runtime.executor import Executor, Workload
 from rrfp_ray.runtime.group import StageGroup
 from rrfp_ray.runtime.host import TensorSum
+from rrfp_ray.runtime.interval import STAGE_INTERVAL_S, switch_interval
 from rrfp_ray.runtime.iteration import measures
 from rrfp_ray.runtime.local import ThreadFabric
 from rrfp_ray.runtime.mesh import Mesh
@@ -143,9 +144,14 @@ class LocalBackend:
     """The in-process backend: every stage (every TP rank of it, in every replica) a thread of this process,
     the `StageGroup` (`group`) over a `ThreadFabric` (`fabric`). A `Trainer` starts it with its pipeline and
     workload (`start`); tests, benchmarks and debugging may start it over a bare layout instead (`over`), with
-    the executors given per iteration (`run_iteration(executors=...)`) or by a workload (`set_workload`)."""
+    the executors given per iteration (`run_iteration(executors=...)`) or by a workload (`set_workload`).
+    An iteration runs with the process's switch interval at `switch_interval_s` (None: as it is), so the stage
+    threads do not wait long for the interpreter's lock (`rrfp_ray.runtime.interval`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, switch_interval_s: float | None = STAGE_INTERVAL_S) -> None:
+        if switch_interval_s is not None and not switch_interval_s > 0:
+            raise ValueError(f"switch_interval_s must be > 0 (or None: as it is), got {switch_interval_s!r}")
+        self.switch_interval_s = switch_interval_s
         self.group: StageGroup | None = None
         self._fabric: ThreadFabric | None = None
         self._settings = IterationSettings()
@@ -250,15 +256,16 @@ class LocalBackend:
             self.executors = executors
             for handle in self.fabric.handles:
                 handle.host.latency = latency
-        return self._settings.run(
-            group=self._running(),
-            iteration=iteration,
-            policy=policy,
-            cap=cap,
-            order=order,
-            packing=packing,
-            data_bytes=data_bytes,
-        )
+        with switch_interval(self.switch_interval_s):
+            return self._settings.run(
+                group=self._running(),
+                iteration=iteration,
+                policy=policy,
+                cap=cap,
+                order=order,
+                packing=packing,
+                data_bytes=data_bytes,
+            )
 
     def evaluate(self, *, microbatches: int) -> float:
         return self._running().evaluate(microbatches=microbatches)
