@@ -132,7 +132,7 @@ def counted(*, policy: Policy, cap: Cap, trace: Trace, limits: Limits | None) ->
     layout = layout_for(policy=policy, trace=trace)
     for stage, ((fb, fw), index) in enumerate(zip(limits, hint_indexes(policy=policy, layout=layout))):
         weight = sum(rows[layout.virtual_stage(stage=stage, chunk=c)][0] for c in range(layout.chunks))
-        caps = (cap.limit(peak=index.peak_fb), cap.limit(peak=index.peak_fw) if layout.split else math.inf)
+        caps = index.count_caps(cap)
         if weight <= 0 or not all(math.isclose(x, n * weight, rel_tol=1e-9) for x, n in zip((fb, fw), caps)):
             return False
     return True

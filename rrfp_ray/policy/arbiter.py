@@ -115,8 +115,7 @@ class Arbiter:
         slots = self._slots = index.slots
         self.memory = memory
         if memory is None:
-            self.cap_fb = cap.limit(peak=index.peak_fb)
-            self.cap_fw = cap.limit(peak=index.peak_fw) if layout.split else math.inf
+            self.cap_fb, self.cap_fw = index.count_caps(cap)
         else:
             if len(memory.held) != layout.microbatches:
                 raise ValueError(f"memory holds {len(memory.held)} microbatches, expected {layout.microbatches}")

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import weakref
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 
+from rrfp_ray.policy.caps import Cap
 from rrfp_ray.policy.policy import Policy, Rule
 from rrfp_ray.schedule.actions import Action
 from rrfp_ray.schedule.generators import peak_inflight, peak_inflight_fb
@@ -57,6 +59,10 @@ class HintIndex:
     peak_fb: int  # `peak_inflight_fb` of the hint
     peak_fw: int  # `peak_inflight` of the hint (the F->W count: under the split only)
     first_places: tuple[list[int], list[int]]  # `FixedPicker`'s heap_of and key_of
+
+    def count_caps(self, cap: Cap) -> tuple[float, float]:
+        """The (F->B, F->W) in-flight counts `cap` allows over this hint (F->W inf without the split)."""
+        return cap.limit(peak=self.peak_fb), cap.limit(peak=self.peak_fw) if self.slots.layout.split else math.inf
 
 
 def picker_for(*, policy: Policy, index: HintIndex) -> Picker:
