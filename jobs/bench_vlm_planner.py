@@ -8,9 +8,9 @@ makes the next iteration's plan while this one runs. The other runs each iterati
 it, handed in with the activation bytes its arbiters gated by, with no planning beside it. Plans, gates, data and
 weights being the same, the ratio of their makespans (the op schedule, the optimizer step left out) is what the
 planner's work costs the stage threads: the cores and the interpreter's lock they share with it (`--switch-interval-ms`:
-how often the lock is forced from a thread that holds it, while the backends run an iteration). Prints per seed both medians,
-their ratio (the handed-in median over the planned one: below 1, planning slows the stages; geometric mean over the
-seeds, lowest-highest) and the planner's wall and CPU time per iteration.
+how often the lock is forced from a thread that holds it, while the backends run an iteration). Prints per seed both
+medians, their ratio (the handed-in median over the planned one: below 1, planning slows the stages; geometric mean over
+the seeds, lowest-highest) and the planner's wall and CPU time per iteration.
 """
 
 from __future__ import annotations
