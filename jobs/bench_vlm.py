@@ -32,11 +32,11 @@ from benchmarks.vlm import (
     POLICIES,
     PolicyRuns,
     add_run_flags,
+    backend,
     best_of,
     best_readiness,
     ceiling,
     encoder_spread,
-    local_backend,
     op_medians,
     ratios,
     replay_ratio,
@@ -44,6 +44,7 @@ from benchmarks.vlm import (
     run_interleaved,
     run_seed,
     spread,
+    start_fabric,
     table,
 )
 from rrfp_ray.job import run_job
@@ -54,30 +55,17 @@ from rrfp_ray.recipes.config import RunConfig
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_flags(parser, iterations_help="timed iterations per policy and seed (default 10)")
-    parser.add_argument("--ray", action="store_true", help="one Ray actor a stage (default: threads of this process)")
     parser.add_argument("--json", help="write every policy's per-seed median makespans here")
     args = parser.parse_args(argv)
     model, runs_of = run_configs(parser, args)
-    if args.ray and args.switch_interval_ms != parser.get_default("switch_interval_ms"):
-        parser.error("argument --switch-interval-ms: the stage actors keep their own; it applies in-process only")
     return _measure(args=args, model=model, runs_of=runs_of)
 
 
 def _measure(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunConfig]) -> dict:
     """Every policy over the seeds, then the table and the targets (the module's docstring)."""
-    import torch
-
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
 
-    if args.ray:
-        from actors.backend import RayBackend
-        from actors.local_ray import start_ray
-
-        print(start_ray(num_cpus=max(2, args.stages)))
-        where = f"{args.stages} stage actors"
-    else:
-        torch.set_num_threads(1)
-        where = f"{args.stages} stage threads of one process"
+    where = start_fabric(args, trainers=1)
     seeds = f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}"
     interval = f"switch interval {args.switch_interval_ms:g} ms"
     print(f"P={args.stages} M={args.microbatches} on {where}, {os.cpu_count()} cores; {seeds}; {interval}")
@@ -85,14 +73,12 @@ def _measure(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunCon
     for seed, run in enumerate(runs_of, start=args.first_seed):
         timing = {"seed": seed, "warmup": args.warmup, "iterations": args.iterations, "runs": runs}
         if args.ray:
-            with vlm_trainer(run, model=model, tail=args.image_tail, backend=RayBackend()) as trainer:
+            with vlm_trainer(run, model=model, tail=args.image_tail, backend=backend(args)) as trainer:
                 run_seed(trainer=trainer, **timing)
         else:
             with ExitStack() as stack:
                 trainers = {
-                    n: stack.enter_context(
-                        vlm_trainer(run, model=model, tail=args.image_tail, backend=local_backend(args))
-                    )
+                    n: stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail, backend=backend(args)))
                     for n in runs
                 }
                 run_interleaved(trainers=trainers, **timing)

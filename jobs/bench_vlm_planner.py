@@ -1,16 +1,18 @@
 """What planning in the job's process costs the VLM's iterations: `planned` against the same plans handed in.
 
-    python jobs/bench_vlm_planner.py --stages 2 --seeds 5 --iterations 10
+    python jobs/bench_vlm_planner.py --stages 2 --seeds 5 --iterations 10          # stage threads of this process
+    python jobs/bench_vlm_planner.py --stages 2 --seeds 5 --iterations 10 --ray    # one Ray actor a stage
 
 Per seed, two trainers from the same weights on the same data take turns, one iteration each, the first of the two
 alternating by seed and iteration. One runs `planned` (order and packing): its planner, on a thread of this process,
 makes the next iteration's plan while this one runs. The other runs each iteration under the plan the first made for
 it, handed in with the activation bytes its arbiters gated by, with no planning beside it. Plans, gates, data and
 weights being the same, the ratio of their makespans (the op schedule, the optimizer step left out) is what the
-planner's work costs the stage threads: the cores and the interpreter's lock they share with it (`--switch-interval-ms`:
-how often the lock is forced from a thread that holds it, while the backends run an iteration). Prints per seed both
-medians, their ratio (the handed-in median over the planned one: below 1, planning slows the stages; geometric mean over
-the seeds, lowest-highest) and the planner's wall and CPU time per iteration.
+planner's work costs the stages: in-process the cores and the interpreter's lock the stage threads share with it
+(`--switch-interval-ms`: how often the lock is forced from a thread that holds it, while the backends run an
+iteration); with `--ray` (each trainer's stages its own actors, idle while the other trainer runs) the cores alone.
+Prints per seed both medians, their ratio (the handed-in median over the planned one: below 1, planning slows the
+stages; geometric mean over the seeds, lowest-highest) and the planner's wall time per plan.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import statistics
 from contextlib import ExitStack
 
-from benchmarks.vlm import add_run_flags, local_backend, run_configs, spread
+from benchmarks.vlm import add_run_flags, backend, run_configs, spread, start_fabric
 from rrfp_ray.job import run_job
 from rrfp_ray.models.vlm import VLMConfig
 from rrfp_ray.observe.telemetry import IterationReport
@@ -40,14 +42,12 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _compare(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunConfig]) -> dict:
     """Per seed, `planned` and the same plans handed in, taking turns (the module's docstring)."""
-    import torch
-
     from rrfp_ray.plan.planner import Arrangement
     from rrfp_ray.recipes.vlm_workload import vlm_trainer
 
-    torch.set_num_threads(1)
+    where = start_fabric(args, trainers=2)
     print(
-        f"P={args.stages} M={args.microbatches} on stage threads of one process, {os.cpu_count()} cores; "
+        f"P={args.stages} M={args.microbatches} on {where} a trainer, {os.cpu_count()} cores; "
         f"switch interval {args.switch_interval_ms:g} ms"
     )
     medians: dict[str, list[float]] = {"planned": [], "handed in": []}
@@ -56,7 +56,7 @@ def _compare(*, args: argparse.Namespace, model: VLMConfig, runs_of: list[RunCon
     for seed, run in enumerate(runs_of, start=args.first_seed):
         with ExitStack() as stack:
             planned, handed = (
-                stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail, backend=local_backend(args)))
+                stack.enter_context(vlm_trainer(run, model=model, tail=args.image_tail, backend=backend(args)))
                 for _ in "ab"
             )
             shape = {k: getattr(run.pipeline, k) for k in ("stages", "chunks", "microbatches")}

@@ -84,6 +84,8 @@ def test_the_plans_handed_in_train_as_the_planned_trainer_did(capsys: pytest.Cap
     ("job", "args", "flag"),
     [
         (bench_vlm_planner, ["--switch-interval-ms", "0"], "--switch-interval-ms"),
+        (bench_vlm_planner, ["--ray", "--switch-interval-ms", "1"], "--switch-interval-ms"),
+        (bench_vlm, ["--ray", "--switch-interval-ms", "1"], "--switch-interval-ms"),
         (bench_vlm, ["--switch-interval-ms", "-1"], "--switch-interval-ms"),
         (bench_vlm_gil, ["--intervals-ms", "1", "-2"], "--intervals-ms"),
         (bench_vlm_gil, ["--image-size", "7"], "patch_size"),

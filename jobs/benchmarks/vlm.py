@@ -44,7 +44,7 @@ from rrfp_ray.runtime.interval import STAGE_INTERVAL_S
 from rrfp_ray.schedule.actions import Kind, parse_action
 from rrfp_ray.sim.replay import measured_trace, replay
 from rrfp_ray.train.api import Trainer
-from rrfp_ray.train.backend import LocalBackend
+from rrfp_ray.train.backend import Backend, LocalBackend
 
 FIXED = ("1f1b", "zb-h1")
 
@@ -69,6 +69,7 @@ def add_run_flags(parser: argparse.ArgumentParser, *, iterations_help: str) -> N
         help="the switch interval the stage threads run with: how long a thread may hold the interpreter's lock "
         f"while another waits (default {1e3 * STAGE_INTERVAL_S:g}, the in-process backend's; CPython's is 5)",
     )
+    parser.add_argument("--ray", action="store_true", help="one Ray actor a stage (default: threads of this process)")
     add_data_flags(parser)
 
 
@@ -78,6 +79,8 @@ def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
         parser.error("arguments --warmup, --image-tail and --first-seed must be >= 0")
     if not args.switch_interval_ms > 0:
         parser.error(f"argument --switch-interval-ms: must be > 0, got {args.switch_interval_ms:g}")
+    if args.ray and args.switch_interval_ms != parser.get_default("switch_interval_ms"):
+        parser.error("argument --switch-interval-ms: the stage actors keep their own; it applies in-process only")
     try:
         model = VLMConfig(max_images=args.max_images, image_size=args.image_size)
         return model, [
@@ -92,9 +95,29 @@ def run_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
         parser.error("; ".join(e["msg"] for e in error.errors()))
 
 
-def local_backend(args: argparse.Namespace) -> LocalBackend:
-    """A trainer's in-process backend, its stage threads at `--switch-interval-ms`."""
+def backend(args: argparse.Namespace) -> Backend:
+    """A trainer's backend: with `--ray` one Ray actor a stage (Ray started by `start_fabric`), else stage threads of
+    this process at `--switch-interval-ms`."""
+    if args.ray:
+        from actors.backend import RayBackend
+
+        return RayBackend()
     return LocalBackend(switch_interval_s=args.switch_interval_ms / 1e3)
+
+
+def start_fabric(args: argparse.Namespace, *, trainers: int) -> str:
+    """Ready what `backend` needs for `trainers` trainers at a time, and say where their stages run: with `--ray`,
+    Ray (attached, or embedded with a logical CPU for each of their stage actors); else `torch.set_num_threads(1)`,
+    as each stage actor runs."""
+    if args.ray:
+        from actors.local_ray import start_ray
+
+        print(start_ray(num_cpus=max(2, trainers * args.stages)))
+        return f"{args.stages} stage actors"
+    import torch
+
+    torch.set_num_threads(1)
+    return f"{args.stages} stage threads of one process"
 
 
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
