@@ -30,6 +30,7 @@ from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.ahead import Taken
 from rrfp_ray.recipes.config import RunConfig
 from rrfp_ray.train.api import Trainer
+from rrfp_ray.train.planning import run_taken
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -100,16 +101,7 @@ def _handed(trainer: Trainer, *, taken: Taken | None, shape: dict[str, int]) -> 
     """One iteration of `trainer` under the plan `taken`, handed in, gated by the bytes it was gated by when planned."""
     if taken is None:
         raise RuntimeError("the planned trainer ran no plan to hand in")
-    plan = taken.plan
-    policy = plan.validate(**shape)
-    report = trainer.backend.run_iteration(
-        iteration=trainer.iteration,
-        policy=policy,
-        cap=plan.cap,
-        order=plan.order,
-        packing=plan.packing,
-        data_bytes=None if policy.fixed else taken.data_bytes,
-    )
+    report = run_taken(backend=trainer.backend, taken=taken, iteration=trainer.iteration, shape=shape)
     trainer.iteration += 1
     return report
 

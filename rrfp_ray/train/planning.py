@@ -99,21 +99,12 @@ class Planning:
         taken = self._lookahead.take(iteration=iteration)
         self.planning_s.append(taken.planning_s)
         self.plan_wait_s.append(taken.wait_s)
-        policy = taken.plan.validate(**shape)
         self._lookahead.ask(iteration=iteration + 1)
-        order, packing = taken.plan.order, taken.plan.packing
-        report = self._run.backend.run_iteration(
-            iteration=iteration,
-            policy=policy,
-            cap=taken.plan.cap,
-            order=order,
-            packing=packing,
-            data_bytes=None if policy.fixed else taken.data_bytes,
-        )
+        report = run_taken(backend=self._run.backend, taken=taken, iteration=iteration, shape=shape)
         self._lookahead.observe(report=report, taken=taken)
         logger.debug(
             "iteration %d: plan %s %s waited for %.2f ms (iteration %.1f ms)",
-            iteration, taken.plan.hint, list(order), taken.wait_s * 1e3, report.makespan_ms,
+            iteration, taken.plan.hint, list(taken.plan.order), taken.wait_s * 1e3, report.makespan_ms,
         )  # fmt: skip
         return report
 
@@ -168,3 +159,18 @@ class Planning:
         if refusal is None and self._run.pipeline.dp != 1:
             refusal = f"a plan packs the samples of one replica: it needs dp 1, got dp {self._run.pipeline.dp}"
         return None if refusal is None else f"arrange {arrange.value}: {refusal}"
+
+
+def run_taken(*, backend: Backend, taken: Taken, iteration: int, shape: dict[str, int]) -> IterationReport:
+    """Iteration `iteration` of `backend` under the plan `taken` (for a pipeline of `shape`: stages, chunks,
+    microbatches), its arbiters gated by the bytes the plan was scored with (a fixed hint is its own cap)."""
+    plan = taken.plan
+    policy = plan.validate(**shape)
+    return backend.run_iteration(
+        iteration=iteration,
+        policy=policy,
+        cap=plan.cap,
+        order=plan.order,
+        packing=plan.packing,
+        data_bytes=None if policy.fixed else taken.data_bytes,
+    )
