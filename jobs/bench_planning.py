@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.planning import SCENARIOS, cell, iteration_table, table
+from benchmarks.planning import SCENARIOS, cell, iteration_table, table, targets
 from rrfp_ray.cli import counts
 from rrfp_ray.job import run_job
+
+
+def ratios_list(text: str) -> list[float]:
+    """Comma-separated speedups, each a finite number > 1 (argparse type)."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}") from None
+    if not values or not all(math.isfinite(v) and v > 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be finite numbers > 1, got {text!r}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,11 +53,21 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also print planned, expected and oracle against the best fixed schedule per iteration",
     )
+    parser.add_argument(
+        "--target",
+        type=ratios_list,
+        default=[1.10],
+        help="the speedup planned is judged against over the featured rows, one or one per P (default 1.10)",
+    )
     parser.add_argument("--json", help="write the per-seed makespans here")
     parser.add_argument("--out", help="write the Markdown table here")
     args = parser.parse_args(argv)
     P = args.stages
-    for flag, values in (("--iterations", args.iterations), ("--simulations", args.simulations)):
+    for flag, values in (
+        ("--iterations", args.iterations),
+        ("--simulations", args.simulations),
+        ("--target", args.target),
+    ):
         if len(values) not in (1, len(P)):
             parser.error(f"argument {flag}: give one value or one per --stages entry ({len(P)})")
     if args.seeds < 1 or args.samples < 1:
@@ -79,7 +101,17 @@ def main(argv: list[str] | None = None) -> None:
             row = table({(label, stages): rows[(label, stages)]})[-1]
             print(f"{row}  <- done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     command = "python jobs/bench_planning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    text = "\n".join([f"`{command}`", "", *table(rows), *(["", *iteration_table(rows)] if args.per_iteration else [])])
+    goals = {stages: args.target[i if len(args.target) > 1 else 0] for i, stages in enumerate(P)}
+    judged = targets(rows, target=goals)
+    text = "\n".join(
+        [
+            f"`{command}`",
+            "",
+            *table(rows),
+            *(["", *judged] if judged else []),
+            *(["", *iteration_table(rows)] if args.per_iteration else []),
+        ]
+    )
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.planning import ratios
+from benchmarks.planning import COLUMNS, FIXED, ratios, targets
+from rrfp_ray.plan.planner import HINTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import bench_plan_wait
@@ -38,9 +39,43 @@ def test_per_iteration_prints_a_row_per_column_with_a_cell_per_iteration(capsys:
         assert [c.strip(" |") for c in cells] == ["1.000x"] * 3
 
 
+def _cell(*, planned: float, bound: float) -> dict[str, float]:
+    """A cell whose fixed schedules and hints take 100 ms, planned `planned` and the lower bound `bound`."""
+    ms = {name: 100.0 for name in (*FIXED, *HINTS, *COLUMNS)}
+    ms.update(planned=planned, bound=bound)
+    return ms
+
+
+def test_targets_judge_the_featured_rows_whose_room_reaches_the_target() -> None:
+    rows = {
+        ("multimodal+jitter", 8): [_cell(planned=100 / 1.2, bound=100 / 1.3)] * 2,
+        ("multimodal+persistent", 8): [_cell(planned=100 / 1.01, bound=100 / 1.02)] * 2,
+        ("none", 8): [_cell(planned=100.0, bound=100.0)] * 2,  # not featured: not judged
+    }
+    every, reachable = targets(rows, target={8: 1.10})
+    assert "featured rows, 2 rows, 4 runs: planned 1.101x" in every and every.endswith("1.10x reached")
+    assert "1.10x (left out: multimodal+persistent, room 1.020x), 1 rows, 2 runs: planned 1.200x" in reachable
+    every, _ = targets(rows, target={8: 1.15})
+    assert every.endswith("1.15x not reached")
+    (only,) = targets(rows, target={8: 1.01})  # no row left out: one line
+    assert "featured rows, 2 rows, 4 runs" in only and only.endswith("1.01x reached")
+    _, none_left = targets(rows, target={8: 1.5})
+    assert none_left.endswith("room 1.020x): none")
+
+
+def test_a_tiny_run_prints_its_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--stages", "2", "--seeds", "1", "--iterations", "3", "--simulations", "4"]
+    bench_planning.main([*args, "--scenarios", "multimodal+persistent,none", "--target", "5"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- P=2")]
+    assert len(lines) == 2 and "featured rows, 1 rows, 1 runs" in lines[0] and "5.00x not reached" in lines[0]
+    assert "left out: multimodal+persistent" in lines[1] and lines[1].endswith("): none")
+
+
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
+        (["--target", "1"], "--target"),
+        (["--stages", "8,16", "--target", "1.1,1.2,1.3"], "--target"),
         (["--stages", "8,x"], "--stages"),
         (["--stages", "8,16", "--iterations", "2,3,4"], "--iterations"),
         (["--scenarios", "bogus"], "--scenarios"),

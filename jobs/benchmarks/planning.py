@@ -21,6 +21,8 @@ against the best policy it may choose, each run on the data in its own order (th
 plan).
 `iteration_table` shows planned, expected and oracle the same way per iteration (a cell: the geometric mean over
 seeds), which tells the first iterations, planned from features alone, from the later ones.
+`targets` judges planned over the featured rows: every run of them, and the runs of the rows whose room reaches
+the target (a row whose room is below it leaves no schedule a way to reach it: reported, not judged).
 """
 
 from __future__ import annotations
@@ -148,4 +150,37 @@ def iteration_table(rows: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]])
                 cells.append(f"{summary(per_seed)[0]:.3f}x")
             cells += [""] * (count - len(cells))
             lines.append(f"| {label} | {stages} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def targets(rows: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], *, target: Mapping[int, float]) -> list[str]:
+    """Markdown bullets, per P among the featured rows of `rows`: planned, expected, oracle and room over all their
+    runs (geometric mean; planned's lowest run), and where some row's room (geometric mean over its seeds) is below
+    `target[P]`, the same over the others; each line says whether planned reaches the target."""
+    featured = {s.label for s in SCENARIOS if s.featured}
+    lines = []
+    for stages in dict.fromkeys(p for _, p in rows):
+        judged = {label: seeds for (label, p), seeds in rows.items() if p == stages and label in featured}
+        if not judged:
+            continue
+        room = {label: summary([ratios(ms)["bound"] for ms in seeds])[0] for label, seeds in judged.items()}
+        goal = target[stages]
+        reachable = [label for label in judged if room[label] >= goal]
+        left = "; ".join(f"{label}, room {room[label]:.3f}x" for label in judged if room[label] < goal)
+        judgements = [(list(judged), "featured rows")]
+        if left:
+            judgements.append((reachable, f"featured rows whose room reaches {goal:.2f}x (left out: {left})"))
+        for labels, what in judgements:
+            runs = [ratios(ms) for label in labels for ms in judged[label]]
+            counted = f"{len(labels)} rows, {len(runs)} runs"
+            if not runs:
+                lines.append(f"- P={stages}, {what}: none")
+                continue
+            g = {name: summary([r[name] for r in runs]) for name in ("planned", "expected", "oracle", "bound")}
+            verdict = "reached" if g["planned"][0] >= goal else "not reached"
+            lines.append(
+                f"- P={stages}, {what}, {counted}: planned {g['planned'][0]:.3f}x (lowest run "
+                f"{g['planned'][1]:.3f}x), expected {g['expected'][0]:.3f}x, oracle {g['oracle'][0]:.3f}x, room "
+                f"{g['bound'][0]:.3f}x; {goal:.2f}x {verdict}"
+            )
     return lines
