@@ -7,7 +7,9 @@ pipeline (the seeds rotate which goes first); `planned` plans iteration k+1 on t
 thread while the actors run k (`rrfp_ray.plan.ahead.Lookahead`, as the `Trainer` does), and what each
 iteration waited for its plan is recorded. A policy's figure for a seed is its mean iteration over the
 iterations after the first (the first of each policy is a warm-up, and `planned`'s is planned from the
-features alone before it runs). Where a trace carries activation bytes, every policy but a fixed one gates its
+features alone before it runs). The stages replay a full backward as the trace's I + W, as the simulator does,
+so `planned` has no backward to learn by running it (`PlannerConfig.learn_backwards` off). Where a trace
+carries activation bytes, every policy but a fixed one gates its
 admissions on them (`planned`: its cap over its reference list on the data in its own order, as
 `rrfp_ray.plan.loop` simulates it).
 """
@@ -94,6 +96,7 @@ def _planned(*, driver, pipeline: PipelineConfig, traces: tuple[Trace, ...], bas
         simulations=pipeline.plan_simulations,
         samples=pipeline.plan_samples,
         seed=seed,
+        learn_backwards=False,  # a replayed full backward sleeps the trace's I + W, as a simulated one costs
     )
 
     def shows(iteration: int) -> Seen | None:
