@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         "--target",
         type=ratios_list,
         default=[1.10],
-        help="the speedup planned is judged against over the featured rows, one or one per P (default 1.10)",
+        help=(
+            "the speedup planned is judged against over the featured rows, and over those whose room reaches it; "
+            "one or one per P (default 1.10)"
+        ),
     )
     parser.add_argument("--json", help="write the per-seed makespans here")
     parser.add_argument("--out", help="write the Markdown table here")
