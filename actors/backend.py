@@ -30,7 +30,7 @@ from actors.local_ray import init_ray
 from actors.names import driver_name, replacement, run_tag
 from actors.placement import DEFAULT_TIMEOUT_S, StagePlacement, can_place, remove_orphans
 from actors.placement import check as check_placement
-from actors.teardown import await_exit
+from actors.teardown import await_exit, let_report
 from rrfp_ray.errors import RrfpError
 from rrfp_ray.observe.telemetry import IterationReport
 from rrfp_ray.plan.packing import Packing
@@ -195,6 +195,7 @@ class RayBackend:
             else:
                 # its last handle dropped, Ray ends it gracefully; a __ray_terminate__ call of this
                 # process's might not be recorded before the job ends
+                let_report()
                 actor_id = driver._actor_id.hex()
                 del driver
                 if await_exit([actor_id], timeout_s=_EXIT_S):

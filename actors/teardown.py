@@ -5,6 +5,10 @@ task events (Ray sends them about every second) takes them along: Ray then count
 it had answered as FAILED (WORKER_DIED) once the job ends. So each actor is asked to exit
 after its queued calls (`__ray_terminate__`, or its last handle dropped) and its death is
 awaited before anything else is removed; only an actor that does not exit in time is killed.
+Even a graceful exit can lose its last events: a second after a worker's death, Ray's
+dashboard fails every call of it whose end it has not heard of, and on a loaded machine the
+events an exiting worker flushes can arrive later. So an actor is let live through two of
+those reports after its last answered call before it is asked to exit (`let_report`).
 """
 
 from __future__ import annotations
@@ -17,9 +21,17 @@ from ray._private import state  # the GCS's view of an actor: the only way to se
 
 logger = logging.getLogger(__name__)
 
+REPORTED_S = 2.0  # two of Ray's task-event reports, one a second (RAY_task_events_report_interval_ms)
+
+
+def let_report() -> None:
+    """Wait until the calls an actor has answered are reported to Ray, before it is asked to exit."""
+    time.sleep(REPORTED_S)
+
 
 def end_actors(actors: list[ray.actor.ActorHandle], *, timeout_s: float) -> None:
     """Let `actors` exit on their own, wait until Ray holds them dead, kill what is left after `timeout_s`."""
+    let_report()
     exits = [actor.__ray_terminate__.remote() for actor in actors]
     ray.wait(exits, num_returns=len(exits), timeout=timeout_s)
     alive = await_exit([actor._actor_id.hex() for actor in actors], timeout_s=timeout_s)
