@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="write the Markdown table here")
     args = parser.parse_args(argv)
     P = args.stages
+    per_p = {}  # each per-P flag, one value per --stages entry
     for flag, values in (
         ("--iterations", args.iterations),
         ("--simulations", args.simulations),
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         if len(values) not in (1, len(P)):
             parser.error(f"argument {flag}: give one value or one per --stages entry ({len(P)})")
+        per_p[flag] = dict(zip(P, values * len(P) if len(values) == 1 else values))
     if args.seeds < 1 or args.samples < 1:
         parser.error("arguments --seeds and --samples must be >= 1")
     if args.first_seed < 0:
@@ -86,17 +88,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"argument --simulations: each must be >= --samples = {args.samples}")
 
     rows, started = {}, time.monotonic()
-    for i, stages in enumerate(P):
-        iterations = args.iterations[i if len(args.iterations) > 1 else 0]
-        simulations = args.simulations[i if len(args.simulations) > 1 else 0]
+    for stages in P:
         for label in labels:
             rows[(label, stages)] = [
                 cell(
                     scenario=known[label],
                     stages=stages,
                     seed=seed,
-                    iterations=iterations,
-                    simulations=simulations,
+                    iterations=per_p["--iterations"][stages],
+                    simulations=per_p["--simulations"][stages],
                     samples=args.samples,
                 )
                 for seed in range(args.first_seed, args.first_seed + args.seeds)
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             row = table({(label, stages): rows[(label, stages)]})[-1]
             print(f"{row}  <- done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     command = "python jobs/bench_planning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    goals = {stages: args.target[i if len(args.target) > 1 else 0] for i, stages in enumerate(P)}
-    judged = targets(rows, target=goals)
+    judged = targets(rows, target=per_p["--target"])
     text = "\n".join(
         [
             f"`{command}`",
